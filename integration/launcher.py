@@ -1,0 +1,191 @@
+"""Start, watch and stop one vLLM OpenAI-compatible server per experiment arm.
+
+An arm is `stock` (plain vLLM: our plugin is kept out of every vLLM process through
+`VLLM_PLUGINS`) or `patched` (the plugin loads and the IR-op priority puts its provider first).
+Everything else about the two arms is identical: same model config, same flags, same KV-cache size.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import asyncio
+
+import aiohttp
+
+MODELS_DIR = Path(__file__).resolve().parent / "models"
+ARMS = ("stock", "patched")
+PLUGIN_NAME = "rmsnorm_fused"  # the entry-point name in pyproject.toml
+PROVIDER = "cupy_fused"  # the IR-op provider the plugin registers
+IR_OPS = ("rms_norm", "fused_add_rms_norm")
+
+
+class ServerDied(RuntimeError):
+    """The server process exited; the message carries its exit code and log tail."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything that defines one server; two arms differ only in `arm`."""
+
+    model_dir: Path
+    arm: str
+    port: int
+    host: str = "127.0.0.1"
+    dtype: str = "auto"
+    eager: bool = False
+    gpu_memory_utilization: float | None = None
+    kv_cache_memory_bytes: int | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    seed: int = 0
+    extra_args: tuple[str, ...] = ()
+    extra_env: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.arm not in ARMS:
+            raise ValueError(f"unknown arm {self.arm!r}; expected one of {ARMS}")
+        if not (Path(self.model_dir) / "config.json").is_file():
+            raise FileNotFoundError(f"model dir {self.model_dir} has no config.json")
+        if self.host != "127.0.0.1":
+            raise ValueError("servers listen on 127.0.0.1 only")
+
+
+def arm_args(arm: str) -> list[str]:
+    """vLLM flags that select the kernel for an arm (empty for stock)."""
+    if arm == "stock":
+        return []
+    return [f"--ir-op-priority.{op}={PROVIDER},native" for op in IR_OPS]
+
+
+def arm_env(arm: str) -> dict[str, str]:
+    """Environment that keeps the plugin out of (stock) or in (patched) every vLLM process."""
+    return {"VLLM_PLUGINS": "" if arm == "stock" else PLUGIN_NAME}
+
+
+def server_command(cfg: ServerConfig) -> list[str]:
+    """The full command line of the vLLM OpenAI server for `cfg`."""
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(cfg.model_dir),
+        "--served-model-name", Path(cfg.model_dir).name,
+        "--host", cfg.host, "--port", str(cfg.port),
+        "--load-format", "dummy", "--skip-tokenizer-init",
+        "--dtype", cfg.dtype, "--seed", str(cfg.seed),
+    ]
+    if cfg.eager:
+        cmd.append("--enforce-eager")
+    if cfg.gpu_memory_utilization is not None:
+        cmd += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
+    if cfg.kv_cache_memory_bytes is not None:
+        cmd += ["--kv-cache-memory-bytes", str(cfg.kv_cache_memory_bytes)]
+    if cfg.max_model_len is not None:
+        cmd += ["--max-model-len", str(cfg.max_model_len)]
+    if cfg.max_num_seqs is not None:
+        cmd += ["--max-num-seqs", str(cfg.max_num_seqs)]
+    return cmd + arm_args(cfg.arm) + list(cfg.extra_args)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class VllmServer:
+    """One vLLM server process with its log captured to a file."""
+
+    def __init__(self, config: ServerConfig, log_path: Path) -> None:
+        self.config = config
+        self.log_path = Path(log_path)
+        self.url = f"http://{config.host}:{config.port}"
+        self.model_name = Path(config.model_dir).name
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        """Launch the server in its own process group (so stop() reaches its workers too)."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **arm_env(self.config.arm), **dict(self.config.extra_env)}
+        env.setdefault("VLLM_NO_USAGE_STATS", "1")
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        log = open(self.log_path, "ab")
+        log.write(f"$ {' '.join(server_command(self.config))}\n".encode())
+        log.flush()
+        self.proc = subprocess.Popen(
+            server_command(self.config), stdout=log, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True,
+        )
+        log.close()
+
+    def is_alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, n: int = 40) -> str:
+        """The last `n` lines of the server log."""
+        if not self.log_path.exists():
+            return ""
+        with open(self.log_path, errors="replace") as f:
+            return "".join(deque(f, maxlen=n))
+
+    def _died(self) -> ServerDied:
+        code = self.proc.returncode if self.proc else None
+        return ServerDied(f"vLLM server ({self.config.arm}, port {self.config.port}) exited with code "
+                          f"{code}; log {self.log_path}, last lines:\n{self.log_tail()}")
+
+    def check_alive(self) -> None:
+        """Raise ServerDied (with the log tail) if the process has exited."""
+        if not self.is_alive():
+            raise self._died()
+
+    def wait_healthy(self, timeout_s: float = 600.0) -> None:
+        """Block until GET /health answers 200; raise ServerDied or TimeoutError with the log tail."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.check_alive()
+            if asyncio.run(_healthy(self.url)):
+                return
+            time.sleep(1.0)
+        raise TimeoutError(f"vLLM server not healthy after {timeout_s:.0f} s; log {self.log_path}, "
+                           f"last lines:\n{self.log_tail()}")
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM the process group, then SIGKILL what is left after `timeout_s`."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        pgid = os.getpgid(self.proc.pid)
+        os.killpg(pgid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(pgid, signal.SIGKILL)
+            self.proc.wait()
+        try:  # workers that outlived the front-end
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> "VllmServer":
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+
+async def _healthy(url: str) -> bool:
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s:
+            async with s.get(f"{url}/health") as r:
+                return r.status == 200
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        return False

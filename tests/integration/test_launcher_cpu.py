@@ -1,0 +1,53 @@
+"""The arm launcher against a real vLLM CPU server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from integration.launcher import ServerConfig, VllmServer, arm_args, arm_env, server_command
+from tests.conftest import TINY_MODEL, tiny_server_config
+
+
+def test_arms_differ_only_in_kernel_selection() -> None:
+    stock, patched = tiny_server_config("stock", port=8000), tiny_server_config("patched", port=8000)
+    s_cmd, p_cmd = server_command(stock), server_command(patched)
+    assert p_cmd[: len(s_cmd)] == s_cmd
+    assert p_cmd[len(s_cmd):] == arm_args("patched")
+    assert arm_env("stock") == {"VLLM_PLUGINS": ""}
+    assert "--host" in s_cmd and s_cmd[s_cmd.index("--host") + 1] == "127.0.0.1"
+
+
+def test_bad_config_is_rejected(tmp_path) -> None:
+    with pytest.raises(ValueError, match="unknown arm"):
+        ServerConfig(model_dir=TINY_MODEL, arm="fast", port=1)
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        ServerConfig(model_dir=tmp_path, arm="stock", port=1)
+    with pytest.raises(ValueError, match="127.0.0.1"):
+        ServerConfig(model_dir=TINY_MODEL, arm="stock", port=1, host="0.0.0.0")
+
+
+def test_server_that_dies_surfaces_its_log(tmp_path) -> None:
+    cfg = tiny_server_config("stock", extra_args=("--max-model-len", "not-a-number"))
+    server = VllmServer(cfg, tmp_path / "dead.log")
+    server.start()
+    with pytest.raises(RuntimeError, match="exited with code"):
+        server.wait_healthy(timeout_s=300)
+    assert not server.is_alive()
+
+
+@pytest.mark.server
+def test_stock_server_serves_exact_lengths(stock_server: VllmServer) -> None:
+    async def ask() -> dict:
+        async with aiohttp.ClientSession() as s:
+            body = {"model": stock_server.model_name, "prompt": [11, 12, 13, 14], "max_tokens": 7,
+                    "ignore_eos": True}
+            async with s.post(f"{stock_server.url}/v1/completions", json=body) as r:
+                assert r.status == 200, await r.text()
+                return await r.json()
+
+    reply = asyncio.run(ask())
+    assert reply["usage"]["completion_tokens"] == 7
+    assert reply["usage"]["prompt_tokens"] == 4
