@@ -1,0 +1,1 @@
+"""Stock vs patched A/B experiments: orchestration, goodput statistics, attribution and reports."""

@@ -1,0 +1,1 @@
+"""Fused RMSNorm for CUDA (CuPy), its float64 reference, validation, benchmark and shape policy."""

@@ -1,0 +1,1 @@
+"""Open-loop trace replayer for OpenAI-compatible streaming completion servers."""

@@ -1,0 +1,1 @@
+"""Request traces as JSONL: loader with validation, converters from public formats, slicing tools."""
