@@ -1,0 +1,177 @@
+"""One streaming /v1/completions request -> one RequestRecord.
+
+The request asks for exactly ``output_tokens`` tokens: ``max_tokens`` and ``ignore_eos`` leave
+max_tokens as the only stop condition (no stop strings or stop ids are sent). ``min_tokens`` is
+not sent: with ignore_eos it cannot change the length, and in vLLM it adds a per-step logits
+processor to the measured path. Token counts come from the final ``usage`` chunk
+(``stream_options.include_usage``), never from counting chunks. ``return_token_ids`` is not asked
+for either: vLLM would echo the whole prompt in the first chunk, server work on the TTFT path.
+vLLM sends a choice chunk only when it carries new tokens, so every choice chunk is a token chunk,
+unless the chunk itself says otherwise with an empty ``token_ids`` list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import aiohttp
+
+from loadgen.records import RequestRecord
+
+ERROR_BODY_CHARS = 2000  # enough of a non-200 body to read the server's reason
+_DATA = b"data:"
+
+
+_JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+def completion_body(model: str, prompt_ids: list[int], output_tokens: int) -> bytes:
+    """The encoded JSON body of one streaming completion that yields exactly output_tokens tokens.
+
+    Encoded ahead of the due time by the scheduler, so a long prompt costs nothing at send time.
+    """
+    return json.dumps(completion_payload(model, prompt_ids, output_tokens)).encode()
+
+
+def completion_payload(model: str, prompt_ids: list[int], output_tokens: int) -> dict:
+    """The JSON object of one streaming completion that yields exactly output_tokens tokens."""
+    return {
+        "model": model,
+        "prompt": prompt_ids,
+        "max_tokens": output_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+@dataclass
+class _Stream:
+    """What the stream has shown so far (times in ns since t0)."""
+
+    first_ns: int | None = None
+    last_ns: int | None = None
+    n_chunks: int = 0
+    max_gap_ns: int | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    done: bool = False
+    error: str | None = None
+
+    def on_token_chunk(self, now_ns: int) -> None:
+        if self.last_ns is not None:
+            gap = now_ns - self.last_ns
+            self.max_gap_ns = gap if self.max_gap_ns is None else max(self.max_gap_ns, gap)
+        if self.first_ns is None:
+            self.first_ns = now_ns
+        self.last_ns = now_ns
+        self.n_chunks += 1
+
+    def on_event(self, obj: dict, now_ns: int) -> None:
+        """Fold one parsed SSE data object into the state."""
+        if "error" in obj:
+            self.error = f"server error in stream: {json.dumps(obj['error'])[:ERROR_BODY_CHARS]}"
+            return
+        carried = False
+        for choice in obj.get("choices") or ():
+            ids = choice.get("token_ids")
+            carried = carried or (len(ids) > 0 if ids is not None else True)
+            self.finish_reason = choice.get("finish_reason") or self.finish_reason
+        if carried:
+            self.on_token_chunk(now_ns)
+        usage = obj.get("usage")
+        if usage:
+            self.prompt_tokens = usage.get("prompt_tokens")
+            self.completion_tokens = usage.get("completion_tokens")
+
+    def verdict(self, asked: int) -> str | None:
+        """The error of a stream that ended (None if it delivered exactly `asked` tokens)."""
+        if self.error is not None:
+            return self.error
+        got = f"{self.n_chunks} token chunks"
+        if not self.done:
+            return f"truncated stream: ended without [DONE] after {got}"
+        if self.completion_tokens is None:
+            return f"no usage chunk in the stream (after {got})"
+        if self.completion_tokens != asked:
+            return (f"short reply: {self.completion_tokens} of {asked} tokens "
+                    f"(finish_reason={self.finish_reason})")
+        return None
+
+
+async def _read_stream(resp: aiohttp.ClientResponse, st: _Stream, t0_ns: int) -> None:
+    """Consume the SSE body line by line until [DONE] or the connection ends."""
+    async for line in resp.content:
+        if not line.startswith(_DATA):
+            continue  # blank separators, comments, event names
+        now = time.perf_counter_ns() - t0_ns
+        data = line[len(_DATA):].strip()
+        if data == b"[DONE]":
+            st.done = True
+            return
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            st.error = f"bad JSON in stream: {data[:200]!r}"
+            return
+        st.on_event(obj, now)
+        if st.error is not None:
+            return
+
+
+async def run_request(
+    session: aiohttp.ClientSession,
+    endpoint: str,
+    body: bytes,
+    *,
+    index: int,
+    input_tokens: int,
+    output_tokens: int,
+    due_ns: int,
+    t0_ns: int,
+    timeout: aiohttp.ClientTimeout,
+    tags: Mapping[str, Any] | None = None,
+    sink: Callable[[RequestRecord], None] | None = None,
+) -> RequestRecord:
+    """Send one streaming request now and return its record.
+
+    ``sink`` gets the record before this returns, also when the task is cancelled (its error then
+    says so), so a caller that writes records never misses one.
+    """
+    st = _Stream()
+    status: int | None = None
+    sent_ns = time.perf_counter_ns() - t0_ns
+    try:
+        async with session.post(endpoint, data=body, headers=_JSON_HEADERS, timeout=timeout) as resp:
+            status = resp.status
+            if status != 200:
+                body = await resp.text(errors="replace")
+                st.error = f"HTTP {status}: {body[:ERROR_BODY_CHARS]}"
+            else:
+                await _read_stream(resp, st, t0_ns)
+    except asyncio.TimeoutError:
+        st.error = f"timeout: reply not complete within {timeout.total} s (after {st.n_chunks} token chunks)"
+    except (aiohttp.ClientError, OSError) as exc:
+        st.error = f"{type(exc).__name__}: {exc}"
+    except asyncio.CancelledError:
+        st.error = "cancelled: the replay stopped before the reply finished"
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure becomes this request's error record
+        st.error = f"unexpected {type(exc).__name__}: {exc}"
+    finally:
+        rec = RequestRecord(
+            index=index, due_ns=due_ns, sent_ns=sent_ns, first_token_ns=st.first_ns,
+            last_token_ns=st.last_ns, end_ns=time.perf_counter_ns() - t0_ns,
+            input_tokens=input_tokens, output_tokens=output_tokens,
+            prompt_tokens=st.prompt_tokens, completion_tokens=st.completion_tokens,
+            n_chunks=st.n_chunks, max_gap_ms=None if st.max_gap_ns is None else st.max_gap_ns / 1e6,
+            status=status, error=st.verdict(output_tokens), tags=dict(tags or {}),
+        )
+        if sink is not None:
+            sink(rec)
+    return rec

@@ -1,0 +1,39 @@
+"""Deterministic prompts as token ids (the server runs with --skip-tokenizer-init).
+
+Request ``i`` of a replay gets ids from ``np.random.default_rng((seed, i))``, so every arm and
+every repeat sees identical prompts. When a request carries Mooncake ``hash_ids``, block ``k`` of
+the prompt (tokens ``k*512`` to ``k*512+511``) is drawn from a generator keyed by the hash id
+instead, so requests that share a prefix in the trace share those tokens for real and the server's
+prefix cache can hit as it did in production.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from traces.trace import TraceRequest
+
+BLOCK_TOKENS = 512  # Mooncake's block size: one hash id per 512 prompt tokens
+_BLOCK_STREAM = 1  # keeps block generators apart from per-request ones: (seed, 1, hash_id)
+
+
+def _ids(rng: np.random.Generator, n: int, vocab_size: int) -> np.ndarray:
+    return rng.integers(0, vocab_size, size=n, dtype=np.int64)
+
+
+def prompt_token_ids(index: int, req: TraceRequest, *, seed: int = 0, vocab_size: int = 32000) -> list[int]:
+    """The ``req.input_tokens`` prompt ids of request ``index`` (seeded; shared blocks by hash id)."""
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+    if index < 0 or seed < 0:
+        raise ValueError(f"index and seed must be >= 0, got index={index} seed={seed}")
+    n = req.input_tokens
+    parts: list[np.ndarray] = []
+    for hash_id in (req.hash_ids or ())[: -(-n // BLOCK_TOKENS)]:
+        if hash_id < 0:
+            raise ValueError(f"request {index}: hash_ids must be >= 0, got {hash_id}")
+        parts.append(_ids(np.random.default_rng((seed, _BLOCK_STREAM, hash_id)), BLOCK_TOKENS, vocab_size))
+    have = len(parts) * BLOCK_TOKENS
+    if have < n:  # no hash ids, or fewer blocks than the prompt needs: the rest is the request's own
+        parts.append(_ids(np.random.default_rng((seed, index)), n - have, vocab_size))
+    return np.concatenate(parts)[:n].tolist()

@@ -1,0 +1,136 @@
+"""Per-request records: raw monotonic timestamps in, metrics derived by pure functions.
+
+A record keeps only what was observed (due, sent, first and last token, end, server token counts,
+HTTP status, error text). Every time is ``time.perf_counter_ns()`` minus the replay's ``t0``, so
+records of one replay share one clock. Metrics return ``None`` when they are undefined (no first
+token, TPOT of a 1-token reply), never a made-up 0.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import IO, Any
+
+_NS_PER_MS = 1e6
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """What one replayed request saw; times in ns since the replay's t0."""
+
+    index: int  # position in the replayed list
+    due_ns: int  # when the schedule said to send it
+    sent_ns: int | None  # when the client began the HTTP request
+    first_token_ns: int | None  # first chunk that carried a token
+    last_token_ns: int | None  # last chunk that carried a token
+    end_ns: int | None  # stream finished, failed or timed out
+    input_tokens: int  # asked (prompt length)
+    output_tokens: int  # asked (max_tokens)
+    prompt_tokens: int | None  # server usage
+    completion_tokens: int | None  # server usage
+    n_chunks: int  # token-bearing stream chunks received
+    max_gap_ms: float | None  # largest gap between token-bearing chunks
+    status: int | None  # HTTP status
+    error: str | None  # None when it succeeded
+    tags: dict = field(default_factory=dict)  # caller's labels (arm, window, load, phase, ...)
+
+
+def _ms(a: int | None, b: int | None) -> float | None:
+    if a is None or b is None:
+        return None
+    return (b - a) / _NS_PER_MS
+
+
+def ttft_ms(r: RequestRecord) -> float | None:
+    """Time to first token, from the due time (not the send time)."""
+    return _ms(r.due_ns, r.first_token_ns)
+
+
+def tpot_ms(r: RequestRecord) -> float | None:
+    """(last token - first token) / (completion_tokens - 1); None for fewer than 2 tokens."""
+    if r.completion_tokens is None or r.completion_tokens < 2:
+        return None
+    span = _ms(r.first_token_ns, r.last_token_ns)
+    return None if span is None else span / (r.completion_tokens - 1)
+
+
+def e2e_ms(r: RequestRecord) -> float | None:
+    """End-to-end latency, from the due time to the end of the stream."""
+    return _ms(r.due_ns, r.end_ns)
+
+
+def lateness_ms(r: RequestRecord) -> float | None:
+    """How late the client began sending, relative to the schedule."""
+    return _ms(r.due_ns, r.sent_ns)
+
+
+def succeeded(r: RequestRecord) -> bool:
+    """No error, HTTP 200, and the server produced exactly the asked number of tokens."""
+    return r.error is None and r.status == 200 and r.completion_tokens == r.output_tokens
+
+
+_FIELDS = tuple(f.name for f in fields(RequestRecord))
+
+
+def record_to_json(r: RequestRecord) -> dict:
+    """A JSON-ready dict with every field (tags copied)."""
+    d = asdict(r)
+    d["tags"] = dict(r.tags)
+    return d
+
+
+def record_from_json(d: dict) -> RequestRecord:
+    """Inverse of record_to_json; raises ValueError naming missing or unknown keys."""
+    missing = [k for k in _FIELDS if k not in d and k != "tags"]
+    unknown = sorted(set(d) - set(_FIELDS))
+    if missing or unknown:
+        raise ValueError(f"bad record: missing {missing}, unknown {unknown}")
+    return RequestRecord(**{**d, "tags": dict(d.get("tags") or {})})
+
+
+def _open_text(path: Path, mode: str) -> IO[str]:
+    if path.suffix == ".gz":
+        return gzip.open(path, mode + "t", encoding="utf-8")
+    return path.open(mode, encoding="utf-8")
+
+
+def read_records(path: str | Path) -> list[RequestRecord]:
+    """Records of a .jsonl or .jsonl.gz file, in file order; bad lines raise ValueError("path:line: ...")."""
+    path = Path(path)
+    out: list[RequestRecord] = []
+    with _open_text(path, "r") as f:
+        for lineno, line in enumerate(f, start=1):
+            try:
+                out.append(record_from_json(json.loads(line)))
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"{path}:{lineno}: {exc}") from None
+    return out
+
+
+class RecordWriter:
+    """Appends one JSON line per record and flushes it, so a crash loses no finished record."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f: IO[str] | None = self.path.open("a", encoding="utf-8")
+
+    def write(self, r: RequestRecord) -> None:
+        """Append and flush one record."""
+        assert self._f is not None, f"{self.path}: writer is closed"
+        self._f.write(json.dumps(record_to_json(r)) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+    def __enter__(self) -> "RecordWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
