@@ -1,0 +1,132 @@
+"""Convert a public trace (Azure, Mooncake, BurstGPT) to the project's JSONL trace format.
+
+    python -m traces.convert --format azure AzureLLMInferenceTrace_conv.csv traces/chat.jsonl
+
+Prints what it read, wrote and dropped (per reason, with line numbers); never drops silently.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+from traces.formats import FORMATS, order_rows, to_requests
+from traces.trace import TraceError, file_sha256, write_trace
+
+_SHOWN_LINES = 5  # dropped line numbers printed per reason (all of them go into --report)
+
+
+@dataclass(frozen=True)
+class ConversionReport:
+    """What a conversion read, wrote and dropped."""
+
+    format: str
+    source: str
+    output: str
+    rows_read: int
+    written: int
+    dropped: dict[str, list[int]]  # reason -> source line numbers
+    out_of_order: int  # rows moved by --sort
+    ignored_fields: list[str]  # source columns/keys not carried into the trace
+    sha256: str  # of the output file
+
+    @property
+    def dropped_total(self) -> int:
+        """Number of dropped rows, all reasons together."""
+        return sum(len(v) for v in self.dropped.values())
+
+    def lines(self) -> list[str]:
+        """Human-readable summary, one fact per line."""
+        out = [
+            f"read {self.rows_read} rows from {self.source} ({self.format})",
+            f"wrote {self.written} requests to {self.output} (sha256 {self.sha256})",
+            f"dropped {self.dropped_total} rows",
+        ]
+        for reason, lines in self.dropped.items():
+            shown = ", ".join(map(str, lines[:_SHOWN_LINES])) + (", ..." if len(lines) > _SHOWN_LINES else "")
+            out.append(f"  {len(lines)} {reason}: lines {shown}")
+        if self.out_of_order:
+            out.append(f"sorted by time: {self.out_of_order} rows were out of order")
+        if self.ignored_fields:
+            out.append(f"not carried over: {', '.join(self.ignored_fields)}")
+        return out
+
+
+def convert(fmt: str, src: str | Path, dst: str | Path, sort: bool = False) -> ConversionReport:
+    """Convert src (in format fmt) to the JSONL trace dst; raise TraceError on a malformed line."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    src, dst = Path(src), Path(dst)
+    parsed = FORMATS[fmt](src)
+    rows, out_of_order = order_rows(src, parsed.rows, sort)
+    reqs = to_requests(rows)
+    dropped_total = sum(len(v) for v in parsed.dropped.values())
+    if not reqs:
+        raise TraceError(f"{src}:1: no requests to write ({dropped_total} rows dropped)")
+    write_trace(reqs, dst)
+    return ConversionReport(
+        format=fmt,
+        source=str(src),
+        output=str(dst),
+        rows_read=len(rows) + dropped_total,
+        written=len(reqs),
+        dropped=parsed.dropped,
+        out_of_order=out_of_order,
+        ignored_fields=parsed.ignored_fields,
+        sha256=file_sha256(dst),
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of traces.convert."""
+    p = argparse.ArgumentParser(
+        prog="python -m traces.convert",
+        description="Convert a public LLM request trace to JSONL "
+        '({"timestamp": s, "input_tokens": n, "output_tokens": n[, "hash_ids": [...]]} per line), '
+        "times rebased to the first request and rounded to the microsecond.",
+    )
+    p.add_argument(
+        "--format",
+        required=True,
+        choices=sorted(FORMATS),
+        help="input format: azure (CSV TIMESTAMP,ContextTokens,GeneratedTokens), mooncake (JSONL, "
+        "timestamp in ms, input_length, output_length, hash_ids), burstgpt (CSV Timestamp, "
+        "Request tokens, Response tokens; failed rows are dropped and counted)",
+    )
+    p.add_argument("input", type=Path, help="the source trace file")
+    p.add_argument("output", type=Path, help="the JSONL trace to write (overwritten)")
+    p.add_argument(
+        "--sort",
+        action="store_true",
+        help="order rows stably by time when the source is not in time order (default: fail at the "
+        "first out-of-order line); the number of moved rows is printed",
+    )
+    p.add_argument(
+        "--report",
+        type=Path,
+        default=None,
+        help="also write the conversion report (counts, every dropped line number, sha256) as JSON here",
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        report = convert(args.format, args.input, args.output, sort=args.sort)
+    except (TraceError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print("\n".join(report.lines()))
+    if args.report is not None:
+        args.report.write_text(json.dumps(asdict(report), indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""Request traces: the JSONL line format, a validating loader, a writer and small transforms.
+
+One request per line, sorted by time::
+
+    {"timestamp": 0.0, "input_tokens": 374, "output_tokens": 44}
+    {"timestamp": 4.314579, "input_tokens": 396, "output_tokens": 109, "hash_ids": [0, 1]}
+
+``timestamp`` is seconds from the trace start (int or float, finite, >= 0, never decreasing),
+``input_tokens`` and ``output_tokens`` are ints >= 1, ``hash_ids`` (optional) is a list of ints.
+Any other key is rejected: a misspelled or unexpected field is an error, not something to skip.
+Every bad line raises :class:`TraceError` with ``path:line: reason``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+REQUIRED_KEYS = ("timestamp", "input_tokens", "output_tokens")
+OPTIONAL_KEYS = ("hash_ids",)
+PERCENTILES = (50, 90, 99)
+# Timestamps made by window/scale are rounded to the nanosecond to drop float noise (10.1 - 10.0).
+_TS_DIGITS = 9
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """One request of a trace: arrival time and token counts."""
+
+    timestamp: float  # seconds from trace start
+    input_tokens: int  # >= 1
+    output_tokens: int  # >= 1
+    hash_ids: tuple[int, ...] | None = None
+
+
+class TraceError(ValueError):
+    """A trace file or trace input is invalid; the message reads ``path:line: reason``."""
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _parse_line(text: str) -> TraceRequest:
+    """Parse and validate one line; raises ValueError with the reason."""
+    try:
+        obj = json.loads(text, parse_constant=_reject_constant)
+    except ValueError as exc:
+        raise ValueError(f"bad JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+    missing = [k for k in REQUIRED_KEYS if k not in obj]
+    if missing:
+        raise ValueError(f"missing key(s) {', '.join(missing)}")
+    unknown = sorted(set(obj) - set(REQUIRED_KEYS) - set(OPTIONAL_KEYS))
+    if unknown:
+        raise ValueError(f"unknown key(s) {', '.join(unknown)}")
+    ts = obj["timestamp"]
+    if not (_is_int(ts) or isinstance(ts, float)) or not math.isfinite(ts):
+        raise ValueError(f"timestamp must be a finite number, got {ts!r}")
+    if ts < 0:
+        raise ValueError(f"timestamp must be >= 0, got {ts!r}")
+    for key in ("input_tokens", "output_tokens"):
+        v = obj[key]
+        if not _is_int(v):
+            raise ValueError(f"{key} must be an int, got {v!r}")
+        if v < 1:
+            raise ValueError(f"{key} must be >= 1, got {v}")
+    hash_ids = obj.get("hash_ids")
+    if hash_ids is not None:
+        if not isinstance(hash_ids, list) or not all(_is_int(h) for h in hash_ids):
+            raise ValueError("hash_ids must be a list of ints")
+        hash_ids = tuple(hash_ids)
+    return TraceRequest(float(ts), obj["input_tokens"], obj["output_tokens"], hash_ids)
+
+
+def load_trace(path: str | Path) -> list[TraceRequest]:
+    """Read and validate a JSONL trace; raise TraceError("path:line: reason") on the first bad line."""
+    path = Path(path)
+    reqs: list[TraceRequest] = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                raise TraceError(f"{path}:{lineno}: empty line")
+            try:
+                req = _parse_line(line)
+            except ValueError as exc:
+                raise TraceError(f"{path}:{lineno}: {exc}") from None
+            if reqs and req.timestamp < reqs[-1].timestamp:
+                raise TraceError(
+                    f"{path}:{lineno}: not sorted by time: timestamp {req.timestamp} "
+                    f"< {reqs[-1].timestamp} on line {lineno - 1}"
+                )
+            reqs.append(req)
+    if not reqs:
+        raise TraceError(f"{path}:1: empty trace, no requests")
+    return reqs
+
+
+def request_to_json(req: TraceRequest) -> dict:
+    """The JSON object of one trace line (hash_ids only when present)."""
+    obj: dict[str, Any] = {
+        "timestamp": req.timestamp,
+        "input_tokens": req.input_tokens,
+        "output_tokens": req.output_tokens,
+    }
+    if req.hash_ids is not None:
+        obj["hash_ids"] = list(req.hash_ids)
+    return obj
+
+
+def write_trace(reqs: Sequence[TraceRequest], path: str | Path) -> None:
+    """Write requests as JSONL (one object per line, '\\n' endings, UTF-8), deterministically."""
+    with Path(path).open("w", encoding="utf-8", newline="\n") as f:
+        for req in reqs:
+            f.write(json.dumps(request_to_json(req)) + "\n")
+
+
+def time_window(reqs: Sequence[TraceRequest], start_s: float, duration_s: float) -> list[TraceRequest]:
+    """Requests with start_s <= t < start_s + duration_s, rebased so that start_s becomes 0.
+
+    The gap between start_s and the first request in the window is kept, so a replay of the
+    window lasts duration_s like the original stretch did. duration_s may be math.inf (to the end).
+    """
+    if not (math.isfinite(start_s) and start_s >= 0):
+        raise ValueError(f"start_s must be a finite number >= 0, got {start_s!r}")
+    if not duration_s > 0:
+        raise ValueError(f"duration_s must be > 0, got {duration_s!r}")
+    end = start_s + duration_s
+    return [
+        TraceRequest(round(r.timestamp - start_s, _TS_DIGITS), r.input_tokens, r.output_tokens, r.hash_ids)
+        for r in reqs
+        if start_s <= r.timestamp < end
+    ]
+
+
+def scale_rate(reqs: Sequence[TraceRequest], speedup: float) -> list[TraceRequest]:
+    """Replay at speedup x the original rate: every timestamp divided by speedup."""
+    if not (math.isfinite(speedup) and speedup > 0):
+        raise ValueError(f"speedup must be a finite number > 0, got {speedup!r}")
+    return [
+        TraceRequest(round(r.timestamp / speedup, _TS_DIGITS), r.input_tokens, r.output_tokens, r.hash_ids)
+        for r in reqs
+    ]
+
+
+def _token_stats(values: np.ndarray) -> dict:
+    pct = np.percentile(values, PERCENTILES)  # linear interpolation between closest ranks
+    stats = {"mean": float(values.mean())}
+    stats.update({f"p{p}": float(v) for p, v in zip(PERCENTILES, pct)})
+    stats.update({"min": int(values.min()), "max": int(values.max()), "total": int(values.sum())})
+    return stats
+
+
+def summarize(reqs: Sequence[TraceRequest]) -> dict:
+    """Summary statistics of a trace.
+
+    Keys: count, start_s, end_s (first/last timestamp), duration_s (end_s - start_s),
+    rate_rps ((count - 1) / duration_s: the inverse of the mean inter-arrival gap; None when
+    duration is 0), with_hash_ids (requests that carry hash_ids), input_tokens and output_tokens
+    ({mean, p50, p90, p99, min, max, total}; percentiles interpolate linearly, numpy's default).
+    An empty sequence gives count 0 and None everywhere else.
+    """
+    if not reqs:
+        keys = ("start_s", "end_s", "duration_s", "rate_rps", "input_tokens", "output_tokens")
+        return {"count": 0, "with_hash_ids": 0, **{k: None for k in keys}}
+    start = min(r.timestamp for r in reqs)
+    end = max(r.timestamp for r in reqs)
+    duration = end - start
+    return {
+        "count": len(reqs),
+        "start_s": start,
+        "end_s": end,
+        "duration_s": duration,
+        "rate_rps": (len(reqs) - 1) / duration if duration > 0 else None,
+        "with_hash_ids": sum(r.hash_ids is not None for r in reqs),
+        "input_tokens": _token_stats(np.array([r.input_tokens for r in reqs], dtype=np.int64)),
+        "output_tokens": _token_stats(np.array([r.output_tokens for r in reqs], dtype=np.int64)),
+    }
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    h = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
