@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
 
 from traces.formats import FORMATS, order_rows, to_requests
 from traces.trace import TraceError, file_sha256, write_trace

@@ -18,15 +18,16 @@ first request is at 0 and rounded to the microsecond (exact decimal arithmetic, 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 from pathlib import Path
-from typing import Callable, Iterator
 
-from traces.trace import TraceError, TraceRequest
+from traces.trace import TraceError, TraceRequest, jsonl_lines, read_utf8
 
 MICROSECOND = Decimal("0.000001")
 _AZURE_TIME = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?")
@@ -94,8 +95,8 @@ def _azure_time(text: str) -> Decimal:
 
 def _csv_rows(path: Path, required: tuple[str, ...], parsed: Parsed) -> Iterator[tuple[int, dict]]:
     """Yield (line number, {column: value}) for each data row of a CSV with a header."""
-    with path.open(encoding="utf-8-sig", newline="") as f:
-        reader = csv.reader(f)
+    reader = csv.reader(io.StringIO(read_utf8(path, "utf-8-sig"), newline=""))
+    try:
         header = [h.strip() for h in next(reader, [])]
         missing = [c for c in required if c not in header]
         if missing:
@@ -105,7 +106,9 @@ def _csv_rows(path: Path, required: tuple[str, ...], parsed: Parsed) -> Iterator
             line = reader.line_num
             if len(row) != len(header):
                 raise TraceError(f"{path}:{line}: expected {len(header)} fields, got {len(row)}")
-            yield line, dict(zip(header, row))
+            yield line, dict(zip(header, row, strict=True))
+    except csv.Error as exc:
+        raise TraceError(f"{path}:{reader.line_num}: bad CSV: {exc}") from None
 
 
 def parse_azure(path: Path) -> Parsed:
@@ -170,11 +173,13 @@ def _mooncake_row(line: int, text: str, ignored: set[str]) -> RawRow:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{key} must be an int >= 1, got {v!r}")
         counts.append(v)
-    hash_ids = obj.get("hash_ids")
-    if hash_ids is not None:
-        if not isinstance(hash_ids, list) or any(isinstance(h, bool) or not isinstance(h, int) for h in hash_ids):
-            raise ValueError("hash_ids must be a list of ints")
-        hash_ids = tuple(hash_ids)
+    hash_ids = None
+    if "hash_ids" in obj:
+        if not isinstance(obj["hash_ids"], list) or any(
+            isinstance(h, bool) or not isinstance(h, int) for h in obj["hash_ids"]
+        ):
+            raise ValueError(f"hash_ids must be a list of ints, got {obj['hash_ids']!r}")
+        hash_ids = tuple(obj["hash_ids"])
     time_s = _decimal_seconds(repr(ts), "timestamp", Decimal("0.001"))
     return RawRow(line, time_s, counts[0], counts[1], hash_ids)
 
@@ -183,14 +188,13 @@ def parse_mooncake(path: Path) -> Parsed:
     """Mooncake JSONL (timestamp in ms, input_length, output_length, hash_ids)."""
     parsed = Parsed()
     ignored: set[str] = set()
-    with path.open(encoding="utf-8") as f:
-        for line, text in enumerate(f, start=1):
-            if not text.strip():
-                raise TraceError(f"{path}:{line}: empty line")
-            try:
-                parsed.rows.append(_mooncake_row(line, text, ignored))
-            except ValueError as exc:
-                raise TraceError(f"{path}:{line}: {exc}") from None
+    for line, text in jsonl_lines(path):
+        if not text.strip():
+            raise TraceError(f"{path}:{line}: empty line")
+        try:
+            parsed.rows.append(_mooncake_row(line, text, ignored))
+        except ValueError as exc:
+            raise TraceError(f"{path}:{line}: {exc}") from None
     parsed.ignored_fields = sorted(ignored)
     return parsed
 

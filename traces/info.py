@@ -12,8 +12,8 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from traces.trace import (
     TraceError,

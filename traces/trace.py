@@ -16,9 +16,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -51,8 +52,8 @@ def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _parse_line(text: str) -> TraceRequest:
-    """Parse and validate one line; raises ValueError with the reason."""
+def _json_object(text: str) -> dict:
+    """Decode one line as a JSON object with exactly the allowed keys; raises ValueError."""
     try:
         obj = json.loads(text, parse_constant=_reject_constant)
     except ValueError as exc:
@@ -65,6 +66,12 @@ def _parse_line(text: str) -> TraceRequest:
     unknown = sorted(set(obj) - set(REQUIRED_KEYS) - set(OPTIONAL_KEYS))
     if unknown:
         raise ValueError(f"unknown key(s) {', '.join(unknown)}")
+    return obj
+
+
+def _parse_line(text: str) -> TraceRequest:
+    """Parse and validate one line; raises ValueError with the reason."""
+    obj = _json_object(text)
     ts = obj["timestamp"]
     if not (_is_int(ts) or isinstance(ts, float)) or not math.isfinite(ts):
         raise ValueError(f"timestamp must be a finite number, got {ts!r}")
@@ -76,32 +83,49 @@ def _parse_line(text: str) -> TraceRequest:
             raise ValueError(f"{key} must be an int, got {v!r}")
         if v < 1:
             raise ValueError(f"{key} must be >= 1, got {v}")
-    hash_ids = obj.get("hash_ids")
-    if hash_ids is not None:
-        if not isinstance(hash_ids, list) or not all(_is_int(h) for h in hash_ids):
-            raise ValueError("hash_ids must be a list of ints")
-        hash_ids = tuple(hash_ids)
+    hash_ids = None
+    if "hash_ids" in obj:
+        if not isinstance(obj["hash_ids"], list) or not all(_is_int(h) for h in obj["hash_ids"]):
+            raise ValueError(f"hash_ids must be a list of ints, got {obj['hash_ids']!r}")
+        hash_ids = tuple(obj["hash_ids"])
     return TraceRequest(float(ts), obj["input_tokens"], obj["output_tokens"], hash_ids)
+
+
+def read_utf8(path: str | Path, encoding: str = "utf-8") -> str:
+    """A file's text; bytes that are not valid UTF-8 raise TraceError naming their line."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise TraceError(f"{path}:{line}: not valid UTF-8 ({exc.reason})") from None
+
+
+def jsonl_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) for each line of a UTF-8 file split at '\n'; a final newline ends no line."""
+    lines = read_utf8(path).split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return enumerate(lines, start=1)
 
 
 def load_trace(path: str | Path) -> list[TraceRequest]:
     """Read and validate a JSONL trace; raise TraceError("path:line: reason") on the first bad line."""
     path = Path(path)
     reqs: list[TraceRequest] = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                raise TraceError(f"{path}:{lineno}: empty line")
-            try:
-                req = _parse_line(line)
-            except ValueError as exc:
-                raise TraceError(f"{path}:{lineno}: {exc}") from None
-            if reqs and req.timestamp < reqs[-1].timestamp:
-                raise TraceError(
-                    f"{path}:{lineno}: not sorted by time: timestamp {req.timestamp} "
-                    f"< {reqs[-1].timestamp} on line {lineno - 1}"
-                )
-            reqs.append(req)
+    for lineno, line in jsonl_lines(path):
+        if not line.strip():
+            raise TraceError(f"{path}:{lineno}: empty line")
+        try:
+            req = _parse_line(line)
+        except ValueError as exc:
+            raise TraceError(f"{path}:{lineno}: {exc}") from None
+        if reqs and req.timestamp < reqs[-1].timestamp:
+            raise TraceError(
+                f"{path}:{lineno}: not sorted by time: timestamp {req.timestamp} "
+                f"< {reqs[-1].timestamp} on line {lineno - 1}"
+            )
+        reqs.append(req)
     if not reqs:
         raise TraceError(f"{path}:1: empty trace, no requests")
     return reqs
@@ -157,7 +181,7 @@ def scale_rate(reqs: Sequence[TraceRequest], speedup: float) -> list[TraceReques
 def _token_stats(values: np.ndarray) -> dict:
     pct = np.percentile(values, PERCENTILES)  # linear interpolation between closest ranks
     stats = {"mean": float(values.mean())}
-    stats.update({f"p{p}": float(v) for p, v in zip(PERCENTILES, pct)})
+    stats.update({f"p{p}": float(v) for p, v in zip(PERCENTILES, pct, strict=True)})
     stats.update({"min": int(values.min()), "max": int(values.max()), "total": int(values.sum())})
     return stats
 

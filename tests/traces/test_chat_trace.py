@@ -61,7 +61,9 @@ def test_matches_independent_pandas_reading() -> None:
     t = pd.to_datetime(df["TIMESTAMP"], format="%Y-%m-%d %H:%M:%S.%f")
     rel = (t - t.iloc[0]).dt.total_seconds().to_numpy()
     reqs = load_trace(CHAT)
-    ours = pd.DataFrame([(r.timestamp, r.input_tokens, r.output_tokens) for r in reqs], columns=["t", "i", "o"])
+    ours = pd.DataFrame(
+        [(r.timestamp, r.input_tokens, r.output_tokens) for r in reqs], columns=["t", "i", "o"]
+    )
     assert len(df) == len(ours)
     assert (ours["i"].to_numpy() == df["ContextTokens"].to_numpy()).all()
     assert (ours["o"].to_numpy() == df["GeneratedTokens"].to_numpy()).all()

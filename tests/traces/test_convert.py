@@ -70,8 +70,10 @@ def test_sort_flag(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
 def test_output_is_deterministic(tmp_path: Path) -> None:
     src = tmp_path / "m.jsonl"
     src.write_text(
-        "".join(f'{{"timestamp": {i * 333}, "input_length": {i + 1}, "output_length": 2, "hash_ids": [{i}]}}\n'
-                for i in range(50))
+        "".join(
+            f'{{"timestamp": {i * 333}, "input_length": {i + 1}, "output_length": 2, "hash_ids": [{i}]}}\n'
+            for i in range(50)
+        )
     )
     a = convert("mooncake", src, tmp_path / "a.jsonl")
     b = convert("mooncake", src, tmp_path / "b.jsonl")
@@ -84,8 +86,10 @@ def test_help_explains_every_flag(module: str) -> None:
     out = subprocess.run(
         [sys.executable, "-m", module, "--help"], capture_output=True, text=True, check=True
     ).stdout
-    flags = ["--format", "--sort", "--report"] if module == "traces.convert" else [
-        "--start", "--duration", "--speedup", "--out", "--json"
-    ]
+    flags = (
+        ["--format", "--sort", "--report"]
+        if module == "traces.convert"
+        else ["--start", "--duration", "--speedup", "--out", "--json"]
+    )
     for flag in flags:
         assert flag in out

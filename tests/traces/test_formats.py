@@ -88,7 +88,9 @@ def test_burstgpt_drops_failed_rows_with_counts(tmp_path: Path) -> None:
 
 
 AZURE_HEAD = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
-BURST_HEAD = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n5,ChatGPT,472,18,490,API log\n"
+BURST_HEAD = (
+    "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n5,ChatGPT,472,18,490,API log\n"
+)
 MOON_HEAD = '{"timestamp": 0, "input_length": 5, "output_length": 6}\n'
 
 
@@ -108,10 +110,30 @@ MOON_HEAD = '{"timestamp": 0, "input_length": 5, "output_length": 6}\n'
         ("mooncake", MOON_HEAD, "{bad", "bad JSON"),
         ("mooncake", MOON_HEAD, "[1]", "expected a JSON object"),
         ("mooncake", MOON_HEAD, '{"timestamp": 5, "input_length": 5}', "missing key(s) output_length"),
-        ("mooncake", MOON_HEAD, '{"timestamp": "5", "input_length": 5, "output_length": 6}', "timestamp must be"),
-        ("mooncake", MOON_HEAD, '{"timestamp": -5, "input_length": 5, "output_length": 6}', "timestamp must be"),
-        ("mooncake", MOON_HEAD, '{"timestamp": 5, "input_length": 0, "output_length": 6}', "input_length must be"),
-        ("mooncake", MOON_HEAD, '{"timestamp": 5, "input_length": 5, "output_length": 6.0}', "output_length must"),
+        (
+            "mooncake",
+            MOON_HEAD,
+            '{"timestamp": "5", "input_length": 5, "output_length": 6}',
+            "timestamp must be",
+        ),
+        (
+            "mooncake",
+            MOON_HEAD,
+            '{"timestamp": -5, "input_length": 5, "output_length": 6}',
+            "timestamp must be",
+        ),
+        (
+            "mooncake",
+            MOON_HEAD,
+            '{"timestamp": 5, "input_length": 0, "output_length": 6}',
+            "input_length must be",
+        ),
+        (
+            "mooncake",
+            MOON_HEAD,
+            '{"timestamp": 5, "input_length": 5, "output_length": 6.0}',
+            "output_length must",
+        ),
         (
             "mooncake",
             MOON_HEAD,
@@ -167,4 +189,20 @@ def test_out_of_order_rows_fail_or_sort_stably(tmp_path: Path) -> None:
         order_rows(path, parsed.rows, sort=False)
     rows, moved = order_rows(path, parsed.rows, sort=True)
     assert moved == 1
-    assert [(r.timestamp, r.input_tokens) for r in to_requests(rows)] == [(0.0, 3), (1.0, 1), (2.0, 2), (2.0, 4)]
+    assert [(r.timestamp, r.input_tokens) for r in to_requests(rows)] == [
+        (0.0, 3),
+        (1.0, 1),
+        (2.0, 2),
+        (2.0, 4),
+    ]
+
+
+@pytest.mark.parametrize(
+    "fmt, head", [("azure", AZURE_HEAD), ("burstgpt", BURST_HEAD), ("mooncake", MOON_HEAD)]
+)
+def test_invalid_utf8_names_its_line(tmp_path: Path, fmt: str, head: str) -> None:
+    body = head.encode() if fmt != "mooncake" else head.encode() * 2
+    path = tmp_path / "in"
+    path.write_bytes(body + b"\xfe\xff,1,2\n")
+    with pytest.raises(TraceError, match=r":3: not valid UTF-8"):
+        FORMATS[fmt](path)

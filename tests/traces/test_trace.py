@@ -62,7 +62,9 @@ def test_load_valid_lines(tmp_path: Path) -> None:
         ('{"timestamp": 1, "input_tokens": 5, "output_tokens": "2"}', "output_tokens must be an int"),
         ('{"timestamp": 1, "input_tokens": 5, "output_tokens": 2, "hash_ids": [1, 2.5]}', "hash_ids must be"),
         ('{"timestamp": 1, "input_tokens": 5, "output_tokens": 2, "hash_ids": 7}', "hash_ids must be"),
+        ('{"timestamp": 1, "input_tokens": 5, "output_tokens": 2, "hash_ids": null}', "hash_ids must be"),
         ("", "empty line"),
+        ("   ", "empty line"),
     ],
 )
 def test_bad_line_names_its_line(tmp_path: Path, bad: str, reason: str) -> None:
@@ -151,3 +153,18 @@ def test_summarize_edge_cases() -> None:
 def test_file_sha256(tmp_path: Path) -> None:
     path = _write(tmp_path, GOOD)
     assert file_sha256(path) == hashlib.sha256(GOOD.encode()).hexdigest()
+
+
+def test_invalid_utf8_names_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(
+        GOOD.encode() * 2 + b'{"timestamp": 1, "input_tokens": 5, "output_tokens": 2, "x": "\xff"}\n'
+    )
+    with pytest.raises(TraceError, match=r":3: not valid UTF-8"):
+        load_trace(path)
+
+
+def test_crlf_line_endings_load(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(GOOD.replace("\n", "\r\n").encode() * 2)
+    assert len(load_trace(path)) == 2
