@@ -1,0 +1,155 @@
+"""Analyse an experiments run directory: goodput per SLO, paired differences, attribution, report.
+
+    python -m experiments.analyze RUN_DIR [--slo NAME:TTFT_MS:TPOT_MS[:E2E_MS] ...] [--slo-file FILE]
+
+Reads run.json and requests.jsonl(.gz), writes report.json, report.md and PNG plots into RUN_DIR.
+Works on partial runs: cells (window x load x arm) that were not completed are listed, not dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from experiments import attribution, goodput, plots, report
+from experiments.slo import DEFAULT_SLO_FILE, SLO, load_slo_file, parse_slo
+from loadgen.records import RequestRecord, read_records
+
+SCHEMA_VERSION = 1
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_run(run_dir: Path) -> dict:
+    """run.json of a run directory; rejects unknown schema versions and missing keys."""
+    path = run_dir / "run.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no run.json (is {run_dir} an experiments run directory?)")
+    run = json.loads(path.read_text(encoding="utf-8"))
+    if run.get("schema_version") != SCHEMA_VERSION:
+        raise ValueError(f"{path}: schema_version {run.get('schema_version')!r}, this reader knows {SCHEMA_VERSION}")
+    missing = [k for k in ("arms", "arm_labels", "windows", "loads", "schedule", "status") if k not in run]
+    if missing:
+        raise ValueError(f"{path}: missing keys {missing}")
+    if len(run["arm_labels"]) != 2 or len(set(run["arm_labels"])) != 2:
+        raise ValueError(f"{path}: arm_labels must be two distinct labels, got {run['arm_labels']}")
+    return run
+
+
+def load_records(run_dir: Path) -> tuple[list[RequestRecord], str | None]:
+    """Records from requests.jsonl.gz or requests.jsonl (the longer if both exist), and the file used."""
+    found = [p for p in (run_dir / "requests.jsonl.gz", run_dir / "requests.jsonl") if p.is_file()]
+    if not found:
+        return [], None
+    loaded = [(read_records(p), p.name) for p in found]
+    return max(loaded, key=lambda x: len(x[0]))
+
+
+def completeness(run: dict, measured: pd.DataFrame) -> tuple[set, list[dict], list[dict]]:
+    """(complete cells {(arm, window, load)}, missing cells with reasons, warnings) from the schedule."""
+    labels = run["arm_labels"]
+    done = {(lab, int(e["window"]), float(e["load"])) for e in run["schedule"] for lab in e.get("done", [])}
+    counts = measured.groupby(goodput.CELL).size().to_dict() if len(measured) else {}
+    expected_n = {int(w["id"]): int(w["requests"]) for w in run["windows"]}
+    missing, warnings = [], []
+    for w in run["windows"]:
+        for load in run["loads"]:
+            for lab in labels:
+                cell = (lab, int(w["id"]), float(load))
+                have = counts.get(cell, 0)
+                if cell in done:
+                    if have != expected_n[cell[1]]:
+                        warnings.append({"arm": lab, "window": cell[1], "load": cell[2],
+                                         "warning": f"{have} records, window has {expected_n[cell[1]]} requests"})
+                    continue
+                why = f"incomplete: {have} of {expected_n[cell[1]]} records, excluded" if have else "not run"
+                missing.append({"arm": lab, "window": cell[1], "load": cell[2], "reason": why})
+    return done, missing, warnings
+
+
+def _check_labels(run: dict, df: pd.DataFrame) -> None:
+    unknown = sorted(set(df["arm"]) - set(run["arm_labels"]))
+    if unknown:
+        raise ValueError(f"requests carry arm labels {unknown} not in run.json arm_labels {run['arm_labels']}")
+
+
+def _per_slo(slo: SLO, measured: pd.DataFrame, cells: pd.DataFrame, labels: list[str]) -> dict:
+    """Goodput comparison, per-load attainment and capacity for one SLO."""
+    base, treat = labels
+    c = cells[cells["slo"] == slo.name]
+    paired = goodput.paired_relative(c, "goodput_rps", base, treat)
+    paired_keys = {(d["window"], d["load"]) for d in paired["diffs"]}
+    in_pairs = c[[(w, ld) in paired_keys for w, ld in zip(c["window"], c["load"])]]
+    per_load = goodput.per_load_attainment(cells, slo.name)
+    arms = {}
+    for arm in labels:
+        a = in_pairs[in_pairs["arm"] == arm]
+        n, dur = int(a["n"].sum()), float(a["duration_s"].sum())
+        arms[arm] = {
+            "attainment": float(a["n_met"].sum() / n) if n else None,
+            "goodput_rps": float(a["n_met"].sum() / dur) if dur else None,
+            "capacity_by_attainment": goodput.capacity_from_attainment(per_load, arm),
+            "capacity_by_latency": goodput.capacity_from_latency(goodput.latency_curve(measured, arm), slo),
+        }
+    return {"slo": slo, "arms": arms, "paired": paired,
+            "per_load": per_load.to_dict(orient="records"), "cells": c.to_dict(orient="records")}
+
+
+def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None) -> dict:
+    """Analyse RUN_DIR, write report.json, report.md and PNGs into it, and return the report dict."""
+    run_dir = Path(run_dir)
+    run = load_run(run_dir)
+    slos = list(slos) if slos else load_slo_file(DEFAULT_SLO_FILE)
+    records, source = load_records(run_dir)
+    df = goodput.records_frame(records, slos)
+    _check_labels(run, df)
+    measured, n_warmup = goodput.split_warmup(df)
+    done, missing, warnings = completeness(run, measured)
+    in_done = [(a, w, ld) in done for a, w, ld in zip(measured["arm"], measured["window"], measured["load"])]
+    complete = measured[in_done] if len(measured) else measured
+    durations = {int(w["id"]): float(w["duration_s"]) for w in run["windows"]}
+    cells = goodput.cell_table(complete, slos, durations)
+    labels = list(run["arm_labels"])
+    per_slo = [_per_slo(s, complete, cells, labels) for s in slos]
+    latency = goodput.cell_latency(complete)
+    secondary = {m: goodput.paired_relative(latency, m, *labels) for m in ("tpot_p50_ms", "ttft_p90_ms")}
+    attrib = attribution.attribute(run, labels[0], PROJECT_ROOT)
+    env_path = run_dir / "environment.json"
+    env = json.loads(env_path.read_text(encoding="utf-8")) if env_path.is_file() else {}
+    analysis = report.Analysis(
+        run=run, env=env, slos=slos, per_slo=per_slo, secondary=secondary,
+        latency=goodput.latency_table(complete), attribution=attrib, missing=missing,
+        warnings=warnings, n_warmup=n_warmup, n_records=len(df), source=source,
+    )
+    result = report.build_report(analysis)
+    result["plots"] = plots.write_plots(run_dir, complete, per_slo, secondary, labels)
+    report.write_report(run_dir, result)
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; see --help."""
+    ap = argparse.ArgumentParser(prog="python -m experiments.analyze", description=__doc__.split("\n\n")[0])
+    ap.add_argument("run_dir", type=Path, help="an experiments run directory (holds run.json, requests.jsonl[.gz])")
+    ap.add_argument("--slo", action="append", default=[], metavar="NAME:TTFT_MS:TPOT_MS[:E2E_MS]",
+                    help="an SLO tier to evaluate (repeatable); replaces the tiers of --slo-file")
+    ap.add_argument("--slo-file", type=Path, default=DEFAULT_SLO_FILE,
+                    help=f"TOML file of [[slo]] tiers (default {DEFAULT_SLO_FILE.name}: interactive, chat, relaxed)")
+    args = ap.parse_args(argv)
+    try:
+        slos = [parse_slo(s) for s in args.slo] if args.slo else load_slo_file(args.slo_file)
+        result = analyze_run(args.run_dir, slos)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print((args.run_dir / "report.md").read_text(encoding="utf-8").split("\n\n")[0])
+    print(f"status {result['status']}; wrote {args.run_dir / 'report.md'} and report.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

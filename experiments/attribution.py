@@ -1,0 +1,189 @@
+"""How much end-to-end change can the kernel explain? A step-time prediction weighted by real shapes.
+
+Inputs:
+- the tokens-per-step histogram the baseline server actually ran (run.json "step_histograms",
+  from vLLM's ``vllm:iteration_tokens_total``; per-bucket counts, bucket = upper bound of tokens),
+- the in-model profile ``integration/results/h200-profile.json``: per forward step of ``batch_tokens``
+  tokens, the norm time stock vs patched and the step time. Read as {"steps": [{"batch_tokens": int,
+  "step_us": float, "norm_us": {"stock": float, "patched": float}}, ...]} ("rows" is accepted for
+  "steps"; flat "norm_stock_us"/"norm_patched_us" for "norm_us"),
+- the kernel benchmark ``kernels/results/h200.json`` (DESIGN.md format): per-shape medians of the
+  fused kernel and of the stock kernels, and which one the shipped policy dispatches.
+
+Predicted change in step time = -(sum over steps of norm time saved) / (sum of step times), an upper
+bound on the magnitude since the norm overlaps other work. Negative means faster.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+PROFILE_PATH = Path("integration/results/h200-profile.json")
+KERNEL_PATH = Path("kernels/results/h200.json")
+_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "half": "fp16", "float": "fp32"}
+
+
+def histogram_points(hist: Mapping) -> list[tuple[float, int]]:
+    """(representative tokens, step count) per bucket: the bucket's upper bound; +Inf takes the last finite one."""
+    buckets, counts = hist.get("buckets"), hist.get("counts")
+    if not isinstance(buckets, list) or not isinstance(counts, list) or len(buckets) != len(counts):
+        raise ValueError(f"step histogram needs equal-length 'buckets' and 'counts' lists, got {hist!r}")
+    points: list[tuple[float, int]] = []
+    last_finite = 1.0
+    for bound, count in zip(buckets, counts):
+        b = float(bound)
+        if math.isfinite(b):
+            last_finite = b
+        if count:
+            points.append((last_finite if not math.isfinite(b) else b, int(count)))
+    return points
+
+
+def merge_histograms(per_load: Mapping[str, Mapping]) -> list[tuple[float, int]]:
+    """Sum of per-load histograms as (tokens, count) points."""
+    total: dict[float, int] = {}
+    for hist in per_load.values():
+        for tokens, count in histogram_points(hist):
+            total[tokens] = total.get(tokens, 0) + count
+    return sorted(total.items())
+
+
+def load_profile(path: Path) -> list[dict]:
+    """Profile rows sorted by batch_tokens, each {"batch_tokens","step_us","norm_stock_us","norm_patched_us"}."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    rows = data.get("steps", data.get("rows")) if isinstance(data, dict) else None
+    if not isinstance(rows, list) or not rows:
+        raise ValueError(f"{path}: expected a non-empty 'steps' list of per-step rows")
+    out = []
+    for i, row in enumerate(rows):
+        norm = row.get("norm_us") or {}
+        try:
+            out.append({"batch_tokens": float(row["batch_tokens"]), "step_us": float(row["step_us"]),
+                        "norm_stock_us": float(norm.get("stock", row.get("norm_stock_us"))),
+                        "norm_patched_us": float(norm.get("patched", row.get("norm_patched_us")))})
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: steps[{i}]: need batch_tokens, step_us, norm_us.stock/patched ({exc})")
+    return sorted(out, key=lambda r: r["batch_tokens"])
+
+
+def _interp(x: float, xs: list[float], ys: list[float]) -> float:
+    """Linear in log(tokens), clamped to the measured range."""
+    return float(np.interp(math.log(x), [math.log(v) for v in xs], ys))
+
+
+def predict_from_profile(points: list[tuple[float, int]], profile: list[dict]) -> dict:
+    """Step-time change (%) of a step histogram under the profile's per-step norm saving."""
+    xs = [r["batch_tokens"] for r in profile]
+    saved = total = 0.0
+    table = []
+    for tokens, count in points:
+        step = _interp(tokens, xs, [r["step_us"] for r in profile])
+        delta = _interp(tokens, xs, [r["norm_stock_us"] - r["norm_patched_us"] for r in profile])
+        saved += count * delta
+        total += count * step
+        table.append({"tokens": tokens, "steps": count, "step_us": step, "norm_saved_us": delta})
+    return {"predicted_step_change_pct": -100.0 * saved / total if total else None,
+            "steps": int(sum(c for _, c in points)), "profiled_tokens": [min(xs), max(xs)], "by_bucket": table}
+
+
+def kernel_saving_per_call(bench: list[dict], op: str, dtype: str, hidden: int, eager: bool) -> dict:
+    """Per rows: stock time (vllm_c if eager else inductor) minus what the policy runs, in us."""
+    stock_key = "vllm_c_us" if eager else "inductor_us"
+    rows = sorted((r for r in bench if r.get("op") == op and r.get("dtype") == dtype
+                   and int(r.get("hidden", -1)) == hidden), key=lambda r: r["rows"])
+    out: dict[int, float] = {}
+    for r in rows:
+        stock = (r.get("stock") or {}).get(stock_key)
+        if stock is None:
+            continue
+        patched = r["median_us"] if str(r.get("policy", "")).startswith("fused") else stock
+        out[int(r["rows"])] = float(stock) - float(patched)
+    return out
+
+
+def predict_from_kernels(points: list[tuple[float, int]], bench: list[dict], model: Mapping, eager: bool) -> dict:
+    """Norm time saved per step (us, histogram-weighted) from the kernel benchmark, Llama norm layout:
+    one rms_norm and 2 * num_hidden_layers fused_add_rms_norm calls per forward step."""
+    cfg = model.get("config") or {}
+    hidden, layers = cfg.get("hidden_size"), cfg.get("num_hidden_layers")
+    dtype = _DTYPES.get(str(model.get("dtype")), None) or _DTYPES.get(str(cfg.get("torch_dtype")), "bf16")
+    if not hidden or not layers:
+        return {"status": "unavailable", "reason": "model config lacks hidden_size / num_hidden_layers"}
+    calls = {"rms_norm": 1, "fused_add_rms_norm": 2 * int(layers)}
+    per_op = {op: kernel_saving_per_call(bench, op, dtype, int(hidden), eager) for op in calls}
+    absent = [op for op, rows in per_op.items() if not rows]
+    if absent:
+        return {"status": "unavailable", "reason": f"no {dtype} x {hidden} rows for {absent} in kernel results"}
+    saved = 0.0
+    for tokens, count in points:
+        for op, n_calls in calls.items():
+            xs = sorted(per_op[op])
+            saved += count * n_calls * _interp(tokens, [float(x) for x in xs], [per_op[op][x] for x in xs])
+    steps = sum(c for _, c in points)
+    return {"status": "estimated", "norm_saved_us_per_step": saved / steps if steps else None,
+            "calls_per_step": calls, "dtype": dtype, "hidden": int(hidden),
+            "stock_kernel": "vllm_c" if eager else "inductor"}
+
+
+def _read_json_list(path: Path, key: str) -> list[dict] | None:
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text(encoding="utf-8"))
+    rows = data.get(key) if isinstance(data, dict) else None
+    if not isinstance(rows, list):
+        raise ValueError(f"{path}: expected a '{key}' list")
+    return rows
+
+
+def attribute(run: Mapping, baseline: str, root: Path, profile_path: Path | None = None,
+              kernel_path: Path | None = None) -> dict:
+    """Predicted step-time change (%) the kernel can explain for this run, with every input named.
+
+    ``root`` is the project root where the default result files live. Never raises for a missing or
+    unreadable input: the result's "status" and "reason" say what is missing.
+    """
+    profile_path = profile_path or root / PROFILE_PATH
+    kernel_path = kernel_path or root / KERNEL_PATH
+    base = {"upper_bound": True, "profile": str(profile_path), "kernel_results": str(kernel_path),
+            "histogram_arm": baseline, "predicted_step_change_pct": None}
+    if run.get("device") == "cpu":
+        return {**base, "status": "cpu", "predicted_step_change_pct": 0.0,
+                "reason": "device is cpu: the patched arm runs the stock norm everywhere, so the kernel "
+                          "explains exactly 0% change"}
+    hists = (run.get("step_histograms") or {}).get(baseline) or {}
+    try:
+        points = merge_histograms(hists)
+        per_load_points = {load: histogram_points(h) for load, h in hists.items()}
+    except ValueError as exc:
+        return {**base, "status": "error", "reason": f"run.json step_histograms[{baseline}]: {exc}"}
+    if not points:
+        return {**base, "status": "no histogram",
+                "reason": f"run.json has no step-size histogram for arm {baseline!r}: nothing to weight by"}
+    result = {**base, "histogram": [{"tokens": t, "steps": c} for t, c in points]}
+    try:
+        bench = _read_json_list(kernel_path, "bench")
+        result["kernel_estimate"] = (
+            predict_from_kernels(points, bench, run.get("model") or {}, bool((run.get("model") or {}).get("eager")))
+            if bench else {"status": "unavailable", "reason": f"no kernel results at {kernel_path}"})
+    except (ValueError, KeyError, TypeError) as exc:
+        result["kernel_estimate"] = {"status": "error", "reason": f"{kernel_path}: {exc}"}
+    if not profile_path.is_file():
+        return {**result, "status": "no profile available",
+                "reason": f"no profile available at {profile_path}: no measured step time to divide by"}
+    try:
+        profile = load_profile(profile_path)
+    except ValueError as exc:
+        return {**result, "status": "error", "reason": str(exc)}
+    overall = predict_from_profile(points, profile)
+    per_load = {load: predict_from_profile(p, profile)["predicted_step_change_pct"]
+                for load, p in per_load_points.items() if p}
+    reason = ("norm time saved per step (profile, stock - patched) weighted by the step-size histogram, "
+              "over the histogram-weighted step time")
+    return {**result, "status": "predicted", "reason": reason,
+            "predicted_step_change_pct": overall["predicted_step_change_pct"],
+            "profile_detail": overall, "per_load_pct": per_load}

@@ -1,0 +1,142 @@
+"""report.json (DESIGN.md contract plus detail) and report.md (verdict first) from an analysis."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from experiments.report_md import render_markdown
+from experiments.slo import SLO
+
+REPORT_SCHEMA_VERSION = 1
+
+
+@dataclass
+class Analysis:
+    """Everything analyze_run computed, handed to the report writers."""
+
+    run: dict
+    env: dict
+    slos: list[SLO]
+    per_slo: list[dict]  # from analyze._per_slo
+    secondary: dict  # metric -> goodput.paired_relative result
+    latency: list[dict]
+    attribution: dict
+    missing: list[dict]
+    warnings: list[dict]
+    n_warmup: int
+    n_records: int
+    source: str | None
+    notes: list[str] = field(default_factory=list)
+
+
+def aa_reason(run: Mapping) -> str | None:
+    """Why this run is A/A (both arms the same kernel), or None for an A/B run."""
+    arms = list(run.get("arms") or [])
+    if run.get("mode_note"):
+        return str(run["mode_note"])
+    if len(arms) == 2 and arms[0] == arms[1]:
+        return f"both arms are {arms[0]!r}"
+    return None
+
+
+def _fmt_pct(x: float | None, signed: bool = True) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:+.1f}%" if signed else f"{x:.1f}%"
+
+
+def verdict(entry: Mapping) -> str:
+    """One sentence: the SLO, the goodput change of treatment vs baseline, its 95% CI and what it means."""
+    head = f"{entry['name']} ({entry['bounds']}): "
+    b, t, n = entry["baseline"], entry["treatment"], entry["n_paired"]
+    if entry["delta_goodput_pct"] is None:
+        return head + f"no goodput comparison of {t} vs {b} — {entry['reason'] or 'no paired windows'}"
+    text = head + f"{t} goodput {_fmt_pct(entry['delta_goodput_pct'])} vs {b}"
+    if entry["ci95_pct"] is None:
+        return text + f" over {n} paired window{'s' * (n != 1)} — no interval or verdict ({entry['reason']})"
+    lo, hi = entry["ci95_pct"]
+    text += f", 95% CI [{lo:+.1f}, {hi:+.1f}]% over {n} paired windows"
+    mde = f"MDE {_fmt_pct(entry['mde_pct'], signed=False)}"
+    if entry["significant"]:
+        direction = "higher" if entry["delta_goodput_pct"] > 0 else "lower"
+        return text + f" — {t} {direction}, interval excludes 0 ({mde})"
+    return text + f" — no detectable difference ({mde})"
+
+
+def _slo_entry(item: Mapping, labels: list[str]) -> dict:
+    slo: SLO = item["slo"]
+    comp = item["paired"]["comparison"]
+    entry = {**slo.to_json(), "bounds": slo.describe(), "baseline": labels[0], "treatment": labels[1]}
+    for arm in labels:
+        entry[arm] = item["arms"][arm]
+    entry.update({
+        "delta_goodput_pct": comp["mean"], "ci95_pct": comp["t_ci95"], "bootstrap_ci95_pct": comp["bootstrap_ci95"],
+        "median_diff_pct": comp["median"], "sd_diff_pct": comp["sd"], "n_paired": comp["n"],
+        "significant": comp["significant"], "mde_pct": comp["mde"], "reason": comp["reason"],
+        "per_window": item["paired"]["diffs"], "unpaired": item["paired"]["unpaired"],
+        "undefined": item["paired"]["undefined"], "per_load": item["per_load"],
+    })
+    entry["verdict"] = verdict(entry)
+    return entry
+
+
+def _design(run: Mapping) -> dict:
+    return {
+        "windows": run["windows"], "loads": run["loads"], "warmup": run.get("warmup"),
+        "order": [{"window": e["window"], "load": e["load"], "order": e.get("order")} for e in run["schedule"]],
+        "pairing": "per (window, load): both arms replay the same requests; differences in % of the "
+                   "baseline's mean at that load; 95% CI is Student-t over paired windows",
+    }
+
+
+def build_report(a: Analysis) -> dict:
+    """The report.json dict (DESIGN.md contract keys first)."""
+    run, labels = a.run, list(a.run["arm_labels"])
+    slos = [_slo_entry(item, labels) for item in a.per_slo]
+    status = "complete" if run.get("status") == "complete" and not a.missing else "partial"
+    aa = aa_reason(run)
+    secondary = {m: {"comparison": r["comparison"], "per_window": r["diffs"], "unpaired": r["unpaired"]}
+                 for m, r in a.secondary.items()}
+    return {
+        "trace": run.get("trace"), "model": {k: v for k, v in (run.get("model") or {}).items() if k != "config"},
+        "gpu": a.env.get("GPU") or run.get("device"), "arms": run["arms"], "arm_labels": labels,
+        "design": _design(run), "slos": slos, "attribution": a.attribution,
+        "schema_version": REPORT_SCHEMA_VERSION, "tool_version": run.get("tool_version"),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "device": run.get("device"), "aa": {"is_aa": aa is not None, "why": aa},
+        "status": status, "run_status": run.get("status"), "stopped_reason": run.get("stopped_reason"),
+        "missing": a.missing, "warnings": a.warnings,
+        "records": {"file": a.source, "total": a.n_records, "warmup_excluded": a.n_warmup},
+        "latency": a.latency, "secondary": secondary,
+        "mde_pct": {"goodput": {s["name"]: s["mde_pct"] for s in slos},
+                    **{m: r["comparison"]["mde"] for m, r in a.secondary.items()}},
+        "command": run.get("command"),
+    }
+
+
+def _clean(x):
+    """JSON-safe copy: NaN/inf -> None, tuples -> lists, numpy scalars -> Python."""
+    if isinstance(x, Mapping):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if hasattr(x, "item") and not isinstance(x, (str, bytes)):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def write_report(run_dir: Path, report: dict) -> None:
+    """Write report.json and report.md atomically (tmp + os.replace)."""
+    for name, text in (("report.json", json.dumps(_clean(report), indent=1) + "\n"),
+                       ("report.md", render_markdown(report))):
+        tmp = run_dir / f".{name}.tmp"
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, run_dir / name)

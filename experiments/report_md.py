@@ -1,0 +1,104 @@
+"""report.md: verdict lines first (A/A and partial-run notices above them), then tables and detail."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+
+
+def _num(x, fmt: str = "{:.3g}") -> str:
+    return "n/a" if x is None else fmt.format(x)
+
+
+def _cap(c: Mapping) -> str:
+    if c["status"] in ("interpolated", "last passing load"):
+        return f"{c['load']:.3g}x ({c['status']})"
+    if c["status"] == "above highest":
+        return f">= {c['load']:.3g}x (above highest load)"
+    return c["status"]
+
+
+def headline(r: Mapping) -> list[str]:
+    """The first lines: A/A notice, partial-run notice, one verdict per SLO."""
+    lines = []
+    if r["aa"]["is_aa"]:
+        lines.append(f"**A/A run** — both arms run the same kernel ({r['aa']['why']}); every difference "
+                     "below is noise and shows the noise floor.")
+    if r["status"] != "complete":
+        why = r.get("stopped_reason") or f"run status is {r.get('run_status')!r}"
+        lines.append(f"**PARTIAL RUN** — {len(r['missing'])} arm-window cells missing; reason: {why}.")
+    lines += [f"- {s['verdict']}" for s in r["slos"]]
+    return lines
+
+
+def _slo_tables(r: Mapping) -> list[str]:
+    labels = r["arm_labels"]
+    out = ["## Attainment and goodput per load (pooled over windows)", ""]
+    for s in r["slos"]:
+        out += [f"### {s['name']} ({s['bounds']})", "",
+                "| arm | load | requests | met | attainment | goodput (req/s) |", "|---|---|---|---|---|---|"]
+        rows = sorted(s["per_load"], key=lambda p: (labels.index(p["arm"]), p["load"]))
+        out += [f"| {p['arm']} | {p['load']:g}x | {p['n']} | {p['n_met']} | {p['attainment']:.3f} | "
+                f"{p['goodput_rps']:.3f} |" for p in rows]
+        out += ["", "| arm | highest load >= 90% attainment | same from p90 latency curves |", "|---|---|---|"]
+        out += [f"| {a} | {_cap(s[a]['capacity_by_attainment'])} | {_cap(s[a]['capacity_by_latency'])} |"
+                for a in labels]
+        out += ["", f"Per-window goodput differences ({s['treatment']} - {s['baseline']}, % of baseline mean): "
+                + (", ".join(f"w{d['window']}@{d['load']:g}x {d['diff_pct']:+.1f}" for d in s["per_window"])
+                   or "none")]
+        if s["unpaired"] or s["undefined"]:
+            out.append(f"Unpaired: {s['unpaired']}; undefined: {s['undefined']}")
+        out.append("")
+    return out
+
+
+def _latency_table(r: Mapping) -> list[str]:
+    out = ["## Latency per arm and load (succeeded requests, ms)", "",
+           "| arm | load | n | failed | TTFT p50 | p90 | p99 | TPOT p50 | p90 | p99 | E2E p50 | p90 | p99 |",
+           "|---" * 13 + "|"]
+    for row in sorted(r["latency"], key=lambda x: (r["arm_labels"].index(x["arm"]), x["load"])):
+        vals = [_num(row[f"{m}_p{p}_ms"], "{:.1f}") for m in ("ttft", "tpot", "e2e") for p in (50, 90, 99)]
+        out.append(f"| {row['arm']} | {row['load']:g}x | {row['n']} | {row['failed']} | " + " | ".join(vals) + " |")
+    return out + [""]
+
+
+def _power_and_attribution(r: Mapping) -> list[str]:
+    out = ["## Minimum detectable effect (alpha 0.05, power 0.8, paired t over windows)", ""]
+    out += [f"- goodput, {k}: {_num(v, '{:.2f}%')}" for k, v in r["mde_pct"]["goodput"].items()]
+    for m, sec in r["secondary"].items():
+        c = sec["comparison"]
+        ci = "n/a" if c["t_ci95"] is None else f"[{c['t_ci95'][0]:+.2f}, {c['t_ci95'][1]:+.2f}]%"
+        out.append(f"- {m} per window: mean change {_num(c['mean'], '{:+.2f}%')}, 95% CI {ci}, "
+                   f"MDE {_num(c['mde'], '{:.2f}%')} over {c['n']} windows")
+    a = r["attribution"]
+    tpot = r["secondary"].get("tpot_p50_ms", {}).get("comparison", {})
+    out += ["", "## Attribution: what the kernel can explain", "",
+            f"- predicted step-time change (upper bound): {_num(a.get('predicted_step_change_pct'), '{:+.3f}%')} "
+            f"— {a.get('status')}: {a.get('reason')}",
+            f"- measured median TPOT change: {_num(tpot.get('mean'), '{:+.2f}%')}"]
+    k = a.get("kernel_estimate")
+    if k:
+        out.append(f"- kernel benchmark estimate: {k.get('status')}: "
+                   f"{_num(k.get('norm_saved_us_per_step'), '{:.2f}')} us of norm time saved per step"
+                   + (f" ({k['reason']})" if k.get("reason") else ""))
+    return out + [""]
+
+
+def render_markdown(r: Mapping) -> str:
+    """The whole report.md text."""
+    cmd = r.get("command") or []
+    lines = headline(r) + ["", f"# RMSNorm A/B goodput report ({r['status']})", "",
+                           f"Model {r['model'].get('name')} on {r['gpu']}; arms {r['arm_labels']} "
+                           f"(kinds {r['arms']}); trace {r['trace']}.",
+                           f"Records: {r['records']}. Design: {len(r['design']['windows'])} windows x "
+                           f"loads {r['design']['loads']}; warm-up {r['design']['warmup']}.", ""]
+    if r["missing"]:
+        lines += ["## Missing", ""] + [f"- {m['arm']} window {m['window']} load {m['load']:g}x: {m['reason']}"
+                                       for m in r["missing"]] + [""]
+    if r["warnings"]:
+        lines += ["## Warnings", ""] + [f"- {w}" for w in r["warnings"]] + [""]
+    lines += _slo_tables(r) + _latency_table(r) + _power_and_attribution(r)
+    lines += ["## Plots", ""] + [f"![{p}]({p})" for p in r.get("plots", [])] + [""]
+    lines += ["## Reproduce", "", "```", " ".join(shlex.quote(str(c)) for c in cmd) or "(no command recorded)",
+              "python -m experiments.analyze <this directory>", "```", ""]
+    return "\n".join(lines)

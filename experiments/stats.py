@@ -1,0 +1,183 @@
+"""Statistics for paired A/B windows: percentiles, summaries, intervals, power. Pure, no I/O.
+
+Every function takes plain sequences of floats and returns plain numbers or frozen dataclasses.
+A comparison that cannot be computed (too few windows, non-finite values) says so with a reason;
+it never turns an error into a verdict.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as sps
+
+ALPHA = 0.05
+POWER = 0.8
+
+
+def percentile(values: Sequence[float], p: float, method: str = "linear") -> float:
+    """The p-quantile (0 <= p <= 1) of ``values``; linear interpolation between order statistics.
+
+    ``method`` is numpy's quantile method; "inverted_cdf" gives the smallest value with at least a
+    fraction p of the data at or below it (no interpolation, so +inf values are allowed).
+    """
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"percentile p must be in [0, 1], got {p}")
+    arr = np.asarray(values, dtype=float)
+    if arr.size == 0:
+        raise ValueError("percentile of an empty sequence")
+    if np.isnan(arr).any():
+        raise ValueError("percentile of a sequence containing NaN")
+    return float(np.quantile(arr, p, method=method))
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Location and spread of a sample."""
+
+    n: int
+    mean: float
+    sd: float  # sample standard deviation (ddof=1); nan for n < 2
+    median: float
+    p90: float
+    p99: float
+    min: float
+    max: float
+
+    def to_json(self) -> dict:
+        """Dict with NaN written as None (JSON has no NaN)."""
+        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in self.__dict__.items()}
+
+
+def summarize(values: Sequence[float]) -> Summary:
+    """Summary of a non-empty sample of finite values."""
+    arr = np.asarray(values, dtype=float)
+    if arr.size == 0:
+        raise ValueError("summary of an empty sequence")
+    if not np.isfinite(arr).all():
+        raise ValueError("summary of a sequence with non-finite values")
+    sd = float(arr.std(ddof=1)) if arr.size > 1 else math.nan
+    return Summary(
+        n=int(arr.size), mean=float(arr.mean()), sd=sd, median=percentile(arr, 0.5),
+        p90=percentile(arr, 0.9), p99=percentile(arr, 0.99), min=float(arr.min()), max=float(arr.max()),
+    )
+
+
+def paired_differences(
+    baseline: Mapping[Hashable, float], treatment: Mapping[Hashable, float]
+) -> tuple[dict[Hashable, float], list[Hashable]]:
+    """treatment - baseline for every key in both; also the keys found in only one (unpaired)."""
+    both = [k for k in baseline if k in treatment]
+    diffs = {k: float(treatment[k]) - float(baseline[k]) for k in both}
+    unpaired = [k for k in baseline if k not in treatment] + [k for k in treatment if k not in baseline]
+    return diffs, unpaired
+
+
+def _checked(diffs: Sequence[float], need: int = 2) -> np.ndarray:
+    arr = np.asarray(diffs, dtype=float)
+    if arr.size < need:
+        raise ValueError(f"need at least {need} paired differences, got {arr.size}")
+    if not np.isfinite(arr).all():
+        raise ValueError("paired differences contain non-finite values")
+    return arr
+
+
+def t_ci(diffs: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """Student-t interval for the mean of paired differences."""
+    arr = _checked(diffs)
+    mean, sem = float(arr.mean()), float(sps.sem(arr))
+    if sem == 0.0:
+        return mean, mean
+    lo, hi = sps.t.interval(confidence, arr.size - 1, loc=mean, scale=sem)
+    return float(lo), float(hi)
+
+
+def bootstrap_ci(
+    diffs: Sequence[float], confidence: float = 0.95, seed: int = 0, n_resamples: int = 9999
+) -> tuple[float, float]:
+    """Percentile-bootstrap interval for the mean of paired differences (numpy default_rng(seed))."""
+    arr = _checked(diffs)
+    if np.ptp(arr) == 0.0:
+        return float(arr[0]), float(arr[0])
+    res = sps.bootstrap(
+        (arr,), np.mean, n_resamples=n_resamples, confidence_level=confidence,
+        method="percentile", rng=np.random.default_rng(seed),
+    )
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def is_significant(ci: tuple[float, float]) -> bool:
+    """True when the interval excludes 0; a non-finite or inverted interval raises, never a verdict."""
+    lo, hi = ci
+    if not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi:
+        raise ValueError(f"not a valid interval: {ci}")
+    return lo > 0.0 or hi < 0.0
+
+
+def mde(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float:
+    """Minimum detectable mean difference of a two-sided paired t-test over n pairs with this sd.
+
+    (t_{1-alpha/2, n-1} + t_{power, n-1}) * sd / sqrt(n).
+    """
+    if n < 2:
+        raise ValueError(f"minimum detectable effect needs n >= 2 pairs, got {n}")
+    if not math.isfinite(sd) or sd < 0:
+        raise ValueError(f"sd must be finite and >= 0, got {sd}")
+    df = n - 1
+    return float((sps.t.ppf(1 - alpha / 2, df) + sps.t.ppf(power, df)) * sd / math.sqrt(n))
+
+
+def windows_needed(sd: float, half_width: float, confidence: float = 0.95) -> int:
+    """Paired windows for a +-half_width interval on the mean: ceil(Z^2 sd^2 / half_width^2).
+
+    This is pyperf's 4*Z^2*sd^2/W^2 with W the full width (2 * half_width).
+    """
+    if half_width <= 0 or not math.isfinite(half_width):
+        raise ValueError(f"half_width must be positive and finite, got {half_width}")
+    if not math.isfinite(sd) or sd < 0:
+        raise ValueError(f"sd must be finite and >= 0, got {sd}")
+    z = float(sps.norm.ppf(1 - (1 - confidence) / 2))
+    return max(2, math.ceil(z * z * sd * sd / (half_width * half_width)))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Paired comparison of n window differences; fields None with ``reason`` when not computable."""
+
+    n: int
+    mean: float | None
+    median: float | None
+    sd: float | None
+    t_ci95: tuple[float, float] | None
+    bootstrap_ci95: tuple[float, float] | None
+    mde: float | None
+    significant: bool | None
+    reason: str | None  # why a field is None
+
+    def to_json(self) -> dict:
+        """JSON-ready dict; intervals as [lo, hi]."""
+        d = dict(self.__dict__)
+        for key in ("t_ci95", "bootstrap_ci95"):
+            d[key] = list(d[key]) if d[key] is not None else None
+        return d
+
+
+def compare_paired(diffs: Sequence[float], seed: int = 0) -> Comparison:
+    """Mean, t and bootstrap 95% intervals, MDE and verdict (t interval excludes 0) of paired differences."""
+    arr = np.asarray(diffs, dtype=float)
+    n = int(arr.size)
+    if n == 0:
+        return Comparison(0, None, None, None, None, None, None, None, "no paired windows")
+    if not np.isfinite(arr).all():
+        return Comparison(n, None, None, None, None, None, None, None, "non-finite paired differences")
+    mean, median = float(arr.mean()), float(np.median(arr))
+    if n < 2:
+        return Comparison(n, mean, median, None, None, None, None, None,
+                          "one paired window: no interval or verdict")
+    sd = float(arr.std(ddof=1))
+    ci = t_ci(arr)
+    return Comparison(n, mean, median, sd, ci, bootstrap_ci(arr, seed=seed), mde(sd, n),
+                      is_significant(ci), None)
