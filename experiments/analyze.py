@@ -71,6 +71,11 @@ def completeness(run: dict, measured: pd.DataFrame) -> tuple[set, list[dict], li
     return done, missing, warnings
 
 
+def _mask(flags: list[bool], df: pd.DataFrame) -> pd.Series:
+    """Row mask aligned with df (an empty list would otherwise select columns)."""
+    return pd.Series(flags, index=df.index, dtype=bool)
+
+
 def _check_labels(run: dict, df: pd.DataFrame) -> None:
     unknown = sorted(set(df["arm"]) - set(run["arm_labels"]))
     if unknown:
@@ -83,7 +88,7 @@ def _per_slo(slo: SLO, measured: pd.DataFrame, cells: pd.DataFrame, labels: list
     c = cells[cells["slo"] == slo.name]
     paired = goodput.paired_relative(c, "goodput_rps", base, treat)
     paired_keys = {(d["window"], d["load"]) for d in paired["diffs"]}
-    in_pairs = c[[(w, ld) in paired_keys for w, ld in zip(c["window"], c["load"])]]
+    in_pairs = c[_mask([(w, ld) in paired_keys for w, ld in zip(c["window"], c["load"])], c)]
     per_load = goodput.per_load_attainment(cells, slo.name)
     arms = {}
     for arm in labels:
@@ -109,8 +114,8 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None) -> dict:
     _check_labels(run, df)
     measured, n_warmup = goodput.split_warmup(df)
     done, missing, warnings = completeness(run, measured)
-    in_done = [(a, w, ld) in done for a, w, ld in zip(measured["arm"], measured["window"], measured["load"])]
-    complete = measured[in_done] if len(measured) else measured
+    complete = measured[_mask([(a, w, ld) in done for a, w, ld in
+                               zip(measured["arm"], measured["window"], measured["load"])], measured)]
     durations = {int(w["id"]): float(w["duration_s"]) for w in run["windows"]}
     cells = goodput.cell_table(complete, slos, durations)
     labels = list(run["arm_labels"])

@@ -46,7 +46,10 @@ def latency_cdfs(path: Path, df: pd.DataFrame, labels: Sequence[str]) -> None:
                     ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", color=color,
                             ls=styles[i % len(styles)], label=f"{arm} @ {load:g}x")
         ax.set(xlabel=f"{metric[:-3].upper()} (ms)", ylabel="fraction of requests", xscale="log")
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "no succeeded requests", transform=ax.transAxes, ha="center")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -67,7 +70,7 @@ def paired_differences(path: Path, series: Sequence[tuple[str, dict]], noise_sd:
         if noise_sd and noise_sd.get(title) is not None:
             s = 2 * noise_sd[title]
             ax.axhspan(-s, s, color="grey", alpha=0.15, label="A/A noise +-2 sd")
-        ax.set_xticks(range(len(d)), [f"w{x['window']}@{x['load']:g}x" for x in d], fontsize=7)
+        ax.set_xticks(range(len(d)), [f"w{x['window']}@{x['load']:g}x" for x in d], fontsize=7, rotation=90)
         ax.set(ylabel="diff (%)", title=title)
         ax.title.set_fontsize(9)
         ax.legend(fontsize=7, loc="upper right")

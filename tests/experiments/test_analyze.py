@@ -1,0 +1,96 @@
+import json
+
+import pytest
+
+from experiments.analyze import analyze_run, main
+from experiments.slo import SLO
+from tests.experiments.synthetic_run import write_run
+
+CHAT = SLO("chat", 2000.0, 100.0)
+
+
+def misses(arm, win):
+    """Requests missing the chat SLO per (arm, window): stock 4-6, the treatment 2 fewer."""
+    return 4 + win % 3 - (2 if arm == "patched" else 0)
+
+
+def ab_cell(arm, win, load, rng):
+    m = misses(arm, win)
+    return [(100.0 * load, 20.0, None)] * (40 - m) + [(3000.0, 20.0, None)] * m
+
+
+def aa_cell(arm, win, load, rng):
+    m = 4 + int(rng.integers(0, 3))
+    return [(100.0 * load, 20.0, None)] * (40 - m) + [(3000.0, 20.0, None)] * (m - 1) + [(10.0, 1.0, "HTTP 500")]
+
+
+def test_ab_report_json_and_markdown(tmp_path):
+    run_dir = write_run(tmp_path / "run", ab_cell)
+    r = analyze_run(run_dir, [CHAT])
+    on_disk = json.loads((run_dir / "report.json").read_text())
+    for key in ("trace", "model", "gpu", "arms", "design", "slos", "attribution", "schema_version", "status",
+                "missing", "latency", "mde_pct"):
+        assert key in on_disk, key
+    assert on_disk["trace"]["sha256"] == "ab" * 32 and on_disk["status"] == "complete"
+    s = on_disk["slos"][0]
+    assert (s["name"], s["ttft_ms"], s["tpot_ms"]) == ("chat", 2000.0, 100.0)
+    stock_met = sum(40 - misses("stock", w) for w in range(6)) * 2  # two loads
+    patched_met = sum(40 - misses("patched", w) for w in range(6)) * 2
+    assert s["stock"]["attainment"] == pytest.approx(stock_met / 480)
+    assert s["patched"]["attainment"] == pytest.approx(patched_met / 480)
+    # goodput: met over wall time; windows 20 s at loads 1 and 2 -> 6*20 + 6*10 s per arm
+    assert s["stock"]["goodput_rps"] == pytest.approx(stock_met / 180.0)
+    assert s["n_paired"] == 12 and s["significant"] is True and s["ci95_pct"][0] > 0
+    assert s["delta_goodput_pct"] == pytest.approx(100 * 2 / (stock_met / 12))
+    assert r["records"]["warmup_excluded"] == 6 and on_disk["aa"]["is_aa"] is False
+    first = (run_dir / "report.md").read_text().splitlines()[0]
+    assert first.startswith("- chat (TTFT<=2000 ms, TPOT<=100 ms): patched goodput +")
+    assert "over 12 paired windows" in first and "MDE" in first
+    for png in r["plots"]:
+        assert (run_dir / png).stat().st_size > 1000
+
+
+def test_aa_run_says_so_first(tmp_path):
+    note = "no CUDA GPU: the patched arm falls back to the stock norm everywhere"
+    run_dir = write_run(tmp_path / "aa", aa_cell, labels=("stock-a", "stock-b"), arms=("stock", "stock"),
+                        device="cpu", mode_note=note, seed=4)
+    r = analyze_run(run_dir, [CHAT])
+    lines = (run_dir / "report.md").read_text().splitlines()
+    assert lines[0].startswith("**A/A run**") and note in lines[0]
+    assert lines[1].startswith("- chat (TTFT<=2000 ms, TPOT<=100 ms): stock-b goodput")
+    assert r["aa"] == {"is_aa": True, "why": note}
+    assert r["attribution"]["predicted_step_change_pct"] == 0.0
+    assert r["slos"][0]["significant"] is False
+    assert r["latency"][0]["failed"] == 6  # one HTTP 500 per window counted, not dropped
+
+
+def test_partial_run_lists_what_is_missing(tmp_path):
+    reason = "server patched died in window 4 at load 2.0: CUDA error"
+    skip = {("patched", 4, 2.0), ("stock", 5, 1.0), ("patched", 5, 1.0), ("stock", 5, 2.0), ("patched", 5, 2.0)}
+    run_dir = write_run(tmp_path / "partial", ab_cell, skip=skip, status="partial", stopped_reason=reason)
+    r = analyze_run(run_dir, [CHAT])
+    assert r["status"] == "partial"
+    assert {(m["arm"], m["window"], m["load"]) for m in r["missing"]} == skip
+    assert r["slos"][0]["unpaired"] == [{"window": 4, "load": 2.0, "arm": "stock"}]
+    assert r["slos"][0]["n_paired"] == 9
+    md = (run_dir / "report.md").read_text().splitlines()
+    assert md[0].startswith("**PARTIAL RUN**") and reason in md[0] and "5 arm-window cells missing" in md[0]
+
+
+def test_empty_run_reports_no_comparison(tmp_path):
+    run_dir = write_run(tmp_path / "empty", ab_cell, windows=2,
+                        skip={(a, w, ld) for a in ("stock", "patched") for w in range(2) for ld in (1.0, 2.0)},
+                        status="running")
+    r = analyze_run(run_dir, [CHAT])
+    assert r["status"] == "partial" and r["slos"][0]["delta_goodput_pct"] is None
+    assert "no goodput comparison" in r["slos"][0]["verdict"]
+
+
+def test_cli(tmp_path, capsys):
+    run_dir = write_run(tmp_path / "cli", ab_cell, windows=2)
+    assert main([str(run_dir), "--slo", "tight:150:30", "--slo", "loose:5000:100"]) == 0
+    names = [s["name"] for s in json.loads((run_dir / "report.json").read_text())["slos"]]
+    assert names == ["tight", "loose"]
+    assert main([str(run_dir), "--slo", "tight:150"]) == 2
+    assert "3 or 4 fields" in capsys.readouterr().err
+    assert main([str(tmp_path / "nowhere")]) == 2

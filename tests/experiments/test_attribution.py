@@ -1,0 +1,86 @@
+import json
+
+import pytest
+
+from experiments import attribution
+
+HIST = {"buckets": [1, 64, 1024, "+Inf"], "counts": [10, 5, 1, 0]}
+PROFILE = {"steps": [
+    {"batch_tokens": 1, "step_us": 1000.0, "norm_us": {"stock": 50.0, "patched": 40.0}},
+    {"batch_tokens": 64, "step_us": 2000.0, "norm_us": {"stock": 100.0, "patched": 80.0}},
+    {"batch_tokens": 1024, "step_us": 10000.0, "norm_stock_us": 500.0, "norm_patched_us": 450.0},
+]}
+
+
+def bench_row(op, rows, stock_us, fused_us, policy):
+    return {"op": op, "dtype": "bf16", "rows": rows, "hidden": 4096, "variant": "v1", "median_us": fused_us,
+            "min_us": fused_us, "max_us": fused_us, "samples_us": [fused_us],
+            "stock": {"inductor_us": stock_us, "vllm_c_us": stock_us + 1.0, "torch_us": 9.0},
+            "roofline_us": 0.1, "policy": policy}
+
+
+BENCH = {"schema_version": 1, "bench": [
+    bench_row("rms_norm", 1, 2.0, 1.5, "fused:v1"), bench_row("rms_norm", 64, 3.0, 2.0, "fused:v1"),
+    bench_row("rms_norm", 1024, 10.0, 12.0, "stock"),
+    bench_row("fused_add_rms_norm", 1, 2.5, 2.0, "fused:v1"),
+    bench_row("fused_add_rms_norm", 64, 4.0, 3.0, "fused:v1"),
+    bench_row("fused_add_rms_norm", 1024, 20.0, 15.0, "fused:v1"),
+]}
+
+
+def run_json(device="cuda", hists=None):
+    return {"device": device, "step_histograms": {"stock": hists if hists is not None else {"1.0": HIST}},
+            "model": {"dtype": "bfloat16", "eager": False,
+                      "config": {"hidden_size": 4096, "num_hidden_layers": 2}}}
+
+
+@pytest.fixture
+def files(tmp_path):
+    (tmp_path / "integration/results").mkdir(parents=True)
+    (tmp_path / "kernels/results").mkdir(parents=True)
+    (tmp_path / attribution.PROFILE_PATH).write_text(json.dumps(PROFILE))
+    (tmp_path / attribution.KERNEL_PATH).write_text(json.dumps(BENCH))
+    return tmp_path
+
+
+def test_prediction_known_answer(files):
+    a = attribution.attribute(run_json(), "stock", files)
+    assert a["status"] == "predicted" and a["upper_bound"] is True
+    # saved 10*10 + 5*20 + 1*50 = 250 us over steps 10*1000 + 5*2000 + 1*10000 = 30000 us
+    assert a["predicted_step_change_pct"] == pytest.approx(-100 * 250 / 30000)
+    assert a["per_load_pct"]["1.0"] == pytest.approx(-100 * 250 / 30000)
+    # kernel bench: per step 1 rms_norm + 4 fused_add calls; savings 2.5, 5, 20 us at 1, 64, 1024 tokens
+    k = a["kernel_estimate"]
+    assert k["status"] == "estimated" and k["stock_kernel"] == "inductor"
+    assert k["norm_saved_us_per_step"] == pytest.approx((10 * 2.5 + 5 * 5 + 1 * 20) / 16)
+
+
+def test_cpu_run_predicts_exactly_zero(files):
+    a = attribution.attribute(run_json(device="cpu"), "stock", files)
+    assert a["predicted_step_change_pct"] == 0.0 and a["status"] == "cpu"
+    assert "stock norm everywhere" in a["reason"]
+
+
+def test_missing_profile_is_said_explicitly(tmp_path):
+    a = attribution.attribute(run_json(), "stock", tmp_path)
+    assert a["status"] == "no profile available" and a["predicted_step_change_pct"] is None
+    assert "no profile available" in a["reason"]
+    assert a["kernel_estimate"]["status"] == "unavailable"
+
+
+def test_missing_histogram_and_bad_histogram(files):
+    a = attribution.attribute(run_json(hists={}), "stock", files)
+    assert a["status"] == "no histogram" and a["predicted_step_change_pct"] is None
+    bad = attribution.attribute(run_json(hists={"1.0": {"buckets": [1, 2], "counts": [1]}}), "stock", files)
+    assert bad["status"] == "error" and "equal-length" in bad["reason"]
+
+
+def test_bad_profile_is_an_error_not_a_number(files):
+    (files / attribution.PROFILE_PATH).write_text(json.dumps({"steps": [{"batch_tokens": 1}]}))
+    a = attribution.attribute(run_json(), "stock", files)
+    assert a["status"] == "error" and "steps[0]" in a["reason"]
+    assert a["predicted_step_change_pct"] is None
+
+
+def test_histogram_points_inf_bucket_uses_last_finite_bound():
+    assert attribution.histogram_points({"buckets": [8, 16, "+Inf"], "counts": [0, 3, 2]}) == [(16.0, 3), (16.0, 2)]

@@ -1,0 +1,107 @@
+import math
+
+import pytest
+
+from experiments import goodput
+from experiments.slo import SLO
+from tests.experiments.synthetic_run import record
+
+CHAT = SLO("chat", 2000.0, 100.0)
+
+
+def tags(arm, window, load, phase="measure"):
+    return {"arm": arm, "window": window, "load": load, "phase": phase}
+
+
+def hand_made():
+    recs = [record(9999.0, 1.0, tags=tags("stock", 0, 1.0, "warmup"))]
+    # window 0, load 1 (10 s wall): stock 3 of 4 meet, patched 4 of 4
+    recs += [record(100.0, 10.0, tags=tags("stock", 0, 1.0)) for _ in range(3)]
+    recs += [record(100.0, 10.0, error="boom", status=500, completion=0, tags=tags("stock", 0, 1.0))]
+    recs += [record(100.0, 10.0, tags=tags("patched", 0, 1.0)) for _ in range(4)]
+    # window 0, load 2 (5 s wall): stock 2 of 4 meet (two TTFT misses), patched 1 of 4
+    recs += [record(100.0, 10.0, tags=tags("stock", 0, 2.0)) for _ in range(2)]
+    recs += [record(3000.0, 10.0, tags=tags("stock", 0, 2.0)) for _ in range(2)]
+    recs += [record(100.0, 10.0, tags=tags("patched", 0, 2.0))]
+    recs += [record(100.0, 200.0, tags=tags("patched", 0, 2.0)) for _ in range(3)]
+    return recs
+
+
+def test_cells_attainment_and_goodput():
+    df, n_warm = goodput.split_warmup(goodput.records_frame(hand_made(), [CHAT]))
+    assert n_warm == 1
+    cells = goodput.cell_table(df, [CHAT], {0: 10.0}).set_index(["arm", "load"])
+    assert cells.loc[("stock", 1.0), "attainment"] == 0.75
+    assert cells.loc[("stock", 1.0), "goodput_rps"] == 0.3  # 3 / 10 s
+    assert cells.loc[("patched", 1.0), "goodput_rps"] == 0.4
+    assert cells.loc[("stock", 2.0), "goodput_rps"] == 0.4  # 2 / 5 s
+    assert cells.loc[("patched", 2.0), "goodput_rps"] == 0.2
+    assert cells.loc[("stock", 1.0), "n_ok"] == 3
+
+
+def test_unknown_window_and_missing_tags_are_errors():
+    df = goodput.records_frame(hand_made(), [CHAT])
+    with pytest.raises(ValueError, match=r"windows \[0\]"):
+        goodput.cell_table(df, [CHAT], {1: 10.0})
+    with pytest.raises(ValueError, match=r"lacks tags \['phase'\]"):
+        goodput.records_frame([record(1.0, 1.0, tags={"arm": "a", "window": 0, "load": 1.0})], [CHAT])
+
+
+def test_paired_relative_known_answer():
+    df, _ = goodput.split_warmup(goodput.records_frame(hand_made(), [CHAT]))
+    cells = goodput.cell_table(df, [CHAT], {0: 10.0})
+    p = goodput.paired_relative(cells, "goodput_rps", "stock", "patched")
+    by_load = {d["load"]: d["diff_pct"] for d in p["diffs"]}
+    assert by_load[1.0] == pytest.approx(100 * 0.1 / 0.3)
+    assert by_load[2.0] == pytest.approx(100 * -0.2 / 0.4)
+    assert p["unpaired"] == [] and p["comparison"]["n"] == 2
+
+
+def test_paired_relative_lists_unpaired_cells():
+    recs = hand_made() + [record(100.0, 10.0, tags=tags("stock", 1, 1.0))]
+    df, _ = goodput.split_warmup(goodput.records_frame(recs, [CHAT]))
+    cells = goodput.cell_table(df, [CHAT], {0: 10.0, 1: 10.0})
+    p = goodput.paired_relative(cells, "goodput_rps", "stock", "patched")
+    assert p["unpaired"] == [{"window": 1, "load": 1.0, "arm": "stock"}]
+
+
+def test_highest_passing_load_cases():
+    f = goodput.highest_passing_load
+    assert f([1, 2, 4], [100, 300, 700], 500) == {"load": 3.0, "status": "interpolated"}
+    assert f([1, 2, 4], [600, 700, 800], 500)["status"] == "below lowest"
+    assert f([1, 2, 4], [100, 200, 300], 500) == {"load": 4, "status": "above highest"}
+    assert f([1, 2], [100, math.inf], 500) == {"load": 1, "status": "last passing load"}
+
+
+def test_capacity_from_attainment_interpolates():
+    import pandas as pd
+    per_load = pd.DataFrame({"arm": ["a"] * 3, "load": [1.0, 2.0, 3.0], "attainment": [1.0, 0.95, 0.75]})
+    cap = goodput.capacity_from_attainment(per_load, "a")
+    assert cap["status"] == "interpolated"
+    assert cap["load"] == pytest.approx(2.25)  # 0.95 -> 0.75 crosses 0.9 a quarter of the way
+
+
+def test_latency_curve_and_capacity():
+    recs = []
+    for load, ttft in ((1.0, 100.0), (2.0, 1000.0), (3.0, 3000.0)):
+        recs += [record(ttft, 10.0, tags=tags("s", 0, load)) for _ in range(10)]
+    df = goodput.records_frame(recs, [CHAT])
+    curve = goodput.latency_curve(df, "s")
+    assert list(curve["ttft_q_ms"]) == [100.0, 1000.0, 3000.0]
+    cap = goodput.capacity_from_latency(curve, CHAT)
+    assert cap["status"] == "interpolated" and cap["load"] == pytest.approx(2.5)
+    assert cap["by_tpot"]["status"] == "above highest"
+
+
+def test_latency_curve_counts_failures_as_infinite():
+    recs = [record(100.0, 10.0, tags=tags("s", 0, 1.0)) for _ in range(8)]
+    recs += [record(100.0, 10.0, error="x", status=500, completion=0, tags=tags("s", 0, 1.0)) for _ in range(2)]
+    curve = goodput.latency_curve(goodput.records_frame(recs, [CHAT]), "s")
+    assert curve["ttft_q_ms"].iloc[0] == math.inf  # 20% failed: fewer than 90% within any bound
+
+
+def test_latency_table_percentiles():
+    recs = [record(float(t), 10.0, tags=tags("s", 0, 1.0)) for t in range(1, 11)]
+    row = goodput.latency_table(goodput.records_frame(recs, [CHAT]))[0]
+    assert row["ttft_p50_ms"] == pytest.approx(5.5) and row["ttft_p90_ms"] == pytest.approx(9.1)
+    assert row["failed"] == 0 and row["n"] == 10
