@@ -104,8 +104,12 @@ def _per_slo(slo: SLO, measured: pd.DataFrame, cells: pd.DataFrame, labels: list
             "per_load": per_load.to_dict(orient="records"), "cells": c.to_dict(orient="records")}
 
 
-def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None) -> dict:
-    """Analyse RUN_DIR, write report.json, report.md and PNGs into it, and return the report dict."""
+def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: Path | None = None) -> dict:
+    """Analyse RUN_DIR, write report.json, report.md and PNGs into it, and return the report dict.
+
+    ``slos`` defaults to experiments/slos.toml; ``aa_report`` is an A/A run's report.json whose
+    per-window spread is drawn as the noise floor (an A/A run is its own noise floor).
+    """
     run_dir = Path(run_dir)
     run = load_run(run_dir)
     slos = list(slos) if slos else load_slo_file(DEFAULT_SLO_FILE)
@@ -131,7 +135,9 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None) -> dict:
         warnings=warnings, n_warmup=n_warmup, n_records=len(df), source=source,
     )
     result = report.build_report(analysis)
-    result["plots"] = plots.write_plots(run_dir, complete, per_slo, secondary, labels)
+    result["noise_floor"] = report.noise_floor(result, aa_report)
+    result["plots"] = plots.write_plots(run_dir, complete, per_slo, secondary, labels,
+                                        result["noise_floor"]["sd_pct"])
     report.write_report(run_dir, result)
     return result
 
@@ -144,10 +150,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="an SLO tier to evaluate (repeatable); replaces the tiers of --slo-file")
     ap.add_argument("--slo-file", type=Path, default=DEFAULT_SLO_FILE,
                     help=f"TOML file of [[slo]] tiers (default {DEFAULT_SLO_FILE.name}: interactive, chat, relaxed)")
+    ap.add_argument("--aa-report", type=Path, default=None, metavar="REPORT_JSON",
+                    help="report.json of an A/A run: its per-window spread is the noise floor drawn and reported")
     args = ap.parse_args(argv)
     try:
         slos = [parse_slo(s) for s in args.slo] if args.slo else load_slo_file(args.slo_file)
-        result = analyze_run(args.run_dir, slos)
+        result = analyze_run(args.run_dir, slos, aa_report=args.aa_report)
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -55,10 +55,13 @@ def latency_cdfs(path: Path, df: pd.DataFrame, labels: Sequence[str]) -> None:
     plt.close(fig)
 
 
-def paired_differences(path: Path, series: Sequence[tuple[str, dict]], noise_sd: dict | None = None) -> None:
-    """Per-window paired differences (%) per metric, with the mean, its 95% CI band and the A/A floor."""
+def paired_differences(path: Path, series: Sequence[tuple[str, str, dict]], noise_sd: dict | None = None) -> None:
+    """Per-window paired differences (%) per metric, with the mean, its 95% CI band and the A/A floor.
+
+    ``series`` holds (key, title, goodput.paired_relative result); ``noise_sd`` maps key -> A/A sd (%).
+    """
     fig, axes = plt.subplots(len(series), 1, figsize=(7, 2.4 * len(series)), squeeze=False)
-    for ax, (title, paired) in zip(axes[:, 0], series):
+    for ax, (key, title, paired) in zip(axes[:, 0], series):
         d = paired["diffs"]
         ax.axhline(0, color="black", lw=0.8)
         ax.plot(range(len(d)), [x["diff_pct"] for x in d], "o", color="tab:blue", label="window")
@@ -67,8 +70,8 @@ def paired_differences(path: Path, series: Sequence[tuple[str, dict]], noise_sd:
             ax.axhline(comp["mean"], color="tab:red", lw=1, label=f"mean {comp['mean']:+.2f}%")
         if comp["t_ci95"] is not None:
             ax.axhspan(*comp["t_ci95"], color="tab:red", alpha=0.15, label="95% CI")
-        if noise_sd and noise_sd.get(title) is not None:
-            s = 2 * noise_sd[title]
+        if noise_sd and noise_sd.get(key) is not None:
+            s = 2 * noise_sd[key]
             ax.axhspan(-s, s, color="grey", alpha=0.15, label="A/A noise +-2 sd")
         ax.set_xticks(range(len(d)), [f"w{x['window']}@{x['load']:g}x" for x in d], fontsize=7, rotation=90)
         ax.set(ylabel="diff (%)", title=title)
@@ -83,11 +86,13 @@ def write_plots(run_dir: Path, df: pd.DataFrame, per_slo: Sequence[dict], second
                 labels: Sequence[str], noise_sd: dict | None = None) -> list[str]:
     """Write attainment.png, latency_cdf.png and paired_diffs.png; return their file names.
 
-    ``noise_sd`` maps a series title to the sd (%) of its A/A per-window differences, when known.
+    ``noise_sd`` maps "goodput:<slo>" or a secondary metric name to the sd (%) of its A/A per-window
+    differences, when known.
     """
     attainment_vs_load(run_dir / "attainment.png", per_slo, labels)
     latency_cdfs(run_dir / "latency_cdf.png", df, labels)
-    series = [(f"goodput {item['slo'].name}", item["paired"]) for item in per_slo]
-    series += [(f"{m} per window", p) for m, p in secondary.items()]
+    series = [(f"goodput:{item['slo'].name}", f"goodput {item['slo'].name} (% of baseline mean)", item["paired"])
+              for item in per_slo]
+    series += [(m, f"{m} per window (% of baseline mean)", p) for m, p in secondary.items()]
     paired_differences(run_dir / "paired_diffs.png", series, noise_sd)
     return ["attainment.png", "latency_cdf.png", "paired_diffs.png"]

@@ -10,10 +10,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from experiments import stats
 from experiments.report_md import render_markdown
 from experiments.slo import SLO
 
 REPORT_SCHEMA_VERSION = 1
+# DESIGN.md: the end-to-end effect to detect is about 0.5% (of TPOT); windows needed for a +-0.5% interval
+TARGET_HALF_WIDTH_PCT = 0.5
 
 
 @dataclass
@@ -118,6 +121,32 @@ def build_report(a: Analysis) -> dict:
                     **{m: r["comparison"]["mde"] for m, r in a.secondary.items()}},
         "command": run.get("command"),
     }
+
+
+def per_window_sd(report: Mapping) -> dict[str, float | None]:
+    """sd (%) of the per-window paired differences of each compared metric, keyed like the plots."""
+    out: dict[str, float | None] = {f"goodput:{s['name']}": s["sd_diff_pct"] for s in report["slos"]}
+    out.update({m: sec["comparison"]["sd"] for m, sec in report["secondary"].items()})
+    return out
+
+
+def noise_floor(report: Mapping, aa_report: Path | None) -> dict:
+    """A/A per-window sd per metric (from this run when it is A/A, else from ``aa_report``), and the
+    paired windows a +-TARGET_HALF_WIDTH_PCT interval needs at that sd."""
+    if report["aa"]["is_aa"]:
+        source, sd = "this run (A/A)", per_window_sd(report)
+    elif aa_report is not None:
+        other = json.loads(Path(aa_report).read_text(encoding="utf-8"))
+        if not (other.get("aa") or {}).get("is_aa"):
+            raise ValueError(f"{aa_report}: not the report of an A/A run (aa.is_aa is not true)")
+        source, sd = str(aa_report), per_window_sd(other)
+    else:
+        return {"source": None, "sd_pct": {}, "windows_needed": {},
+                "reason": "A/B run and no A/A report given (--aa-report)"}
+    needed = {k: stats.windows_needed(v, TARGET_HALF_WIDTH_PCT) for k, v in sd.items()
+              if v is not None and math.isfinite(v)}
+    return {"source": source, "sd_pct": sd, "target_half_width_pct": TARGET_HALF_WIDTH_PCT,
+            "windows_needed": needed}
 
 
 def _clean(x):

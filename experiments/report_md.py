@@ -23,10 +23,11 @@ def headline(r: Mapping) -> list[str]:
     lines = []
     if r["aa"]["is_aa"]:
         lines.append(f"**A/A run** — both arms run the same kernel ({r['aa']['why']}); every difference "
-                     "below is noise and shows the noise floor.")
+                     "below is noise and shows the noise floor.  ")  # trailing spaces: markdown line break
     if r["status"] != "complete":
         why = r.get("stopped_reason") or f"run status is {r.get('run_status')!r}"
-        lines.append(f"**PARTIAL RUN** — {len(r['missing'])} arm-window cells missing; reason: {why}.")
+        lines.append(f"**PARTIAL RUN** — {len(r['missing'])} arm-window cells missing (listed under Missing); "
+                     f"reason: {why}.  ")
     lines += [f"- {s['verdict']}" for s in r["slos"]]
     return lines
 
@@ -70,6 +71,14 @@ def _power_and_attribution(r: Mapping) -> list[str]:
         ci = "n/a" if c["t_ci95"] is None else f"[{c['t_ci95'][0]:+.2f}, {c['t_ci95'][1]:+.2f}]%"
         out.append(f"- {m} per window: mean change {_num(c['mean'], '{:+.2f}%')}, 95% CI {ci}, "
                    f"MDE {_num(c['mde'], '{:.2f}%')} over {c['n']} windows")
+    nf = r.get("noise_floor") or {}
+    if nf.get("source"):
+        out += ["", f"A/A noise floor ({nf['source']}): per-window sd "
+                + ", ".join(f"{k} {_num(v, '{:.2f}%')}" for k, v in nf["sd_pct"].items())
+                + f"; paired windows for a +-{nf['target_half_width_pct']:g}% interval: "
+                + ", ".join(f"{k} {v}" for k, v in nf["windows_needed"].items())]
+    else:
+        out += ["", f"A/A noise floor: not known ({nf.get('reason')})."]
     a = r["attribution"]
     tpot = r["secondary"].get("tpot_p50_ms", {}).get("comparison", {})
     out += ["", "## Attribution: what the kernel can explain", "",
@@ -87,11 +96,19 @@ def _power_and_attribution(r: Mapping) -> list[str]:
 def render_markdown(r: Mapping) -> str:
     """The whole report.md text."""
     cmd = r.get("command") or []
+    t, rec, d = r.get("trace") or {}, r["records"], r["design"]
+    durations = sorted({w["duration_s"] for w in d["windows"]})
     lines = headline(r) + ["", f"# RMSNorm A/B goodput report ({r['status']})", "",
-                           f"Model {r['model'].get('name')} on {r['gpu']}; arms {r['arm_labels']} "
-                           f"(kinds {r['arms']}); trace {r['trace']}.",
-                           f"Records: {r['records']}. Design: {len(r['design']['windows'])} windows x "
-                           f"loads {r['design']['loads']}; warm-up {r['design']['warmup']}.", ""]
+                           f"- model {r['model'].get('name')} ({r['model'].get('dtype')}, eager "
+                           f"{r['model'].get('eager')}) on {r['gpu']}; arms {', '.join(r['arm_labels'])} "
+                           f"(kernels {', '.join(r['arms'])}), baseline first",
+                           f"- trace {t.get('path')} (sha256 {str(t.get('sha256'))[:12]}..., "
+                           f"{t.get('requests')} requests)",
+                           f"- design: {len(d['windows'])} windows of {durations} s x loads "
+                           f"{', '.join(f'{x:g}x' for x in d['loads'])}, alternating arm order; warm-up "
+                           f"{d['warmup']}",
+                           f"- records: {rec['total']} in {rec['file']}, {rec['warmup_excluded']} warm-up "
+                           "records excluded from goodput", ""]
     if r["missing"]:
         lines += ["## Missing", ""] + [f"- {m['arm']} window {m['window']} load {m['load']:g}x: {m['reason']}"
                                        for m in r["missing"]] + [""]

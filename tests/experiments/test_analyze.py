@@ -1,4 +1,5 @@
 import json
+import math
 
 import pytest
 
@@ -94,3 +95,20 @@ def test_cli(tmp_path, capsys):
     assert main([str(run_dir), "--slo", "tight:150"]) == 2
     assert "3 or 4 fields" in capsys.readouterr().err
     assert main([str(tmp_path / "nowhere")]) == 2
+
+
+def test_noise_floor_from_an_aa_report(tmp_path):
+    aa_dir = write_run(tmp_path / "aa", aa_cell, labels=("stock-a", "stock-b"), arms=("stock", "stock"), seed=4)
+    aa = analyze_run(aa_dir, [CHAT])
+    assert aa["noise_floor"]["source"] == "this run (A/A)"
+    sd = aa["slos"][0]["sd_diff_pct"]
+    assert aa["noise_floor"]["sd_pct"]["goodput:chat"] == sd
+    # windows for +-0.5%: ceil(1.96^2 sd^2 / 0.25)
+    assert aa["noise_floor"]["windows_needed"]["goodput:chat"] == max(2, math.ceil((1.959963985 * sd) ** 2 / 0.25))
+    ab_dir = write_run(tmp_path / "ab", ab_cell)
+    ab = analyze_run(ab_dir, [CHAT], aa_report=aa_dir / "report.json")
+    assert ab["noise_floor"]["source"] == str(aa_dir / "report.json")
+    assert "A/A noise floor (" in (ab_dir / "report.md").read_text()
+    with pytest.raises(ValueError, match="not the report of an A/A run"):
+        analyze_run(write_run(tmp_path / "ab2", ab_cell), [CHAT], aa_report=ab_dir / "report.json")
+    assert analyze_run(ab_dir, [CHAT])["noise_floor"]["source"] is None
