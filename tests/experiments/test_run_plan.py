@@ -1,0 +1,86 @@
+"""Windows, warm-up and clipping are decided, and bad traces rejected, before any server starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from experiments import run as run_cli
+from experiments.config import ConfigError, make_config
+from experiments.plan import prepare
+from integration.launcher import VllmServer
+from traces.trace import TraceError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _trace(path: Path, rows: list[tuple[float, int, int]]) -> Path:
+    path.write_text("".join(f'{{"timestamp": {t}, "input_tokens": {i}, "output_tokens": {o}}}\n'
+                            for t, i, o in rows))
+    return path
+
+
+@pytest.fixture
+def no_server_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(self: VllmServer) -> None:
+        raise AssertionError("a server was started")
+
+    monkeypatch.setattr(VllmServer, "start", refuse)
+
+
+def test_bad_trace_fails_with_file_and_line_before_any_server(tmp_path: Path, no_server_starts: None,
+                                                              capsys: pytest.CaptureFixture) -> None:
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text('{"timestamp": 0.0, "input_tokens": 5, "output_tokens": 3}\n'
+                     '{"timestamp": 1.0, "input_tokens": 0, "output_tokens": 3}\n')
+    results = tmp_path / "results"
+    code = run_cli.main(["--trace", str(trace), "--device", "cpu", "--results-dir", str(results)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"{trace}:2:" in err and "input_tokens must be >= 1" in err
+    assert not results.exists()
+
+
+def test_windows_are_cut_rebased_and_clipped(tmp_path: Path) -> None:
+    rows = [(t * 0.5, 3000, 300) for t in range(60)]  # 2 req/s for 30 s, long prompts and outputs
+    cfg = make_config(_trace(tmp_path / "t.jsonl", rows), "cpu", windows=2, window_s=10.0, warmup_s=5.0,
+                      loads=(1.0, 2.0))
+    plan = prepare(cfg)
+    assert [(w.start_s, len(w.requests)) for w in plan.windows] == [(5.0, 20), (15.0, 20)]
+    assert plan.windows[1].requests[0].timestamp == 0.0
+    assert all(r.input_tokens == 1024 and r.output_tokens == 32 for w in plan.windows for r in w.requests)
+    assert len(plan.warmup) == 10 and plan.warmup_start_s == 0.0
+    assert plan.clipped_requests == 50 and plan.trace_requests == 60
+    assert len(plan.steps) == 4
+
+
+def test_warmup_follows_the_windows_when_there_is_no_room_before(tmp_path: Path) -> None:
+    rows = [(float(t), 10, 5) for t in range(40)]
+    plan = prepare(make_config(_trace(tmp_path / "t.jsonl", rows), "cpu", windows=2, window_s=10.0,
+                               warmup_s=5.0, start_s=0.0))
+    assert plan.warmup_start_s == 20.0 and [r.timestamp for r in plan.warmup] == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+def test_windows_past_the_trace_end_or_empty_are_refused(tmp_path: Path, no_server_starts: None) -> None:
+    trace = _trace(tmp_path / "t.jsonl", [(0.0, 10, 5), (1.0, 10, 5), (50.0, 10, 5)])
+    with pytest.raises(ConfigError, match="trace .* ends at 50 s"):
+        prepare(make_config(trace, "cpu", windows=6, window_s=10.0, warmup_s=0.0, start_s=0.0))
+    with pytest.raises(ConfigError, match=r"window 1 \[10, 20\) s .* has no requests"):
+        prepare(make_config(trace, "cpu", windows=2, window_s=10.0, warmup_s=0.0, start_s=0.0))
+
+
+def test_request_longer_than_max_model_len_is_named_by_line(tmp_path: Path) -> None:
+    trace = _trace(tmp_path / "t.jsonl", [(0.0, 10, 5), (1.0, 900, 200), (2.0, 10, 5), (5.0, 10, 5)])
+    cfg = make_config(trace, "cpu", windows=1, window_s=3.0, warmup_s=0.0, start_s=0.0, max_model_len=900)
+    with pytest.raises(TraceError, match=rf"{trace}:2: input_tokens \+ output_tokens = 932"):
+        prepare(cfg)
+
+
+def test_script_runs_from_any_directory(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, str(REPO / "experiments" / "run.py"), "--help"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "--kv-cache-memory-bytes" in out.stdout
