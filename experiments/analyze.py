@@ -87,7 +87,7 @@ def _per_slo(slo: SLO, measured: pd.DataFrame, cells: pd.DataFrame, labels: list
     base, treat = labels
     c = cells[cells["slo"] == slo.name]
     paired = goodput.paired_relative(c, "goodput_rps", base, treat)
-    paired_keys = {(d["window"], d["load"]) for d in paired["diffs"]}
+    paired_keys = {(d["window"], d["load"]) for d in paired["diffs"] + paired["undefined"]}  # both arms ran
     in_pairs = c[_mask([(w, ld) in paired_keys for w, ld in zip(c["window"], c["load"])], c)]
     per_load = goodput.per_load_attainment(cells, slo.name)
     arms = {}
