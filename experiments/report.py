@@ -6,7 +6,7 @@ import json
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -35,7 +35,6 @@ class Analysis:
     n_warmup: int
     n_records: int
     source: str | None
-    notes: list[str] = field(default_factory=list)
 
 
 def aa_reason(run: Mapping) -> str | None:
@@ -108,7 +107,7 @@ def build_report(a: Analysis) -> dict:
                  for m, r in a.secondary.items()}
     return {
         "trace": run.get("trace"), "model": {k: v for k, v in (run.get("model") or {}).items() if k != "config"},
-        "gpu": a.env.get("GPU") or run.get("device"), "arms": run["arms"], "arm_labels": labels,
+        "gpu": a.env.get("gpu") or a.env.get("GPU") or run.get("device"), "arms": run["arms"], "arm_labels": labels,
         "design": _design(run), "slos": slos, "attribution": a.attribution,
         "schema_version": REPORT_SCHEMA_VERSION, "tool_version": run.get("tool_version"),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
