@@ -83,6 +83,9 @@ def _slo_entry(item: Mapping, labels: list[str]) -> dict:
         "significant": comp["significant"], "mde_pct": comp["mde"], "reason": comp["reason"],
         "per_window": item["paired"]["diffs"], "unpaired": item["paired"]["unpaired"],
         "undefined": item["paired"]["undefined"], "per_load": item["per_load"],
+        "by_load": {str(load): stats.compare_paired([d["diff_pct"] for d in item["paired"]["diffs"]
+                                                     if d["load"] == load]).to_json()
+                    for load in sorted({d["load"] for d in item["paired"]["diffs"]})},
     })
     entry["verdict"] = verdict(entry)
     return entry

@@ -22,8 +22,11 @@ def headline(r: Mapping) -> list[str]:
     """The first lines: A/A notice, partial-run notice, one verdict per SLO."""
     lines = []
     if r["aa"]["is_aa"]:
-        lines.append(f"**A/A run** — both arms run the same kernel ({r['aa']['why']}); every difference "
-                     "below is noise and shows the noise floor.  ")  # trailing spaces: markdown line break
+        why = str(r["aa"]["why"])
+        if why.lower().startswith("a/a run"):
+            why = why[len("a/a run"):].lstrip(" :")
+        tail = "" if "noise" in why else " Every difference below is noise: it shows the noise floor."
+        lines.append(f"**A/A run** — {why}{tail}  ")  # trailing spaces: markdown line break
     if r["status"] != "complete":
         why = r.get("stopped_reason") or f"run status is {r.get('run_status')!r}"
         lines.append(f"**PARTIAL RUN** — {len(r['missing'])} arm-window cells missing (listed under Missing); "
@@ -44,6 +47,11 @@ def _slo_tables(r: Mapping) -> list[str]:
         out += ["", "| arm | highest load >= 90% attainment | same from p90 latency curves |", "|---|---|---|"]
         out += [f"| {a} | {_cap(s[a]['capacity_by_attainment'])} | {_cap(s[a]['capacity_by_latency'])} |"
                 for a in labels]
+        out.append("")
+        for load, c in s["by_load"].items():
+            ci = "n/a" if c["t_ci95"] is None else f"[{c['t_ci95'][0]:+.1f}, {c['t_ci95'][1]:+.1f}]%"
+            out.append(f"At {float(load):g}x: goodput change {_num(c['mean'], '{:+.1f}%')}, 95% CI {ci} "
+                       f"over {c['n']} windows.  ")
         out += ["", f"Per-window goodput differences ({s['treatment']} - {s['baseline']}, % of baseline mean): "
                 + (", ".join(f"w{d['window']}@{d['load']:g}x {d['diff_pct']:+.1f}" for d in s["per_window"])
                    or "none")]
