@@ -1,0 +1,96 @@
+"""End to end on real vLLM CPU servers: a short default run completes; a server killed mid-run stops it.
+
+Both tests share one pair of servers (each CPU start costs tens of seconds on two cores); the
+server-dies test kills one of them, so it runs last.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import threading
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+from experiments.config import RunConfig, make_config
+from experiments.orchestrate import run_experiment, start_arms
+from experiments.schedule import Step
+from integration.launcher import VllmServer
+from loadgen.records import read_records
+
+pytestmark = pytest.mark.server
+REPO = Path(__file__).resolve().parents[2]
+TRACE = REPO / "traces" / "chat.jsonl"
+
+
+@pytest.fixture(scope="module")
+def short_cfg(tmp_path_factory: pytest.TempPathFactory) -> RunConfig:
+    """The embedded CPU default, shortened: 2 windows x 10 s at 1x (token counts clipped as by default)."""
+    return make_config(TRACE, "cpu", windows=2, window_s=10.0, loads=(1.0,), warmup_s=5.0,
+                       results_dir=tmp_path_factory.mktemp("results"), progress=False)
+
+
+@pytest.fixture(scope="module")
+def servers(short_cfg: RunConfig, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, VllmServer]]:
+    started = start_arms(short_cfg, tmp_path_factory.mktemp("server-logs"))
+    yield started
+    for s in started.values():
+        s.stop()
+
+
+def _run(run_dir: Path) -> dict:
+    return json.loads((run_dir / "run.json").read_text())
+
+
+def test_short_default_run_completes_with_identical_requests_per_arm(
+        short_cfg: RunConfig, servers: dict[str, VllmServer]) -> None:
+    run_dir = run_experiment(dataclasses.replace(short_cfg, name="complete"), servers=servers)
+    run = _run(run_dir)
+    assert run["status"] == "complete" and run["stopped_reason"] is None
+    assert run["mode_note"].startswith("A/A run")
+    assert all(e["done"] == e["order"] for e in run["schedule"])
+    assert not (run_dir / "requests.jsonl").exists()
+    records = read_records(run_dir / "requests.jsonl.gz")
+    measured = [r for r in records if r.tags["phase"] == "measure"]
+    assert sum(r.tags["phase"] == "warmup" for r in records) == 2 * run["warmup"]["requests"]
+    per_arm = {label: sorted((r.tags["window"], r.tags["load"], r.index, r.input_tokens, r.output_tokens)
+                             for r in measured if r.tags["arm"] == label) for label in run["arm_labels"]}
+    stock, patched = per_arm.values()
+    assert stock == patched
+    assert len(stock) == sum(w["requests"] for w in run["windows"]) * len(run["loads"])
+    assert Counter(k[:3] for k in stock).most_common(1)[0][1] == 1  # one record per request per arm
+    assert all(r.input_tokens <= 1024 and r.output_tokens <= 32 for r in records)
+    for label in run["arm_labels"]:
+        assert run["step_histograms"][label]["1.0"]["count"] > 0
+    env = json.loads((run_dir / "environment.json").read_text())
+    assert env["trace"]["sha256"] == run["trace"]["sha256"] and env["cpu_count"] >= 1
+    report_md = (run_dir / "report.md").read_text()
+    assert "A/A" in report_md.splitlines()[0]
+    assert (run_dir / "report.json").is_file() and list(run_dir.glob("*.png"))
+
+
+def test_server_that_dies_mid_run_stops_it_as_partial_with_a_report(
+        short_cfg: RunConfig, servers: dict[str, VllmServer]) -> None:
+    killed: list[str] = []
+
+    def kill_in_last_window(step: Step, label: str, live: Mapping[str, VllmServer]) -> None:
+        if step.window == 1 and not killed:  # kill the first arm of window 1 two seconds into its replay
+            killed.append(label)
+            pgid = os.getpgid(live[label].proc.pid)
+            threading.Timer(2.0, os.killpg, (pgid, signal.SIGKILL)).start()
+
+    run_dir = run_experiment(dataclasses.replace(short_cfg, name="dies"), servers=servers,
+                             before_replay=kill_in_last_window)
+    run = _run(run_dir)
+    assert run["status"] == "partial"
+    assert f"server {killed[0]} died" in run["stopped_reason"] and "window 1" in run["stopped_reason"]
+    assert "server-" in run["stopped_reason"]  # the log tail is quoted
+    assert [e["done"] for e in run["schedule"]] == [run["schedule"][0]["order"], []]
+    assert (run_dir / "requests.jsonl.gz").is_file()
+    report_md = (run_dir / "report.md").read_text()
+    assert "partial" in report_md
