@@ -1,0 +1,128 @@
+"""The run's control flow against stand-in servers (loadgen's fake vLLM, one process per arm): fast.
+
+Covers what the real-server tests cannot afford: Ctrl-C, a window whose requests all fail, the
+run.json record after each replay, and a missing /metrics recorded as a warning, not a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+from experiments.config import RunConfig, make_config
+from experiments.orchestrate import run_experiment
+from experiments.schedule import Step
+from integration.launcher import MODELS_DIR, ServerConfig, VllmServer, free_port
+from loadgen.records import read_records
+
+FAKE = "from loadgen.fakeserver import FakeServerConfig as C, serve_forever as s; s(C(**{kw}), {port})"
+
+
+def _trace(path: Path) -> Path:
+    """4 req/s for 6 s, short requests."""
+    path.write_text("".join(f'{{"timestamp": {t * 0.25}, "input_tokens": 8, "output_tokens": 4}}\n'
+                            for t in range(25)))
+    return path
+
+
+def _fake_server(log: Path, **kw: object) -> VllmServer:
+    """A VllmServer object whose process is loadgen's fake server (no /metrics, answers in ms)."""
+    port = free_port()
+    server = VllmServer(ServerConfig(model_dir=MODELS_DIR / "tiny-llama", arm="stock", port=port), log)
+    server.proc = subprocess.Popen([sys.executable, "-c", FAKE.format(kw=kw, port=port)],
+                                   stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    server.model_name = "fake-model"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"{server.url}/v1/models", timeout=1).close()
+            return server
+        except OSError:
+            if time.monotonic() > deadline or server.proc.poll() is not None:
+                server.stop()
+                raise RuntimeError(f"fake server did not come up: {log.read_text()}")
+            time.sleep(0.1)
+
+
+@pytest.fixture
+def cfg(tmp_path: Path) -> RunConfig:
+    return make_config(_trace(tmp_path / "t.jsonl"), "cpu", windows=2, window_s=2.0, warmup_s=1.0,
+                       loads=(1.0, 4.0), results_dir=tmp_path / "results", name="run", progress=False)
+
+
+@pytest.fixture
+def fakes(tmp_path: Path) -> Iterator[dict[str, VllmServer]]:
+    servers = {label: _fake_server(tmp_path / f"fake-{label}.log") for label in ("stock", "patched")}
+    yield servers
+    for s in servers.values():
+        s.stop()
+
+
+def _run(run_dir: Path) -> dict:
+    return json.loads((run_dir / "run.json").read_text())
+
+
+def test_complete_run_records_every_replay(cfg: RunConfig, fakes: dict[str, VllmServer]) -> None:
+    seen: list[tuple[int, float, str, list]] = []
+
+    def watch(step: Step, label: str, live: Mapping[str, VllmServer]) -> None:
+        done = [e["done"] for e in _run(cfg.results_dir / "run")["schedule"]]
+        seen.append((step.window, step.load, label, done))
+
+    run = _run(run_experiment(cfg, servers=fakes, before_replay=watch))
+    assert run["status"] == "complete"
+    assert [(w, ld, lab) for w, ld, lab, _ in seen] == [
+        (0, 1.0, "stock"), (0, 1.0, "patched"), (0, 4.0, "patched"), (0, 4.0, "stock"),
+        (1, 1.0, "patched"), (1, 1.0, "stock"), (1, 4.0, "stock"), (1, 4.0, "patched")]
+    assert seen[3][3] == [["stock", "patched"], ["patched"], [], []]  # run.json saved after each replay
+    assert run["step_histograms"] == {}
+    assert any("/metrics" in w for w in run["warnings"])
+    records = read_records(cfg.results_dir / "run" / "requests.jsonl.gz")
+    assert len(records) == 2 * (4 + 2 * (8 + 8))  # warm-up 4 and two windows of 8, at two loads
+    assert all(fakes[s].is_alive() for s in fakes)  # servers handed in are left running
+    assert (cfg.results_dir / "run" / "report.md").is_file()
+
+
+def test_ctrl_c_stops_the_run_as_partial(cfg: RunConfig, fakes: dict[str, VllmServer]) -> None:
+    def interrupt(step: Step, label: str, live: Mapping[str, VllmServer]) -> None:
+        if step.window == 1:
+            raise KeyboardInterrupt
+
+    run = _run(run_experiment(cfg, servers=fakes, before_replay=interrupt))
+    assert run["status"] == "partial"
+    assert run["stopped_reason"].startswith("interrupted (Ctrl-C)")
+    assert [bool(e["done"]) for e in run["schedule"]] == [True, True, False, False]
+    assert (cfg.results_dir / "run" / "report.md").is_file()
+
+
+def test_window_whose_requests_all_fail_stops_the_run(cfg: RunConfig, tmp_path: Path) -> None:
+    good = _fake_server(tmp_path / "good.log")
+    bad = _fake_server(tmp_path / "bad.log", max_model_len=4)  # every prompt is too long: HTTP 400
+    try:
+        run = _run(run_experiment(cfg, servers={"stock": good, "patched": bad}))
+    finally:
+        good.stop()
+        bad.stop()
+    assert run["status"] == "partial"
+    assert "requests of the warm-up failed on patched" in run["stopped_reason"]
+    assert "HTTP 400" in run["stopped_reason"] or "400" in run["stopped_reason"]
+
+
+def test_handed_in_servers_need_both_labels(cfg: RunConfig, fakes: dict[str, VllmServer]) -> None:
+    with pytest.raises(ValueError, match="both labels"):
+        run_experiment(cfg, servers={"stock": fakes["stock"]})
+    assert not (cfg.results_dir / "run").exists()
+
+
+def test_existing_run_directory_is_never_overwritten(cfg: RunConfig) -> None:
+    (cfg.results_dir / "run").mkdir(parents=True)
+    (cfg.results_dir / "run" / "run.json").write_text("{}")
+    with pytest.raises(ValueError, match="already exists"):
+        run_experiment(cfg)
