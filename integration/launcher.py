@@ -7,6 +7,8 @@ Everything else about the two arms is identical: same model config, same flags, 
 
 from __future__ import annotations
 
+import importlib.metadata
+import json
 import os
 import signal
 import socket
@@ -60,11 +62,46 @@ class ServerConfig:
             raise ValueError("servers listen on 127.0.0.1 only")
 
 
-def arm_args(arm: str) -> list[str]:
-    """vLLM flags that select the kernel for an arm (empty for stock)."""
+def arm_args(arm: str, eager: bool = False) -> list[str]:
+    """vLLM flags that select the kernel for an arm (empty for stock).
+
+    Where the provider declines a shape, vLLM takes the next name in the list, which must be what
+    the stock arm runs there: Inductor's code (`native`) when compiled, vLLM's CUDA kernel
+    (`vllm_c`, skipped where unsupported) in eager mode."""
     if arm == "stock":
         return []
-    return [f"--ir-op-priority.{op}={PROVIDER},native" for op in IR_OPS]
+    fallback = "vllm_c,native" if eager else "native"
+    return [f"--ir-op-priority.{op}={PROVIDER},{fallback}" for op in IR_OPS]
+
+
+def compile_range_args(cfg: "ServerConfig", max_rows: int = 16384) -> list[str]:
+    """`--compilation-config` ending vLLM's compile ranges where the policy switches fused/stock.
+
+    Both arms get it (same flags, same Inductor code where stock runs). Empty in eager mode,
+    without CUDA (the provider is unsupported there) and when the policy never switches."""
+    if cfg.eager or not _cuda_available():
+        return []
+    from integration import choice
+
+    dtype, hidden = choice.model_shape(cfg.model_dir, cfg.dtype)
+    ends = choice.stock_boundaries(dtype, hidden, max_rows)
+    if not ends:
+        return []
+    return ["--compilation-config", json.dumps({"compile_ranges_endpoints": ends})]
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def check_plugin_installed() -> None:
+    """Raise if the `rmsnorm_fused` entry point is not installed, so vLLM could not load it."""
+    found = [e for e in importlib.metadata.entry_points(group="vllm.general_plugins") if e.name == PLUGIN_NAME]
+    if not found:
+        raise RuntimeError(f"the vLLM plugin entry point {PLUGIN_NAME!r} is not installed in "
+                           f"{sys.prefix}; run `pip install -e .` in the project root (patched arm)")
 
 
 def arm_env(arm: str) -> dict[str, str]:
@@ -92,7 +129,7 @@ def server_command(cfg: ServerConfig) -> list[str]:
         cmd += ["--max-model-len", str(cfg.max_model_len)]
     if cfg.max_num_seqs is not None:
         cmd += ["--max-num-seqs", str(cfg.max_num_seqs)]
-    return cmd + arm_args(cfg.arm) + list(cfg.extra_args)
+    return cmd + compile_range_args(cfg) + arm_args(cfg.arm, cfg.eager) + list(cfg.extra_args)
 
 
 def free_port() -> int:
@@ -114,6 +151,8 @@ class VllmServer:
 
     def start(self) -> None:
         """Launch the server in its own process group (so stop() reaches its workers too)."""
+        if self.config.arm == "patched":
+            check_plugin_installed()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **arm_env(self.config.arm), **dict(self.config.extra_env)}
         env.setdefault("VLLM_NO_USAGE_STATS", "1")

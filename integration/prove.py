@@ -1,0 +1,159 @@
+"""Prove the fused RMSNorm runs inside vLLM and changes nothing but the kernel; profile decode steps.
+
+    python -m integration.prove --out OUT [--model integration/models/llama-3.1-8b]
+
+Starts four offline vLLM engines at once, one process each (integration/prove_arm.py): stock and
+patched, compiled (torch.compile + CUDA graphs) and eager. Each greedy-decodes the same seeded
+prompts with the same seeded dummy weights and kernel-traces a few decode steps. When all four are
+ready, the two compiled ones take turns, alone on the GPU, profiling decode steps per batch size.
+
+Writes OUT/h200.json (evidence: providers, priorities, plugin log lines, kernels seen in CUDA-graph
+replays, greedy agreement, the command), OUT/h200-profile.json (per batch size: step time, norm time
+and calls, stock vs patched, with raw samples) and OUT/logs.tar.gz (the four engine logs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+from integration import choice, compare
+from integration.launcher import MODELS_DIR, PLUGIN_NAME
+
+ARMS = [("stock", "compiled"), ("patched", "compiled"), ("stock", "eager"), ("patched", "eager")]
+LOG_MARKERS = ("rmsnorm_fused", "cupy_fused", "Final IR op priority")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="directory for h200.json, h200-profile.json, logs.tar.gz")
+    p.add_argument("--model", default=str(MODELS_DIR / "llama-3.1-8b"), help="model dir (dummy weights)")
+    p.add_argument("--dtype", default="bfloat16", help="model dtype (default bfloat16)")
+    p.add_argument("--prompts", type=int, default=4, help="greedy prompts per arm (default 4)")
+    p.add_argument("--steps", type=int, default=256, help="greedy tokens per prompt (default 256)")
+    p.add_argument("--batch-sizes", default="1,8,32,128,256", help="decode batch sizes to profile")
+    p.add_argument("--timed-steps", type=int, default=20, help="decode steps timed per batch size")
+    p.add_argument("--traced-steps", type=int, default=4, help="decode steps kernel-traced per batch size")
+    p.add_argument("--modes", default="compiled,eager", help="which modes to run (comma list)")
+    p.add_argument("--max-rows", type=int, default=16384,
+                   help="scan the policy up to this many rows for compile-range ends")
+    p.add_argument("--timeout", type=float, default=560.0, help="overall deadline in seconds")
+    return p.parse_args(argv)
+
+
+def compile_ranges(a: argparse.Namespace) -> list[int]:
+    """Row counts where the policy switches fused/stock for this model (empty if it never does)."""
+    dtype, hidden = choice.model_shape(a.model, a.dtype)
+    return choice.stock_boundaries(dtype, hidden, a.max_rows)
+
+
+def worker_cmd(a: argparse.Namespace, arm: str, mode: str, scratch: Path, ranges: list[int]) -> list[str]:
+    cmd = [sys.executable, "-m", "integration.prove_arm", "--arm", arm, "--mode", mode, "--model", a.model,
+           "--out", str(scratch), "--dtype", a.dtype, "--prompts", str(a.prompts), "--steps", str(a.steps),
+           "--batch-sizes", a.batch_sizes, "--timed-steps", str(a.timed_steps),
+           "--traced-steps", str(a.traced_steps), "--compile-ranges", ",".join(map(str, ranges))]
+    if mode == "compiled":
+        cmd += ["--turn-file", str(scratch / f"{arm}-{mode}.go")]
+    return cmd
+
+
+def start(cmd: list[str], arm: str, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "VLLM_PLUGINS": "" if arm == "stock" else PLUGIN_NAME, "PYTHONUNBUFFERED": "1"}
+    with open(log, "wb") as f:
+        f.write(f"$ VLLM_PLUGINS={env['VLLM_PLUGINS']!r} {shlex.join(cmd)}\n".encode())
+        f.flush()
+        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def wait_all(procs: dict, scratch: Path, suffix: str, deadline: float) -> None:
+    """Until every process has written <name><suffix> or exited, or the deadline passes."""
+    while time.monotonic() < deadline:
+        if all((scratch / f"{n}{suffix}").exists() or p.poll() is not None for n, p in procs.items()):
+            return
+        time.sleep(0.5)
+
+
+def take_turns(procs: dict, scratch: Path, deadline: float) -> None:
+    """Let each compiled engine profile alone on the GPU, one after the other."""
+    for name in [n for n in procs if n.endswith("compiled")]:
+        if procs[name].poll() is not None:
+            continue
+        (scratch / f"{name}.go").touch()
+        wait_all({name: procs[name]}, scratch, ".done", deadline)
+
+
+def finish(procs: dict, deadline: float) -> dict[str, int | None]:
+    codes = {}
+    for name, p in procs.items():
+        try:
+            codes[name] = p.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, 9)
+            codes[name] = None
+    return codes
+
+
+def log_lines(log: Path) -> list[str]:
+    """The plugin's and vLLM's kernel-selection lines of an engine log."""
+    if not log.exists():
+        return []
+    return [ln.rstrip()[:400] for ln in log.read_text(errors="replace").splitlines()
+            if any(m in ln for m in LOG_MARKERS)][:40]
+
+
+def environment() -> dict:
+    env = {"host": platform.node(), "python": platform.python_version()}
+    try:
+        q = "name,driver_version,clocks.sm,clocks.mem,memory.total"
+        env["nvidia_smi"] = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"],
+                                           capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        env["nvidia_smi"] = f"unavailable: {exc}"
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + a.timeout
+    ranges = compile_ranges(a)
+    modes = set(a.modes.split(","))
+    runs = [(arm, mode) for arm, mode in ARMS if mode in modes]
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp)
+        procs, cmds = {}, {}
+        for arm, mode in runs:
+            name = f"{arm}-{mode}"
+            cmds[name] = worker_cmd(a, arm, mode, scratch, ranges)
+            procs[name] = start(cmds[name], arm, scratch / f"{name}.log")
+        wait_all(procs, scratch, ".ready", deadline)
+        take_turns(procs, scratch, deadline)
+        codes = finish(procs, deadline)
+        results = {n: json.loads((scratch / f"{n}.json").read_text()) if (scratch / f"{n}.json").exists()
+                   else None for n in procs}
+        logs = {n: log_lines(scratch / f"{n}.log") for n in procs}
+        with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
+            for n in procs:
+                tar.add(scratch / f"{n}.log", arcname=f"{n}.log")
+    command = "python -m integration.prove " + shlex.join(argv if argv is not None else sys.argv[1:])
+    evidence = compare.evidence(results, codes, logs, cmds, ranges, environment(), command, a)
+    (out / "h200.json").write_text(json.dumps(evidence, indent=1))
+    if "compiled" in modes:
+        profile = compare.profile(results, a.model, ranges, command, evidence["environment"])
+        (out / "h200-profile.json").write_text(json.dumps(profile, indent=1))
+    print(json.dumps(evidence["summary"], indent=1))
+    return 0 if all(c == 0 for c in codes.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""One arm of the in-vLLM proof: an offline vLLM engine in this process, greedy outputs, kernel trace.
+
+Started by integration/prove.py (one process per arm and mode; VLLM_PLUGINS set by the caller).
+The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, executor 'uni'), so
+torch.profiler sees every kernel of the forward pass, CUDA-graph replays included.
+
+Steps: build the engine; greedy-decode seeded prompts (token ids and top-2 logprobs); write
+`<out>/<arm>-<mode>.json` and `<out>/<arm>-<mode>.ready`; then, if --turn-file is given, wait for it
+and profile decode steps at each --batch-sizes (wall time per step, and a kernel trace of a few),
+and write `<out>/<arm>-<mode>.done`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from integration import steptrace  # noqa: E402
+from integration.launcher import IR_OPS, PROVIDER  # noqa: E402
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arm", choices=("stock", "patched"), required=True, help="which arm this process is")
+    p.add_argument("--mode", choices=("compiled", "eager"), required=True,
+                   help="compiled: torch.compile + CUDA graphs (vLLM default); eager: --enforce-eager")
+    p.add_argument("--model", required=True, help="model directory with config.json (dummy weights)")
+    p.add_argument("--out", required=True, help="directory for <arm>-<mode>.json and marker files")
+    p.add_argument("--dtype", default="bfloat16", help="model dtype (default bfloat16)")
+    p.add_argument("--prompts", type=int, default=4, help="greedy prompts (default 4)")
+    p.add_argument("--steps", type=int, default=256, help="greedy tokens per prompt (default 256)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompt token ids and of vLLM")
+    p.add_argument("--batch-sizes", default="1,8,32,128,256",
+                   help="decode batch sizes to profile after --turn-file appears (comma list)")
+    p.add_argument("--timed-steps", type=int, default=20, help="decode steps timed per batch size")
+    p.add_argument("--traced-steps", type=int, default=4, help="decode steps kernel-traced per batch size")
+    p.add_argument("--turn-file", default=None,
+                   help="wait for this file before the per-batch profile (none: skip that profile)")
+    p.add_argument("--turn-timeout", type=float, default=400.0, help="seconds to wait for --turn-file")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.2, help="vLLM memory share")
+    p.add_argument("--kv-cache-gib", type=float, default=4.0, help="explicit KV-cache size (GiB)")
+    p.add_argument("--compile-ranges", default="",
+                   help="compile range endpoints (comma list) for compiled mode; same for both arms")
+    return p.parse_args(argv)
+
+
+def build_llm(a: argparse.Namespace):
+    """The offline engine for this arm and mode."""
+    from vllm import LLM
+
+    kwargs = dict(model=a.model, load_format="dummy", skip_tokenizer_init=True, dtype=a.dtype,
+                  seed=a.seed, enforce_eager=a.mode == "eager", gpu_memory_utilization=a.gpu_memory_utilization,
+                  kv_cache_memory_bytes=int(a.kv_cache_gib * (1 << 30)), max_model_len=2048,
+                  max_num_seqs=256, async_scheduling=False, distributed_executor_backend="uni")
+    if a.arm == "patched":
+        fallback = ["native"] if a.mode == "compiled" else ["vllm_c", "native"]
+        kwargs["ir_op_priority"] = {op: [PROVIDER] + fallback for op in IR_OPS}
+    if a.mode == "compiled" and a.compile_ranges:
+        kwargs["compilation_config"] = {"compile_ranges_endpoints": [int(v) for v in a.compile_ranges.split(",")]}
+    return LLM(**kwargs)
+
+
+def prompt_ids(seed: int, index: int, length: int, vocab: int) -> list[int]:
+    """Seeded prompt token ids (the same in every arm)."""
+    return np.random.default_rng((seed, index)).integers(100, vocab - 100, size=length).tolist()
+
+
+def greedy(llm, a: argparse.Namespace, vocab: int) -> list[dict]:
+    """Greedy decode of --prompts prompts: token ids, chosen-token logprob, top-1/top-2 margin."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    lengths = [16 + 48 * i for i in range(a.prompts)]
+    prompts = [TokensPrompt(prompt_token_ids=prompt_ids(a.seed, i, n, vocab)) for i, n in enumerate(lengths)]
+    params = SamplingParams(temperature=0.0, max_tokens=a.steps, ignore_eos=True, logprobs=2)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    result = []
+    for i, o in enumerate(outs):
+        c = o.outputs[0]
+        lp, margin = [], []
+        for tok, d in zip(c.token_ids, c.logprobs or []):
+            vals = sorted((v.logprob for v in d.values()), reverse=True)
+            lp.append(float(d[tok].logprob))
+            margin.append(float(vals[0] - vals[1]) if len(vals) > 1 else None)
+        result.append({"prompt_len": lengths[i], "tokens": list(c.token_ids), "logprob": lp, "margin": margin})
+    return result
+
+
+def _trace_steps(engine, n: int, label: str) -> tuple[list[dict], dict]:
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=acts) as prof:
+        for k in range(n):
+            with torch.profiler.record_function(f"{steptrace.STEP_PREFIX}{k}"):
+                engine.step()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"{label}.json"
+        prof.export_chrome_trace(str(path))
+        events = steptrace.load_trace(path)
+    names = {k: steptrace.kernel_names(events, k) for k in ("fused", "vllm_c", "inductor")}
+    return steptrace.step_stats(events), names
+
+
+def decode_batch(llm, a: argparse.Namespace, batch: int, vocab: int, timed: int, traced: int) -> dict:
+    """Put `batch` requests into decode, then time `timed` steps and kernel-trace `traced` more."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0.0, max_tokens=timed + traced + 16, ignore_eos=True)
+    ids = [f"b{batch}-{i}" for i in range(batch)]
+    for i, rid in enumerate(ids):
+        engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt_ids(a.seed + 1, i, 32, vocab)), params)
+    started: set[str] = set()
+    for _ in range(64):  # prefill (possibly chunked) until every request has its first token
+        started |= {o.request_id for o in engine.step() if o.outputs and o.outputs[0].token_ids}
+        if len(started) == batch:
+            break
+    if len(started) != batch:
+        raise RuntimeError(f"batch {batch}: only {len(started)} requests reached decode")
+    for _ in range(3):
+        engine.step()
+    samples = []
+    for _ in range(timed):
+        t0 = time.perf_counter_ns()
+        engine.step()
+        samples.append((time.perf_counter_ns() - t0) / 1e3)
+    steps, names = _trace_steps(engine, traced, f"b{batch}")
+    engine.abort_request(ids)
+    while engine.has_unfinished_requests():
+        engine.step()
+    return {"batch_tokens": batch, "step_wall_us": samples, "traced_steps": steps, "norm_kernel_names": names}
+
+
+def _write(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+
+
+def _wait_for(path: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {timeout_s:.0f} s")
+        time.sleep(0.2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"{a.arm}-{a.mode}"
+    if torch.cuda.is_available():  # start CUPTI before any CUDA graph exists
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
+            torch.zeros(1, device="cuda").add_(1)
+    t0 = time.perf_counter()
+    llm = build_llm(a)
+    import vllm
+    from vllm import ir
+
+    vocab = llm.llm_engine.model_config.get_vocab_size()
+    res: dict = {"arm": a.arm, "mode": a.mode, "model": a.model, "vllm": vllm.__version__,
+                 "torch": torch.__version__, "build_s": time.perf_counter() - t0,
+                 "ir_priority": {op: getattr(ir.ops, op).get_priority() for op in IR_OPS},
+                 "providers": {op: list(getattr(ir.ops, op).impls) for op in IR_OPS},
+                 "vllm_plugins_env": os.environ.get("VLLM_PLUGINS")}
+    res["greedy"] = greedy(llm, a, vocab)
+    res["proof"] = decode_batch(llm, a, 8, vocab, timed=4, traced=3)
+    res["python_calls"] = _python_calls()
+    _write(out / f"{name}.json", res)
+    (out / f"{name}.ready").touch()
+    if a.turn_file:
+        _wait_for(Path(a.turn_file), a.turn_timeout)
+        sizes = [int(v) for v in a.batch_sizes.split(",") if v]
+        res["steps"] = [decode_batch(llm, a, n, vocab, a.timed_steps, a.traced_steps) for n in sizes]
+        res["python_calls"] = _python_calls()
+        _write(out / f"{name}.json", res)
+        (out / f"{name}.done").touch()
+    return 0
+
+
+def _python_calls() -> dict:
+    """Calls of the fused custom ops that went through Python here (eager calls and captures)."""
+    if "integration.ops" not in sys.modules:
+        return {}
+    from integration.ops import CALLS
+
+    return {f"{op}/{answer}": n for (op, answer), n in sorted(CALLS.items())}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
