@@ -1,0 +1,142 @@
+"""The replayer against the in-process fake streaming server: schedule, records, every failure kind."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import pytest
+
+from loadgen.fakeserver import FakeServerConfig, fake_server
+from loadgen.records import lateness_ms, read_records, succeeded, tpot_ms, ttft_ms
+from loadgen.replay import clip_tokens, due_times_ns, replay, sleep_until
+from traces.trace import TraceRequest
+
+
+def run(cfg: FakeServerConfig, reqs: list[TraceRequest], **kw):
+    async def go():
+        async with fake_server(cfg) as url:
+            return await replay(url, reqs, progress=False, **kw)
+    return asyncio.run(go())
+
+
+def test_schedule_records_and_file(tmp_path):
+    # Request 0 streams long, the others short: the file holds records in finish order.
+    reqs = [TraceRequest(0.0, 50, 40)] + [TraceRequest(0.01 + 0.005 * i, 20 + i, 3) for i in range(30)]
+    out = tmp_path / "r.jsonl"
+    cfg = FakeServerConfig(ttft_s=0.01, itl_s=0.005)
+    recs = run(cfg, reqs, out=out, tags={"arm": "stock", "window": 1})
+    assert [r.index for r in recs] == list(range(len(reqs)))
+    assert all(succeeded(r) for r in recs), [r.error for r in recs if not succeeded(r)]
+    assert [r.due_ns for r in recs] == [round(q.timestamp * 1e9) for q in reqs]
+    late = [lateness_ms(r) for r in recs]
+    assert min(late) >= 0  # never sent early
+    assert sorted(late)[len(late) // 2] < 5.0  # loose: CI machines are shared
+    for r, q in zip(recs, reqs):
+        assert (r.input_tokens, r.output_tokens, r.prompt_tokens, r.completion_tokens) == (
+            q.input_tokens, q.output_tokens, q.input_tokens, q.output_tokens)
+        assert r.n_chunks == q.output_tokens and r.status == 200
+        assert r.due_ns <= r.sent_ns < r.first_token_ns <= r.last_token_ns <= r.end_ns
+        assert ttft_ms(r) >= 10.0 and tpot_ms(r) >= 5.0 * 0.9
+        assert r.tags == {"arm": "stock", "window": 1}
+    on_disk = read_records(out)
+    assert sorted(on_disk, key=lambda r: r.index) == recs
+    assert on_disk[-1].index == 0  # the long one finished last
+
+
+def test_http_error_is_recorded_with_body():
+    recs = run(FakeServerConfig(max_model_len=64), [TraceRequest(0.0, 100, 4), TraceRequest(0.0, 10, 4)])
+    bad, good = recs
+    assert bad.status == 400 and bad.error.startswith("HTTP 400: ") and "maximum context length" in bad.error
+    assert bad.first_token_ns is None and bad.completion_tokens is None and not succeeded(bad)
+    assert succeeded(good)
+
+
+def test_short_reply_is_an_error():
+    (r,) = run(FakeServerConfig(max_output_tokens=3), [TraceRequest(0.0, 10, 5)])
+    assert r.status == 200 and r.completion_tokens == 3 and r.n_chunks == 3
+    assert r.error == "short reply: 3 of 5 tokens (finish_reason=length)"
+
+
+def test_truncated_stream_is_an_error():
+    (r,) = run(FakeServerConfig(drop_after_tokens=2), [TraceRequest(0.0, 10, 6)])
+    assert r.status == 200 and r.n_chunks == 2 and r.completion_tokens is None
+    assert r.first_token_ns is not None and r.error is not None and not succeeded(r)
+
+
+def test_timeout_is_an_error_after_the_timeout():
+    (r,) = run(FakeServerConfig(ttft_s=0.01, itl_s=2.0), [TraceRequest(0.0, 10, 3)], timeout_s=0.3)
+    assert r.error.startswith("timeout: reply not complete within 0.3 s (after 1 token chunks)")
+    assert 0.25 <= (r.end_ns - r.sent_ns) / 1e9 < 1.5
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_no_server_gives_fast_error_records(tmp_path):
+    reqs = [TraceRequest(0.02 * i, 10, 2) for i in range(5)]
+    t = time.perf_counter()
+    recs = asyncio.run(replay(f"http://127.0.0.1:{_closed_port()}", reqs, model="m", progress=False,
+                              out=tmp_path / "r.jsonl"))
+    assert time.perf_counter() - t < 5.0
+    assert len(read_records(tmp_path / "r.jsonl")) == 5
+    for r in recs:
+        assert r.status is None and r.sent_ns is not None and "ClientConnectorError" in r.error
+
+
+def test_cancel_leaves_one_record_per_request(tmp_path):
+    reqs = [TraceRequest(0.0, 10, 50)] + [TraceRequest(0.5 * i, 10, 2) for i in range(1, 10)]
+    out = tmp_path / "r.jsonl"
+
+    async def go():
+        async with fake_server(FakeServerConfig(itl_s=0.05)) as url:
+            task = asyncio.create_task(replay(url, reqs, out=out, progress=False))
+            await asyncio.sleep(0.8)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+    asyncio.run(go())
+    by_index = {r.index: r for r in read_records(out)}
+    assert sorted(by_index) == list(range(10)) and len(read_records(out)) == 10
+    assert by_index[0].error.startswith("cancelled") and by_index[0].n_chunks > 0
+    assert succeeded(by_index[1])
+    assert by_index[9].error.startswith("not sent") and by_index[9].sent_ns is None
+
+
+def test_model_name_from_server_and_wrong_model_rejected():
+    (r,) = run(FakeServerConfig(model="served-name"), [TraceRequest(0.0, 5, 2)])
+    assert succeeded(r)
+    (r,) = run(FakeServerConfig(model="served-name"), [TraceRequest(0.0, 5, 2)], model="other")
+    assert r.status == 400
+    assert "does not exist" in r.error
+
+
+def test_bad_schedules_are_named():
+    with pytest.raises(ValueError, match="request 2: timestamp 0.5 is before request 1"):
+        due_times_ns([TraceRequest(0.0, 1, 1), TraceRequest(1.0, 1, 1), TraceRequest(0.5, 1, 1)])
+    with pytest.raises(ValueError, match="no requests"):
+        asyncio.run(replay("http://127.0.0.1:1", [], progress=False))
+
+
+def test_clip_tokens():
+    reqs = [TraceRequest(0.0, 900, 40, (1, 2)), TraceRequest(1.0, 10, 3)]
+    assert clip_tokens(reqs, 512, 16) == [TraceRequest(0.0, 512, 16, (1, 2)), TraceRequest(1.0, 10, 3)]
+    with pytest.raises(ValueError, match="max_output"):
+        clip_tokens(reqs, None, 0)
+
+
+def test_sleep_until_never_wakes_early():
+    async def go():
+        wakes = []
+        for k in range(20):
+            deadline = time.perf_counter_ns() + 3_000_000 + 100_000 * k
+            await sleep_until(deadline)
+            wakes.append(time.perf_counter_ns() - deadline)
+        return wakes
+    wakes = asyncio.run(go())
+    assert min(wakes) >= 0
+    assert sorted(wakes)[10] < 2_000_000

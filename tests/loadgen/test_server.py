@@ -1,0 +1,82 @@
+"""The replayer against a real vLLM CPU server (tiny random-weight Llama)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from integration.launcher import VllmServer
+from loadgen.records import read_records, succeeded
+from loadgen.replay import clip_tokens, replay, replay_sync
+from tests.conftest import start_server, tiny_server_config
+from traces.trace import TraceRequest, load_trace, scale_rate
+
+CHAT = Path(__file__).resolve().parents[2] / "traces" / "chat.jsonl"
+
+
+def chat_slice(n: int, speedup: float = 1.0) -> list:
+    """The first n requests of the chat trace, small enough for a CPU server."""
+    return clip_tokens(scale_rate(load_trace(CHAT)[:n], speedup), max_input=512, max_output=16)
+
+
+@pytest.mark.server
+def test_chat_slice_completes_with_exact_lengths(stock_server: VllmServer, tmp_path: Path) -> None:
+    reqs = chat_slice(15, speedup=2.0)
+    out = tmp_path / "records.jsonl"
+    recs = replay_sync(stock_server.url, reqs, out=out, progress=False, timeout_s=120, tags={"arm": "stock"})
+    assert [r.error for r in recs] == [None] * len(reqs)
+    for r, q in zip(recs, reqs):
+        assert succeeded(r) and r.status == 200
+        assert (r.prompt_tokens, r.completion_tokens) == (q.input_tokens, q.output_tokens)
+        assert r.n_chunks >= 1 and r.max_gap_ms is not None or q.output_tokens == 1
+        assert r.due_ns <= r.sent_ns < r.first_token_ns <= r.last_token_ns <= r.end_ns
+        assert r.tags == {"arm": "stock"}
+    assert sorted(read_records(out), key=lambda r: r.index) == recs
+
+
+@pytest.mark.server
+def test_server_killed_mid_run_every_request_gets_one_record(tmp_path: Path) -> None:
+    server = start_server(tiny_server_config("stock"), tmp_path / "server.log")
+    out = tmp_path / "records.jsonl"
+    # 30 requests over 10 s: the first 10 short (done before the kill), the rest long enough
+    # (300 tokens) that some are streaming when the server is killed at 6 s.
+    reqs = [TraceRequest(0.33 * i, q.input_tokens, 16 if i < 10 else 300)
+            for i, q in enumerate(chat_slice(30))]
+    kill_at_s = 6.0
+    killed_ns: list[int] = []
+
+    def kill() -> None:
+        killed_ns.append(time.perf_counter_ns())
+        os.killpg(os.getpgid(server.proc.pid), signal.SIGKILL)
+
+    async def go():
+        asyncio.get_running_loop().call_later(kill_at_s, kill)
+        t = time.perf_counter_ns()
+        recs = await replay(server.url, reqs, out=out, model=server.model_name, progress=False, timeout_s=60)
+        return t, recs
+
+    try:
+        start_ns, recs = asyncio.run(go())
+    finally:
+        server.stop()
+    on_disk = read_records(out)
+    assert len(on_disk) == len(reqs) and sorted(r.index for r in on_disk) == list(range(len(reqs)))
+    assert sorted(on_disk, key=lambda r: r.index) == recs
+    # kill_rel_s is on a clock that starts a few ms before the replay's t0; margins cover that,
+    # and CPU contention on a small machine can delay the client by more.
+    kill_rel_s = (killed_ns[0] - start_ns) / 1e9
+    before = [r for r in recs if r.end_ns / 1e9 < kill_rel_s - 0.5]
+    in_flight = [r for r in recs if r.sent_ns is not None and r.sent_ns / 1e9 < kill_rel_s - 0.5
+                 and r.end_ns / 1e9 > kill_rel_s]
+    after = [r for r in recs if r.due_ns / 1e9 > kill_rel_s + 0.5]
+    assert len(before) >= 3 and all(succeeded(r) for r in before), [r.error for r in before]
+    assert in_flight and len(after) >= 10
+    for r in in_flight:  # cut off by the crash: an error soon after it, not at the 60 s timeout
+        assert not succeeded(r) and r.error and r.end_ns / 1e9 < kill_rel_s + 5.0, r
+    for r in after:  # refused at once
+        assert r.status is None and "ClientConnectorError" in r.error and r.end_ns - r.sent_ns < 5e9, r

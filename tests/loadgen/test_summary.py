@@ -1,0 +1,42 @@
+"""Summary statistics of hand-made records."""
+
+from __future__ import annotations
+
+from loadgen.records import RequestRecord
+from loadgen.summary import format_summary, peak_in_flight, percentiles, summarize_records
+
+
+def rec(i: int, due_ms: float, sent_ms: float | None, end_ms: float | None, *, tokens: int = 3,
+        error: str | None = None) -> RequestRecord:
+    ns = lambda ms: None if ms is None else int(ms * 1e6)  # noqa: E731
+    ok = error is None
+    return RequestRecord(
+        index=i, due_ns=ns(due_ms), sent_ns=ns(sent_ms), first_token_ns=ns(due_ms + 10) if ok else None,
+        last_token_ns=ns(due_ms + 10 + 2 * (tokens - 1)) if ok else None, end_ns=ns(end_ms),
+        input_tokens=10, output_tokens=tokens, prompt_tokens=10 if ok else None,
+        completion_tokens=tokens if ok else None, n_chunks=tokens if ok else 0, max_gap_ms=2.0 if ok else None,
+        status=200 if ok else None, error=error, tags={})
+
+
+def test_percentiles_literal():
+    assert percentiles([4, 6, 9, 7, 5, 8, 3, 0, 1, 2], (25, 50)) == {"p25": 2.25, "p50": 4.5}
+    assert percentiles([]) == {"p50": None, "p99": None}
+
+
+def test_peak_in_flight():
+    rs = [rec(0, 0, 0, 100), rec(1, 10, 10, 50), rec(2, 60, 60, 70), rec(3, 200, None, None, error="x")]
+    assert peak_in_flight(rs) == 2
+
+
+def test_summary_counts_rates_and_latencies():
+    rs = [rec(i, 100 * i, 100 * i + 0.5 * i, 100 * i + 20) for i in range(5)]
+    rs.append(rec(5, 500, 500.5, 501, error="HTTP 400: too long"))
+    s = summarize_records(rs)
+    assert (s["requests"], s["completed"], s["failed"]) == (6, 5, 1)
+    assert s["offered_rate_rps"] == 10.0  # 5 gaps over 500 ms
+    assert s["ttft_ms"] == {"p50": 10.0, "p99": 10.0}
+    assert s["tpot_ms"] == {"p50": 2.0, "p99": 2.0}
+    assert s["lateness_ms"]["max"] == 2.0  # request 4: sent at 402 ms, due at 400 ms
+    assert s["top_errors"] == [{"error": "HTTP 400: too long", "count": 1}]
+    text = format_summary(s)
+    assert "completed 5, failed 1" in text and "HTTP 400: too long" in text
