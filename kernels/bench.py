@@ -1,0 +1,200 @@
+"""Benchmark the fused kernel against the stock arms over the (op, dtype, rows, hidden) grid.
+
+Per shape: every arm is captured as a CUDA graph of many launches over rotating buffers (working
+set above L2 where memory allows), then replayed in two rounds of 8 timed replays, arms in a
+seeded random order per round. A row keeps every sample; the run-to-run spread of an arm is the
+gap between its two rounds' medians.
+
+    python -m kernels.bench --out bench.json [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from typing import Callable
+
+import torch
+
+from kernels import rmsnorm, stock
+from kernels.cases import TORCH_DTYPES
+from kernels.shapes import auto_shape, vector_width
+from kernels.timing import capture, copy_bandwidth, replay_us
+
+EPS = 1e-6
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 32768)
+HIDDEN = (2048, 4096, 5120, 8192)
+SUBSET_ROWS = (1, 16, 128, 1024, 8192)  # fp16 / fp32 at hidden 4096
+OPS = ("rms_norm", "fused_add_rms_norm")
+ROUNDS, PER_ROUND = 2, 8  # 16 samples per arm and shape
+STUDY = (("fp32", 512, 128), ("fp32", 8192, 128), ("fp32", 512, 1024), ("fp32", 8192, 1024),
+         ("bf16", 512, 2048), ("bf16", 8192, 2048))
+STUDY_SHAPES = ("t32r4", "t256r1")
+WORKING_SET_TARGET = 1.5  # x L2 size
+MEMORY_CAP = 8 << 30  # bytes of rotating buffers at most
+
+
+def grid(quick: bool = False) -> list[tuple[str, str, int, int]]:
+    """(op, dtype, rows, hidden): bf16 over the whole grid, fp16/fp32 at hidden 4096 on a subset."""
+    if quick:
+        return [(op, "bf16", r, 4096) for op in OPS for r in (1, 4096)]
+    shapes = [(op, "bf16", r, h) for op in OPS for h in HIDDEN for r in ROWS]
+    shapes += [(op, dt, r, 4096) for dt in ("fp16", "fp32") for op in OPS for r in SUBSET_ROWS]
+    return shapes
+
+
+def bytes_moved(op: str, rows: int, hidden: int, itemsize: int) -> int:
+    """Fewest bytes a call must move: read x (and residual), write the output(s), read the weight."""
+    tensors = 2 if op == "rms_norm" else 4
+    return (tensors * rows * hidden + hidden) * itemsize
+
+
+def sizing(op: str, rows: int, hidden: int, itemsize: int, l2_bytes: int) -> tuple[int, int]:
+    """(buffer sets, launches per graph): ~1.5 ms of work per replay, working set > L2 if it fits."""
+    per_call = bytes_moved(op, rows, hidden, itemsize)
+    est_us = max(1.5, per_call / 3.5e6)
+    n_calls = int(min(400, max(8, round(1500 / est_us))))
+    nbuf = math.ceil(WORKING_SET_TARGET * l2_bytes / per_call)
+    nbuf = max(1, min(nbuf, n_calls, MEMORY_CAP // (2 * rows * hidden * itemsize)))
+    return nbuf, n_calls
+
+
+def _arms(op: str, x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, nbuf: int,
+          fused_variant: str, vllm: tuple) -> dict[str, Callable[[int], object]]:
+    """Arm name -> call(i). Every rms_norm arm allocates its output per call (from the graph's
+    pool under capture), as vLLM's ops do, so that no arm writes a rotating buffer the others don't."""
+    xs, rs = list(x.unbind(0)), list(r.unbind(0))
+    stock.mark_rows_dynamic(*xs, *rs)
+    hidden = x.shape[-1]
+    arms: dict[str, Callable[[int], object]] = {}
+    if op == "rms_norm":
+        comp = stock.inductor(op)
+        arms["fused"] = lambda i: rmsnorm.rms_norm(xs[i % nbuf], w, EPS, variant=fused_variant)
+        arms["inductor"] = lambda i: comp(xs[i % nbuf], w, EPS)
+        arms["torch"] = lambda i: torch.nn.functional.rms_norm(xs[i % nbuf], (hidden,), w, EPS)
+        if vllm[0] is not None:
+            arms["vllm_c"] = lambda i: vllm[0](torch.empty_like(xs[i % nbuf]), xs[i % nbuf], w, EPS)
+    else:
+        comp = stock.inductor(op)
+        arms["fused"] = lambda i: rmsnorm.fused_add_rms_norm(xs[i % nbuf], rs[i % nbuf], w, EPS,
+                                                             variant=fused_variant)
+        arms["inductor"] = lambda i: comp(xs[i % nbuf], rs[i % nbuf], w, EPS)
+        if vllm[1] is not None:
+            arms["vllm_c"] = lambda i: vllm[1](xs[i % nbuf], rs[i % nbuf], w, EPS)
+    return arms
+
+
+def time_arms(arms: dict[str, Callable[[int], object]], n_calls: int, rng: random.Random) -> dict:
+    """{arm: samples_us or error text}: capture each arm, then ROUNDS shuffled rounds of PER_ROUND."""
+    graphs, out = {}, {}
+    for name, call in arms.items():
+        try:
+            graphs[name] = capture(call, n_calls)
+        except Exception as exc:  # recorded in the row, never dropped
+            out[name] = f"{type(exc).__name__}: {exc}"
+    samples: dict[str, list[float]] = {n: [] for n in graphs}
+    for _ in range(ROUNDS):
+        order = sorted(graphs)
+        rng.shuffle(order)
+        for name in order:
+            samples[name] += replay_us(graphs[name], n_calls, PER_ROUND)
+    out.update(samples)
+    del graphs
+    return out
+
+
+def bench_shape(op: str, dtype: str, rows: int, hidden: int, l2_bytes: int, rng: random.Random,
+                vllm: tuple, variant: str | None = None, stock_arms: bool = True) -> dict:
+    """One grid row: fused and stock samples, medians, spreads, roofline left for the caller."""
+    tdt = TORCH_DTYPES[dtype]
+    isz = torch.empty((), dtype=tdt).element_size()
+    nbuf, n_calls = sizing(op, rows, hidden, isz, l2_bytes)
+    x = torch.randn(nbuf, rows, hidden, device="cuda").to(tdt)
+    r = torch.randn(nbuf, rows, hidden, device="cuda").to(tdt)
+    w = (1 + 0.5 * torch.randn(hidden, device="cuda")).to(tdt)
+    vec = vector_width(isz, [hidden], [x.data_ptr(), r.data_ptr(), w.data_ptr()])
+    variant = variant or auto_shape(rows, hidden, vec).name
+    arms = _arms(op, x, r, w, nbuf, variant, vllm)
+    if not stock_arms:
+        arms = {"fused": arms["fused"]}
+    res = time_arms(arms, n_calls, rng)
+    del x, r, arms
+    torch.cuda.empty_cache()
+    fused = res.pop("fused")
+    if isinstance(fused, str):
+        raise RuntimeError(f"fused arm failed at {op} {dtype} {rows}x{hidden}: {fused}")
+    ws = nbuf * bytes_moved(op, rows, hidden, isz)
+    row = {"op": op, "dtype": dtype, "rows": rows, "hidden": hidden, "variant": variant,
+           **summary(fused), "samples_us": fused, "samples_per_round": PER_ROUND,
+           "buffers": nbuf, "launches_per_replay": n_calls, "working_set_bytes": ws,
+           "l2": "cold" if ws > l2_bytes else "warm"}
+    if stock_arms:
+        med = {k: (statistics.median(v) if isinstance(v, list) else None) for k, v in res.items()}
+        row["stock"] = {f"{k}_us": med.get(k) for k in ("inductor", "vllm_c", "torch")}
+        row["stock_samples_us"] = {k: v for k, v in res.items() if isinstance(v, list)}
+        row["stock_errors"] = {k: v for k, v in res.items() if isinstance(v, str)}
+    return row
+
+
+def summary(samples: list[float]) -> dict:
+    """median, min and max of the samples (microseconds per call)."""
+    return {"median_us": statistics.median(samples), "min_us": min(samples), "max_us": max(samples)}
+
+
+def run(quick: bool, seed: int, vllm: tuple, log: Callable[[str], None] = print) -> dict:
+    """Copy bandwidth, the grid and the launch-shape study; rows carry roofline_us (no policy yet)."""
+    rng = random.Random(seed)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    bw = copy_bandwidth()
+    shapes = grid(quick)
+    t0 = time.perf_counter()
+    for op, dt in sorted({(op, dt) for op, dt, _, _ in shapes}):
+        for h in sorted({h for o, d, _, h in shapes if (o, d) == (op, dt)}):
+            stock.prepare_inductor(op, TORCH_DTYPES[dt], h)
+    log(f"inductor arms compiled in {time.perf_counter() - t0:.1f} s")
+    rows = []
+    for op, dt, r, h in shapes:
+        row = bench_shape(op, dt, r, h, l2, rng, vllm)
+        isz = TORCH_DTYPES[dt].itemsize
+        row["roofline_us"] = bytes_moved(op, r, h, isz) / bw["bytes_per_s"] * 1e6
+        rows.append(row)
+        log(f"{op:18s} {dt} {r:6d}x{h:5d} {row['variant']:8s} fused {row['median_us']:8.2f} us  "
+            + "  ".join(f"{k[:-3]} {v:8.2f}" for k, v in row["stock"].items() if v is not None))
+    study = []
+    for dt, r, h in (STUDY[:1] if quick else STUDY):
+        entry = {"op": "rms_norm", "dtype": dt, "rows": r, "hidden": h}
+        for v in STUDY_SHAPES:
+            s = bench_shape("rms_norm", dt, r, h, l2, rng, vllm, variant=v, stock_arms=False)
+            entry[v] = {"median_us": s["median_us"], "samples_us": s["samples_us"]}
+        study.append(entry)
+        log(f"launch study {dt} {r}x{h}: " + ", ".join(f"{v} {entry[v]['median_us']:.2f} us"
+                                                       for v in STUDY_SHAPES))
+    bw_after = copy_bandwidth()
+    return {"copy_bandwidth": {"before": bw, "after": bw_after}, "bench": rows, "launch_shape_study": study}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: benchmark only (no validation, no policy); see kernels.suite for the full results file."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="JSON file to write (bench rows and copy bandwidth)")
+    ap.add_argument("--quick", action="store_true", help="a few shapes only (a smoke test)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the arm order shuffle")
+    ap.add_argument("--no-vllm", action="store_true", help="leave out vLLM's CUDA kernels")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench: no CUDA GPU visible (torch.cuda.is_available() is False)", file=sys.stderr)
+        return 2
+    vllm = (None, None, "left out (--no-vllm)") if args.no_vllm else stock.vllm_ops()
+    result = run(args.quick, args.seed, vllm)
+    with open(args.out, "w") as f:
+        json.dump(result, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""What a results file records about the machine: GPU, driver, versions, clocks."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+import sys
+
+import torch
+
+_SMI_FIELDS = "clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,temperature.gpu,power.draw,pstate"
+
+
+def smi(query: str) -> list[str] | str:
+    """One line of `nvidia-smi --query-gpu=<query>` split on commas, or the error text."""
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"nvidia-smi failed: {exc}"
+    if out.returncode != 0:
+        return f"nvidia-smi exit {out.returncode}: {out.stderr.strip()}"
+    return [v.strip() for v in out.stdout.strip().splitlines()[0].split(",")]
+
+
+def clocks() -> dict | str:
+    """Current clocks, temperature and power of GPU 0 (nvidia-smi), as strings with units."""
+    vals = smi(_SMI_FIELDS)
+    if isinstance(vals, str):
+        return vals
+    return dict(zip(_SMI_FIELDS.split(","), vals))
+
+
+def describe(vllm_version: str | None) -> dict:
+    """GPU, driver, CUDA, torch, CuPy, vLLM and Python versions of this process."""
+    props = torch.cuda.get_device_properties(0)
+    driver = smi("driver_version")
+    try:
+        import cupy
+        cupy_version = cupy.__version__
+    except ImportError:
+        cupy_version = None
+    return {
+        "gpu": props.name, "sm_count": props.multi_processor_count,
+        "l2_bytes": getattr(props, "L2_cache_size", None), "memory_bytes": props.total_memory,
+        "driver": driver[0] if isinstance(driver, list) else driver,
+        "cuda": torch.version.cuda, "torch": torch.__version__, "cupy": cupy_version,
+        "vllm": vllm_version, "python": sys.version.split()[0], "platform": platform.platform(),
+    }

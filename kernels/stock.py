@@ -1,0 +1,104 @@
+"""Stock arms the fused kernel is timed against, in the same process.
+
+- vllm_c:   vLLM's CUDA kernels, torch.ops._C.rms_norm / fused_add_rms_norm (registered by
+            `import vllm._C_stable_libtorch` in vLLM 0.26, `vllm._C` before)
+- inductor: torch.compile of vLLM's native formula (what vLLM runs under torch.compile), batch dim
+            dynamic, hidden static, as vLLM compiles it
+- torch:    torch.nn.functional.rms_norm (rms_norm only; torch has no fused add-norm)
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+import torch
+
+_VLLM_ERROR: str | None = None
+
+
+def _setup_dynamo() -> None:
+    # One compiled function serves every (dtype, hidden): raise the recompile limits so that Dynamo
+    # never falls back to eager silently.
+    cfg = torch._dynamo.config
+    for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
+                 "accumulated_recompile_limit"):
+        if hasattr(cfg, name):
+            setattr(cfg, name, 4096)
+
+
+def rms_native(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """vLLM's native RMSNorm: fp32 variance, round to x.dtype, then multiply by the weight."""
+    orig = x.dtype
+    xf = x.float()
+    var = xf.pow(2).mean(dim=-1, keepdim=True)
+    xf = xf * torch.rsqrt(var + eps)
+    return xf.to(orig) * weight
+
+
+def add_rms_native(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's native fused add: fp32 sum (stored rounded as the residual), norm of the fp32 sum."""
+    orig = x.dtype
+    xf = x.float() + residual.float()
+    new_residual = xf.to(orig)
+    var = xf.pow(2).mean(dim=-1, keepdim=True)
+    out = (xf * torch.rsqrt(var + eps)).to(orig) * weight
+    return out, new_residual
+
+
+_COMPILED: dict[str, Callable] = {}
+
+
+def inductor(op: str) -> Callable:
+    """The torch.compile'd native function for `op` (one per process; Dynamo guards per dtype/hidden)."""
+    fn = _COMPILED.get(op)
+    if fn is None:
+        _setup_dynamo()
+        fn = torch.compile(rms_native if op == "rms_norm" else add_rms_native, fullgraph=True)
+        _COMPILED[op] = fn
+    return fn
+
+
+def mark_rows_dynamic(*tensors: torch.Tensor) -> None:
+    """Mark the row dim dynamic, as vLLM marks the token dim."""
+    for t in tensors:
+        torch._dynamo.maybe_mark_dynamic(t, 0)
+
+
+def prepare_inductor(op: str, dtype: torch.dtype, hidden: int, rows: int = 8192) -> None:
+    """Compile (and autotune) the Inductor arm for (op, dtype, hidden) at `rows` rows, as vLLM's
+    profiling run does at its largest batch."""
+    x = torch.randn(rows, hidden, device="cuda").to(dtype)
+    r = torch.randn(rows, hidden, device="cuda").to(dtype)
+    w = torch.ones(hidden, device="cuda", dtype=dtype)
+    mark_rows_dynamic(x, r)
+    if op == "rms_norm":
+        inductor(op)(x, w, 1e-6)
+    else:
+        inductor(op)(x, r, w, 1e-6)
+    torch.cuda.synchronize()
+
+
+def vllm_ops() -> tuple[Callable | None, Callable | None, str | None]:
+    """(rms_norm, fused_add_rms_norm, error): vLLM's CUDA ops, or None and why they are missing."""
+    global _VLLM_ERROR
+    errors = []
+    # vLLM 0.26 registers torch.ops._C from vllm._C_stable_libtorch; older releases from vllm._C.
+    for module in ("vllm._C_stable_libtorch", "vllm._C"):
+        try:
+            importlib.import_module(module)
+            return torch.ops._C.rms_norm, torch.ops._C.fused_add_rms_norm, None
+        except Exception as exc:  # ImportError, a missing op, or an incompatible shared library
+            errors.append(f"{module}: {type(exc).__name__}: {exc}")
+    _VLLM_ERROR = "; ".join(errors)
+    return None, None, _VLLM_ERROR
+
+
+def vllm_version() -> str | None:
+    """vLLM's version string, or None when vLLM is not importable."""
+    try:
+        import vllm
+        return str(vllm.__version__)
+    except Exception:
+        return None

@@ -1,0 +1,157 @@
+"""The one command that produces kernels/results/h200.json on a GPU machine.
+
+Validation (full suite), both negative controls, compute-sanitizer memcheck and racecheck over the
+reduced suite (run beside validation, finished before any timing), the benchmark grid with every
+stock arm, the policy table, and the targets.
+
+    python -m kernels.suite --out kernels/results/h200.json --policy-out kernels/results/policy-h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from kernels import bench, policy, report, stock, validate
+from kernels.cases import full_cases, negative_control_cases, reduced_cases
+from kernels.environment import clocks, describe
+
+SCHEMA_VERSION = 1
+SANITIZER_TOOLS = ("memcheck", "racecheck")
+_SUMMARY = re.compile(r"(ERROR SUMMARY|RACECHECK SUMMARY): (\d+) (error|hazard)")
+
+
+def start_sanitizer(tool: str, log_dir: Path, kernel_filter: bool = True) -> tuple[subprocess.Popen, Path]:
+    """Start compute-sanitizer `tool` over the reduced suite (exact-size allocations, no caching)."""
+    log = log_dir / f"sanitizer-{tool}.log"
+    cmd = ["compute-sanitizer", "--tool", tool, "--print-limit", "20"]
+    if kernel_filter:
+        cmd += ["--kernel-name", "kns=rmsnorm_kernel"]
+    cmd += [sys.executable, "-m", "kernels.validate", "--reduced", "--exact-alloc"]
+    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
+    fh = log.open("w")
+    fh.write(" ".join(cmd) + "\n")
+    fh.flush()
+    return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env), log
+
+
+def finish_sanitizer(tool: str, proc: subprocess.Popen, log: Path, started: float, timeout_s: float) -> dict:
+    """Wait for a sanitizer run and parse its summary line; clean = exit 0, 0 findings, suite passed."""
+    try:
+        rc = proc.wait(timeout=max(1.0, timeout_s - (time.perf_counter() - started)))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        rc = None
+    text = log.read_text(errors="replace")
+    m = _SUMMARY.search(text)
+    findings = int(m.group(2)) if m else None
+    return {"tool": tool, "exit_code": rc, "summary": m.group(0) if m else None, "findings": findings,
+            "suite_passed": "validation PASSED" in text, "seconds": round(time.perf_counter() - started, 1),
+            "clean": rc == 0 and findings == 0 and "validation PASSED" in text,
+            "kernel_filter": "kns=rmsnorm_kernel" in text.splitlines()[0],
+            "log_tail": text[-1500:]}
+
+
+def run_sanitizers(log_dir: Path, timeout_s: float, validate_meanwhile) -> tuple[list[dict], dict]:  # noqa: ANN001
+    """Both sanitizers in parallel while `validate_meanwhile()` runs here; retried unfiltered if the
+    kernel filter option is refused."""
+    started = time.perf_counter()
+    procs = {t: start_sanitizer(t, log_dir) for t in SANITIZER_TOOLS}
+    meanwhile = validate_meanwhile()
+    results = []
+    for tool, (proc, log) in procs.items():
+        res = finish_sanitizer(tool, proc, log, started, timeout_s)
+        if res["summary"] is None and res["exit_code"] not in (0, None) and "kernel-name" in res["log_tail"]:
+            t0 = time.perf_counter()
+            proc2, log2 = start_sanitizer(tool, log_dir, kernel_filter=False)
+            res = finish_sanitizer(tool, proc2, log2, t0, timeout_s)
+        results.append(res)
+    return results, meanwhile
+
+
+def validation_block(quick: bool) -> dict:
+    """Full suite and both negative controls."""
+    def pick(cases: list) -> list:  # --quick: a smoke test over three widths, bf16 and fp32
+        return [c for c in cases if c.hidden in (31, 4096, 8193) and c.dtype != "fp16"] if quick else cases
+
+    main = validate.run_suite(pick(reduced_cases()) if quick else full_cases())
+    negatives = {}
+    for name in ("epsilon", "tail"):
+        s = validate.run_suite(pick(negative_control_cases()), negative=name)
+        negatives[name] = {"failed_as_it_must": not s["passed"], "cases_run": s["cases_run"],
+                           "cases_failed": s["failures_total"],
+                           "first_failure": s["failures"][0] if s["failures"] else None}
+    main["negative_controls"] = negatives
+    return main
+
+
+def finish(results: dict) -> dict:
+    """Add the policy choice to every bench row and the targets block."""
+    table = policy.build_table(results["bench"])
+    pol = policy.Policy(table, source="bench")
+    for row in results["bench"]:
+        row["policy"] = pol.choose(row["op"], row["dtype"], row["rows"], row["hidden"])
+        row["policy_evidence"] = policy.decide(row)[1]
+    results["targets"] = report.targets(results)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: run everything and write the results file and the policy table."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="results JSON to write (kernels/results/h200.json)")
+    ap.add_argument("--policy-out", help="policy table to write (default: policy-h200.json beside --out)")
+    ap.add_argument("--log-dir", help="folder for sanitizer logs (default: beside --out)")
+    ap.add_argument("--quick", action="store_true", help="reduced validation and a few bench shapes (smoke test)")
+    ap.add_argument("--no-sanitizer", action="store_true", help="skip compute-sanitizer (recorded as not run)")
+    ap.add_argument("--sanitizer-timeout", type=float, default=300.0, help="seconds per sanitizer run")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the arm-order shuffle")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("suite: no CUDA GPU visible (torch.cuda.is_available() is False)", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    log_dir = Path(args.log_dir) if args.log_dir else out.parent
+    log_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    vllm = stock.vllm_ops()
+    env = describe(stock.vllm_version())
+    env["vllm_c_error"] = vllm[2]
+    env["clocks_before"] = clocks()
+    if args.no_sanitizer:
+        sanitizer, val = [{"tool": t, "clean": None, "not_run": "--no-sanitizer"} for t in SANITIZER_TOOLS], \
+            validation_block(args.quick)
+    else:
+        sanitizer, val = run_sanitizers(log_dir, args.sanitizer_timeout, lambda: validation_block(args.quick))
+    val["sanitizer"] = sanitizer
+    print(json.dumps({"validation_passed": val["passed"], "cases": val["cases_run"],
+                      "negative_controls": val["negative_controls"],
+                      "sanitizer": [(s["tool"], s.get("clean"), s.get("summary")) for s in sanitizer],
+                      "seconds": round(time.perf_counter() - t0, 1)}), flush=True)
+    measured = bench.run(args.quick, args.seed, vllm, log=lambda s: print(s, flush=True))
+    env["clocks_after"] = clocks()
+    env["copy_bandwidth_bytes_per_s"] = measured["copy_bandwidth"]["before"]["bytes_per_s"]
+    env["copy_bandwidth"] = measured["copy_bandwidth"]
+    results = finish({"schema_version": SCHEMA_VERSION, "command": " ".join(["python -m kernels.suite"] + (argv or sys.argv[1:])),
+                      "quick": args.quick, "environment": env, "validation": val,
+                      "bench": measured["bench"], "launch_shape_study": measured["launch_shape_study"],
+                      "seconds": round(time.perf_counter() - t0, 1)})
+    out.write_text(json.dumps(results) + "\n")
+    pol_path = Path(args.policy_out) if args.policy_out else out.with_name("policy-" + out.name)
+    pol_path.write_text(json.dumps(policy.table_document(results, "kernels/results/" + out.name), indent=1) + "\n")
+    print(json.dumps(results["targets"], indent=1))
+    print(f"wrote {out} and {pol_path} in {time.perf_counter() - t0:.0f} s")
+    return 0 if val["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
