@@ -1,0 +1,163 @@
+"""Benchmark of the replayer itself: can it keep an open-loop schedule, and at what client CPU cost?
+
+    python -m loadgen.bench                  # 200 req/s for 30 s, constant rate
+    python -m loadgen.bench --arrivals poisson --out /tmp/bench.json
+
+A fake /v1/completions server (loadgen.fakeserver) runs in its own process, so it does not share the
+client's event loop; it streams ``--tokens`` SSE chunks per request at a fixed pace and the final
+usage chunk. The schedule goes through the real replay() code. The output JSON keeps every request's
+send lateness as raw samples; the targets are achieved rate >= 99% of offered and lateness p99 <= 2 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+
+from loadgen.fakeserver import FakeServerConfig, serve_forever
+from loadgen.records import lateness_ms, ttft_ms
+from loadgen.replay import EVENT_LOOPS, replay_sync
+from loadgen.summary import summarize_records
+from traces.trace import TraceRequest
+
+SCHEMA_VERSION = 1
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "bench-cpu.json"
+TARGET_RATE_FRACTION = 0.99
+TARGET_LATENESS_P99_MS = 2.0
+
+
+def schedule(rate: float, duration_s: float, arrivals: str, input_tokens: int, tokens: int,
+             seed: int) -> list[TraceRequest]:
+    """Requests at `rate` per second for `duration_s`: evenly spaced, or Poisson (seeded)."""
+    n = int(rate * duration_s)
+    if arrivals == "constant":
+        times = np.arange(n) / rate
+    else:
+        times = np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate, size=n))
+        times = times[times < duration_s] - times[0]
+    return [TraceRequest(round(float(t), 9), input_tokens, tokens) for t in times]
+
+
+def _wait_ready(url: str, timeout_s: float = 30.0) -> None:
+    async def probe() -> bool:
+        try:
+            async with aiohttp.ClientSession() as s, s.get(f"{url}/v1/models") as r:
+                return r.status == 200
+        except aiohttp.ClientError:
+            return False
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if asyncio.run(probe()):
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"fake server at {url} not ready after {timeout_s} s")
+
+
+def _git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).resolve().parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def environment(event_loop: str) -> dict:
+    """What the figures depend on: machine, versions, and how busy the machine was."""
+    return {
+        "python": sys.version.split()[0], "platform": platform.platform(), "machine": platform.machine(),
+        "cpu_count": os.cpu_count(), "aiohttp": aiohttp.__version__, "numpy": np.__version__,
+        "event_loop": event_loop, "git_commit": _git_commit(), "loadavg_1_5_15_before": os.getloadavg(),
+    }
+
+
+def run_bench(args: argparse.Namespace) -> dict:
+    """Start the server process, replay the schedule, return the result document."""
+    cfg = FakeServerConfig(ttft_s=args.ttft_ms / 1e3, itl_s=args.itl_ms / 1e3)
+    reqs = schedule(args.rate, args.duration, args.arrivals, args.input_tokens, args.tokens, args.seed)
+    env = environment(args.event_loop)
+    server = mp.get_context("spawn").Process(target=serve_forever, args=(cfg, args.port), daemon=True)
+    server.start()
+    url = f"http://127.0.0.1:{args.port}"
+    try:
+        _wait_ready(url)
+        ru0, cpu0, wall0 = resource.getrusage(resource.RUSAGE_SELF), time.process_time(), time.perf_counter()
+        records = replay_sync(url, reqs, progress=False, seed=args.seed, event_loop=args.event_loop,
+                              timeout_s=60.0)
+        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+        ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    finally:
+        server.terminate()
+        server.join(10)
+    env["loadavg_1_5_15_after"] = os.getloadavg()
+    s = summarize_records(records)
+    fraction = s["achieved_rate_rps"] / s["offered_rate_rps"]
+    met = fraction >= TARGET_RATE_FRACTION and s["lateness_ms"]["p99"] <= TARGET_LATENESS_P99_MS
+    return {
+        "schema_version": SCHEMA_VERSION, "tool": "loadgen.bench", "environment": env,
+        "config": {**vars(args), "out": str(args.out), "server": "loadgen.fakeserver in a separate process"},
+        "results": {
+            **{k: s[k] for k in ("requests", "completed", "failed", "offered_rate_rps", "achieved_rate_rps",
+                                 "peak_in_flight", "lateness_ms", "ttft_ms", "tpot_ms", "top_errors")},
+            "achieved_fraction": fraction,
+            "client_cpu_s": {"process_time": cpu, "user": ru1.ru_utime - ru0.ru_utime,
+                             "system": ru1.ru_stime - ru0.ru_stime},
+            "client_cpu_per_wall": cpu / wall, "wall_s": wall,
+            "targets": {"achieved_fraction_min": TARGET_RATE_FRACTION,
+                        "lateness_p99_ms_max": TARGET_LATENESS_P99_MS, "met": met},
+        },
+        "samples": {"lateness_ms": [lateness_ms(r) for r in records],
+                    "ttft_ms": [ttft_ms(r) for r in records]},
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m loadgen.bench", description=(
+        "Replay a synthetic schedule against a local fake streaming server (separate process) and "
+        "report achieved rate, send lateness and client CPU as JSON with raw samples."))
+    p.add_argument("--rate", type=float, default=200.0, help="requests per second (200)")
+    p.add_argument("--duration", type=float, default=30.0, help="schedule length in seconds (30)")
+    p.add_argument("--arrivals", choices=("constant", "poisson"), default="constant",
+                   help="evenly spaced or Poisson arrivals (constant)")
+    p.add_argument("--tokens", type=int, default=32, help="tokens streamed per request (32)")
+    p.add_argument("--input-tokens", type=int, default=512, help="prompt length in tokens (512)")
+    p.add_argument("--ttft-ms", type=float, default=10.0, help="fake server: delay to the first token (10)")
+    p.add_argument("--itl-ms", type=float, default=10.0, help="fake server: delay between tokens (10)")
+    p.add_argument("--port", type=int, default=18431, help="port of the fake server on 127.0.0.1 (18431)")
+    p.add_argument("--seed", type=int, default=0, help="seed of Poisson arrivals and prompts (0)")
+    p.add_argument("--event-loop", choices=EVENT_LOOPS, default="asyncio", help="client event loop (asyncio)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"result JSON ({DEFAULT_OUT.name} here)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    doc = run_bench(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    r = doc["results"]
+    la = r["lateness_ms"]
+    print(f"{r['requests']} requests, {r['completed']} completed, {r['failed']} failed; "
+          f"rate offered {r['offered_rate_rps']:.2f}/s achieved {r['achieved_rate_rps']:.2f}/s "
+          f"({100 * r['achieved_fraction']:.2f}%); lateness p50 {la['p50']:.3f} p99 {la['p99']:.3f} "
+          f"max {la['max']:.3f} ms; client CPU {r['client_cpu_s']['process_time']:.1f} s over "
+          f"{r['wall_s']:.1f} s; targets met: {r['targets']['met']}; "
+          f"load average before/after {doc['environment']['loadavg_1_5_15_before'][0]:.1f}/"
+          f"{doc['environment']['loadavg_1_5_15_after'][0]:.1f}\n-> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
