@@ -6,6 +6,7 @@ run.json record after each replay, and a missing /metrics recorded as a warning,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -126,3 +127,30 @@ def test_existing_run_directory_is_never_overwritten(cfg: RunConfig) -> None:
     (cfg.results_dir / "run" / "run.json").write_text("{}")
     with pytest.raises(ValueError, match="already exists"):
         run_experiment(cfg)
+
+
+def test_one_at_a_time_restarts_arms_per_block(cfg: RunConfig, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[VllmServer] = []
+    events: list[str] = []
+
+    def start_fake(c: RunConfig, label: str, arm: str, run_dir: Path) -> VllmServer:
+        events.append(f"start {label}")
+        started.append(_fake_server(tmp_path / f"{label}-{len(started)}.log"))
+        return started[-1]
+
+    def watch(step: Step, label: str, live: Mapping[str, VllmServer]) -> None:
+        events.append(f"w{step.window}@{step.load:g} {label} up={sorted(k for k, s in live.items() if s.is_alive())}")
+
+    monkeypatch.setattr("experiments.orchestrate.start_arm", start_fake)
+    one = dataclasses.replace(cfg, one_at_a_time=True, blocks=2, loads=(1.0,))
+    try:
+        run = _run(run_experiment(one, before_replay=watch))
+    finally:
+        for s in started:
+            s.stop()
+    assert run["status"] == "complete" and run["resident"] is False
+    assert events == ["start stock", "w0@1 stock up=['stock']", "start patched", "w0@1 patched up=['patched']",
+                      "w1@1 patched up=['patched']", "start stock", "w1@1 stock up=['stock']"]  # BA reuses B
+    assert [e["block"] for e in run["schedule"]] == [0, 1]
+    assert run["servers"]["stock"]["starts"] == 2 and not any(s.is_alive() for s in started)
