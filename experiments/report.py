@@ -64,6 +64,10 @@ def verdict(entry: Mapping) -> str:
         return text + f" over {n} paired window{'s' * (n != 1)} — no interval or verdict ({entry['reason']})"
     lo, hi = entry["ci95_pct"]
     text += f", 95% CI [{lo:+.1f}, {hi:+.1f}]% over {n} paired windows"
+    if entry["sd_diff_pct"] == 0.0:
+        if entry[b]["attainment"] == 1.0 and entry[t]["attainment"] == 1.0:
+            return text + " — every request met this SLO in both arms: these loads do not reach its limit"
+        return text + " — the same difference in every window (no spread, so no MDE)"
     mde = f"MDE {_fmt_pct(entry['mde_pct'], signed=False)}"
     if entry["significant"]:
         direction = "higher" if entry["delta_goodput_pct"] > 0 else "lower"

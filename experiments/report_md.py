@@ -124,6 +124,8 @@ def render_markdown(r: Mapping) -> str:
         lines += ["## Warnings", ""] + [f"- {w}" for w in r["warnings"]] + [""]
     lines += _slo_tables(r) + _latency_table(r) + _power_and_attribution(r)
     lines += ["## Plots", ""] + [f"![{p}]({p})" for p in r.get("plots", [])] + [""]
+    if cmd and str(cmd[0]).endswith(".py"):
+        cmd = ["python", *cmd]
     lines += ["## Reproduce", "", "```", " ".join(shlex.quote(str(c)) for c in cmd) or "(no command recorded)",
               "python -m experiments.analyze <this directory>", "```", ""]
     return "\n".join(lines)

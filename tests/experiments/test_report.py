@@ -1,0 +1,39 @@
+from experiments.report import aa_reason, verdict
+
+
+def entry(**kw):
+    e = {"name": "chat", "bounds": "TTFT<=2000 ms, TPOT<=100 ms", "baseline": "stock", "treatment": "patched",
+         "n_paired": 6, "delta_goodput_pct": 0.4, "ci95_pct": [-1.2, 2.0], "significant": False,
+         "mde_pct": 2.1, "sd_diff_pct": 1.5, "reason": None,
+         "stock": {"attainment": 0.9}, "patched": {"attainment": 0.91}}
+    e.update(kw)
+    return e
+
+
+def test_verdict_no_detectable_difference():
+    assert verdict(entry()) == ("chat (TTFT<=2000 ms, TPOT<=100 ms): patched goodput +0.4% vs stock, "
+                                "95% CI [-1.2, +2.0]% over 6 paired windows — no detectable difference (MDE 2.1%)")
+
+
+def test_verdict_significant_direction():
+    v = verdict(entry(delta_goodput_pct=-3.0, ci95_pct=[-4.5, -1.5], significant=True))
+    assert v.endswith("— patched lower, interval excludes 0 (MDE 2.1%)")
+
+
+def test_verdict_without_interval_or_pairs():
+    one = verdict(entry(n_paired=1, ci95_pct=None, reason="one paired window: no interval or verdict"))
+    assert "over 1 paired window — no interval or verdict" in one
+    none = verdict(entry(n_paired=0, delta_goodput_pct=None, ci95_pct=None, reason="no paired windows"))
+    assert none.endswith("no goodput comparison of patched vs stock — no paired windows")
+
+
+def test_verdict_saturated_slo_is_not_an_mde_claim():
+    v = verdict(entry(delta_goodput_pct=0.0, ci95_pct=[0.0, 0.0], sd_diff_pct=0.0, mde_pct=0.0,
+                      stock={"attainment": 1.0}, patched={"attainment": 1.0}))
+    assert "every request met this SLO in both arms" in v and "MDE" not in v
+
+
+def test_aa_reason():
+    assert aa_reason({"arms": ["stock", "patched"], "mode_note": None}) is None
+    assert aa_reason({"arms": ["stock", "stock"], "mode_note": None}) == "both arms are 'stock'"
+    assert aa_reason({"arms": ["stock", "patched"], "mode_note": "cpu fallback"}) == "cpu fallback"
