@@ -1,0 +1,49 @@
+"""Vector width and launch-shape choice (pure Python)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernels.shapes import MAX_HIDDEN, LaunchShape, auto_shape, iters_needed, shape_fits, vector_width
+
+
+def test_vector_width_is_gcd_of_16_bytes_strides_and_pointers() -> None:
+    assert vector_width(2, [4096], [0, 4096 * 2]) == 8  # bf16, aligned: 8 x 2 bytes
+    assert vector_width(4, [4096], [0]) == 4  # fp32: 4 x 4 bytes
+    assert vector_width(2, [4100], [0]) == 4  # row stride 4100 = 4 * 1025
+    assert vector_width(2, [8193], [0]) == 1  # odd width: scalar accesses
+    assert vector_width(2, [4096], [2]) == 1  # pointer one element off a 16-byte boundary
+    assert vector_width(2, [40, 40], [0, 16]) == 8  # padded rows keep the 128-bit path
+
+
+def test_launch_shape_names_and_limits() -> None:
+    assert LaunchShape.parse("t256r1") == LaunchShape(256, 1)
+    assert LaunchShape(8, 4).name == "t8r4"
+    with pytest.raises(ValueError, match="expected 't<threads per row>r<rows per block>'"):
+        LaunchShape.parse("warp")
+    with pytest.raises(ValueError, match="multiple of 32"):
+        LaunchShape(8, 1)  # 8 threads: not a whole warp
+    with pytest.raises(ValueError, match="threads per row 48"):
+        LaunchShape(48, 1)
+
+
+def test_shape_fits_names_the_limit() -> None:
+    assert shape_fits(LaunchShape(32, 4), 2048, 8) is None  # 8 vectors x 8 = 64 values per thread
+    assert "needs 128 row values per thread" in shape_fits(LaunchShape(32, 4), 4096, 8)
+    assert f"> {MAX_HIDDEN}" in shape_fits(LaunchShape(1024, 1), MAX_HIDDEN + 1, 1)
+    assert iters_needed(5120, 8, 640) == 1 and iters_needed(8193, 1, 1024) == 9
+
+
+@pytest.mark.parametrize("hidden,vec", [(1, 1), (31, 1), (33, 1), (127, 1), (2048, 8), (5120, 8),
+                                        (8193, 1), (8192, 4), (65536, 8)])
+@pytest.mark.parametrize("rows", [1, 7, 8192])
+def test_auto_shape_always_fits(rows: int, hidden: int, vec: int) -> None:
+    shape = auto_shape(rows, hidden, vec)
+    assert shape_fits(shape, hidden, vec) is None
+    assert shape.block % 32 == 0 and shape.block <= 1024
+
+
+def test_auto_shape_is_deterministic_and_one_vector_per_thread() -> None:
+    assert auto_shape(64, 4096, 8) == LaunchShape(512, 1)
+    assert auto_shape(64, 4096, 8) == auto_shape(64, 4096, 8)
+    assert auto_shape(8192, 128, 4) == LaunchShape(32, 4)  # narrow rows share a block
