@@ -91,6 +91,9 @@ def _slo_entry(item: Mapping, labels: list[str]) -> dict:
                                                      if d["load"] == load]).to_json()
                     for load in sorted({d["load"] for d in item["paired"]["diffs"]})},
     })
+    if comp["n"] == 0 and item["paired"]["undefined"]:
+        entry["reason"] = (f"{labels[0]} goodput is 0 in all {len(item['paired']['undefined'])} paired windows, "
+                           "so a relative change is undefined")
     entry["verdict"] = verdict(entry)
     return entry
 

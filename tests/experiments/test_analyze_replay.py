@@ -12,16 +12,18 @@ from tests.experiments.synthetic_run import write_run
 from traces.trace import TraceRequest
 
 REQUESTS = [TraceRequest(timestamp=0.02 * i, input_tokens=8, output_tokens=6) for i in range(5)]
-# stock streams a token every 25 ms, patched every 2 ms: only patched meets TPOT <= 12 ms (wide margins:
-# CI machines are slow and busy)
-PACE = {"stock": 0.025, "patched": 0.002}
+# The "stock" fake server ends every reply after 3 of the 6 asked tokens (a short reply is a miss);
+# the bounds are loose so that nothing depends on timing on a busy machine.
+SERVERS = {"stock": FakeServerConfig(ttft_s=0.002, itl_s=0.002, max_output_tokens=3),
+           "patched": FakeServerConfig(ttft_s=0.002, itl_s=0.002)}
+LOOSE = SLO("loose", 60_000.0, 10_000.0)
 
 
 async def _replay_all(out, windows, loads):
     for win in range(windows):
         for load in loads:
-            for arm, itl in PACE.items():
-                async with fake_server(FakeServerConfig(ttft_s=0.002, itl_s=itl)) as url:
+            for arm, cfg in SERVERS.items():
+                async with fake_server(cfg) as url:
                     await replay(url, REQUESTS, out=out, progress=False, seed=win,
                                  tags={"arm": arm, "window": win, "load": load, "phase": "measure"})
 
@@ -35,12 +37,12 @@ def test_report_from_replayed_records(tmp_path):
     with out.open("rb") as src, gzip.open(run_dir / "requests.jsonl.gz", "wb") as dst:
         shutil.copyfileobj(src, dst)
     out.unlink()  # readers accept the compressed file written when a run ends
-    r = analyze_run(run_dir, [SLO("fast", 1000.0, 12.0)])
+    r = analyze_run(run_dir, [LOOSE])
     s = r["slos"][0]
     assert r["records"]["file"] == "requests.jsonl.gz" and r["records"]["total"] == 20
     assert s["stock"]["attainment"] == 0.0 and s["patched"]["attainment"] == 1.0
     assert s["patched"]["goodput_rps"] == 10 / 0.2  # 10 requests met over 2 windows of 0.1 s
     assert s["delta_goodput_pct"] is None  # stock goodput 0: a relative change is undefined, and said so
-    assert len(s["undefined"]) == 2 and "no goodput comparison" in s["verdict"]
-    tpot = {row["arm"]: row["tpot_p50_ms"] for row in r["latency"]}
-    assert tpot["stock"] > 12.0 and tpot["patched"] < 12.0
+    assert len(s["undefined"]) == 2 and "stock goodput is 0 in all 2 paired windows" in s["verdict"]
+    failed = {row["arm"]: row["failed"] for row in r["latency"]}
+    assert failed == {"stock": 10, "patched": 0}  # short replies counted as failures, not dropped
