@@ -38,10 +38,14 @@ def spread(samples: list[float], per_round: int) -> float:
     return (max(meds) - min(meds)) / statistics.median(samples)
 
 
-def decide(row: dict) -> tuple[str, dict]:
-    """('fused:<variant>' or 'stock', evidence) for one bench row, from its raw samples."""
+def decide(row: dict, arms: tuple[str, ...] | None = None) -> tuple[str, dict]:
+    """('fused:<variant>' or 'stock', evidence) for one bench row, from its raw samples.
+
+    arms: the stock arms to beat (default: every arm measured, i.e. the best stock arm).
+    """
     per = int(row["samples_per_round"])
-    stock_samples = {k: v for k, v in row.get("stock_samples_us", {}).items() if v}
+    stock_samples = {k: v for k, v in row.get("stock_samples_us", {}).items()
+                     if v and (arms is None or k in arms)}
     if not stock_samples:
         return STOCK, {"reason": "no stock arm measured"}
     meds = {k: statistics.median(v) for k, v in stock_samples.items()}
@@ -54,11 +58,11 @@ def decide(row: dict) -> tuple[str, dict]:
                     "gain": gain, "margin": margin}
 
 
-def build_table(bench_rows: list[dict]) -> dict:
+def build_table(bench_rows: list[dict], arms: tuple[str, ...] | None = None) -> dict:
     """Policy table {"op/dtype/hidden": [[rows, choice], ...]} (rows ascending) from bench rows."""
     table: dict[str, list[list]] = {}
     for row in bench_rows:
-        choice, _ = decide(row)
+        choice, _ = decide(row, arms)
         table.setdefault(f"{row['op']}/{row['dtype']}/{row['hidden']}", []).append([row["rows"], choice])
     for entries in table.values():
         entries.sort(key=lambda e: e[0])
@@ -137,11 +141,12 @@ def unsupported_reason(x, weight, residual=None) -> str | None:  # noqa: ANN001 
     return None
 
 
-def table_document(results: dict, source: str) -> dict:
+def table_document(results: dict, source: str, arms: tuple[str, ...] | None = None) -> dict:
     """The policy file's content for a results document."""
     return {"schema_version": SCHEMA_VERSION, "source": source, "min_margin": MIN_MARGIN,
+            "stock_arms": list(arms) if arms else "all measured",
             "rule": "fused where best_stock/fused - 1 > max(min_margin, spread_fused + spread_stock)",
-            "table": build_table(results["bench"])}
+            "table": build_table(results["bench"], arms)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,9 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--from", dest="source", required=True, help="benchmark results JSON (kernels/results/h200.json)")
     ap.add_argument("--out", default=str(DEFAULT_PATH), help="policy table to write (default: %(default)s)")
+    ap.add_argument("--stock-arms", help="comma-separated stock arms to beat, e.g. 'inductor' for a server "
+                    "under torch.compile (default: the best of every arm measured)")
     args = ap.parse_args(argv)
     results = json.loads(Path(args.source).read_text())
-    doc = table_document(results, args.source)
+    arms = tuple(a.strip() for a in args.stock_arms.split(",")) if args.stock_arms else None
+    doc = table_document(results, args.source, arms)
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
     fused = sum(1 for v in doc["table"].values() for e in v if e[1] != STOCK)
     total = sum(len(v) for v in doc["table"].values())

@@ -90,3 +90,10 @@ def test_build_table_is_deterministic_and_sorted() -> None:
 
 def test_unsupported_inputs_go_to_stock() -> None:
     assert "not a CUDA device" in unsupported_reason(torch.zeros(2, 8), torch.ones(8))
+
+
+def test_decision_against_chosen_stock_arms() -> None:
+    row = _row(1, [1.0] * 4, {"inductor": [2.0] * 4, "vllm_c": [1.01] * 4})
+    assert decide(row)[0] == "stock"  # vLLM's CUDA kernel is within the margin
+    choice, ev = decide(row, ("inductor",))  # a server under torch.compile runs Inductor's kernel
+    assert choice == "fused:t512r1" and ev["best_stock"] == "inductor"
