@@ -140,6 +140,14 @@ def _read_json_list(path: Path, key: str) -> list[dict] | None:
     return rows
 
 
+def _shown(path: Path, root: Path) -> str:
+    """Path relative to the project root when it lies inside it (reports stay portable)."""
+    try:
+        return str(path.resolve().relative_to(root.resolve()))
+    except ValueError:
+        return str(path)
+
+
 def attribute(run: Mapping, baseline: str, root: Path, profile_path: Path | None = None,
               kernel_path: Path | None = None) -> dict:
     """Predicted step-time change (%) the kernel can explain for this run, with every input named.
@@ -149,7 +157,7 @@ def attribute(run: Mapping, baseline: str, root: Path, profile_path: Path | None
     """
     profile_path = profile_path or root / PROFILE_PATH
     kernel_path = kernel_path or root / KERNEL_PATH
-    base = {"upper_bound": True, "profile": str(profile_path), "kernel_results": str(kernel_path),
+    base = {"upper_bound": True, "profile": _shown(profile_path, root), "kernel_results": _shown(kernel_path, root),
             "histogram_arm": baseline, "predicted_step_change_pct": None}
     if run.get("device") == "cpu":
         return {**base, "status": "cpu", "predicted_step_change_pct": 0.0,

@@ -118,7 +118,9 @@ def build_report(a: Analysis) -> dict:
     return {
         "trace": run.get("trace"), "model": {k: v for k, v in (run.get("model") or {}).items() if k != "config"},
         "gpu": a.env.get("gpu") or a.env.get("GPU") or run.get("device"), "arms": run["arms"], "arm_labels": labels,
-        "design": _design(run), "slos": slos, "attribution": a.attribution,
+        "design": _design(run), "slos": slos,
+        "attribution": {**a.attribution, "measured_tpot_p50_change_pct": secondary.get(
+            "tpot_p50_ms", {}).get("comparison", {}).get("mean")},
         "schema_version": REPORT_SCHEMA_VERSION, "tool_version": run.get("tool_version"),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "device": run.get("device"), "aa": {"is_aa": aa is not None, "why": aa},
