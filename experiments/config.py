@@ -29,11 +29,12 @@ class ConfigError(ValueError):
 
 # Per-device defaults for every field the user may leave unset (None on the command line).
 DEVICE_DEFAULTS: dict[str, dict] = {
-    # Sized so that the whole run (two server starts of ~25 s each in eager mode, warm-up, 3 windows
-    # x 3 loads x 2 arms) takes about three minutes on 2 cores. Seen on 2 cores with these clips:
-    # TTFT p50 35 ms at 1x, 43 ms at 2x, 232 ms at 4x (TPOT p50 3.8, 4.1, 60 ms): 4x is past the knee.
-    "cpu": dict(model="tiny-llama", dtype="float32", eager=True, windows=3, window_s=10.0,
-                warmup_s=5.0, loads=(1.0, 2.0, 4.0), max_input_tokens=1024, max_output_tokens=32,
+    # Sized so that the whole run (two server starts of ~25 s each in eager mode, warm-up, 4 windows
+    # x 3 loads x 2 arms, analysis) takes about four minutes on 2 cores. Seen on 2 cores with these
+    # clips, on a stretch of 3.8 req/s at 1x: TTFT p50 35 ms at 1x, 43 ms at 2x, 232 ms at 4x (TPOT p50
+    # 3.8, 4.1, 60 ms). The default windows run at ~2.3 req/s at 1x, so 8x is past the knee.
+    "cpu": dict(model="tiny-llama", dtype="float32", eager=True, windows=4, window_s=10.0,
+                warmup_s=5.0, loads=(1.0, 4.0, 8.0), max_input_tokens=1024, max_output_tokens=32,
                 kv_cache_memory_bytes=1 * GIB, gpu_memory_utilization=None, max_model_len=2048),
     # 8 windows x 30 s at 1x, 2x, 4x: ~14 min of replay per run on an H200. KV cache 20 GiB each
     # (163,840 tokens of the 8B shape) at 0.42 of the GPU each: the setting whose A/A run was unbiased.

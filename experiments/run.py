@@ -181,6 +181,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = run_dir / "report.md"
     if report.is_file():
         print(report.read_text(encoding="utf-8").split("\n\n")[0])
+    clipping = run.get("clipping") or {}
+    if clipping.get("max_input_tokens") or clipping.get("max_output_tokens"):
+        print(f"token counts clipped: input <= {clipping['max_input_tokens']}, output <= "
+              f"{clipping['max_output_tokens']} ({clipping['clipped_requests']} replayed requests changed)")
     print(f"status {run['status']}; results in {run_dir}")
     if run["stopped_reason"]:
         print(f"stopped: {run['stopped_reason']}", file=sys.stderr)
