@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -27,22 +28,48 @@ class PolicyUnavailable(RuntimeError):
     """kernels/policy.py could not be imported or loaded; the message says why."""
 
 
+MODES = ("compiled", "eager")
+POLICY_ENV = "RMSNORM_FUSED_POLICY"  # a policy table for every mode (overrides the defaults below)
+POLICY_ENV_COMPILED = "RMSNORM_FUSED_POLICY_COMPILED"  # a table for the torch.compile path only
+COMPILED_TABLE = "policy-h200-vs-inductor.json"  # beside kernels' default table: stock = Inductor
+
+
+def policy_path(mode: str) -> Path | None:
+    """The table a mode uses (None: kernels' default, best of every stock arm measured).
+
+    Under torch.compile what the stock arm runs is Inductor's kernel, so that path prefers a table
+    built against Inductor alone when kernels/results has one; eager mode (stock = vLLM's CUDA
+    kernel) keeps the default table, whose 'best stock arm' includes it."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
+    if mode == "compiled" and os.environ.get(POLICY_ENV_COMPILED):
+        return Path(os.environ[POLICY_ENV_COMPILED])
+    if os.environ.get(POLICY_ENV):
+        return Path(os.environ[POLICY_ENV])
+    if mode == "compiled":
+        from kernels.policy import DEFAULT_PATH
+
+        candidate = Path(DEFAULT_PATH).with_name(COMPILED_TABLE)
+        return candidate if candidate.is_file() else None
+    return None
+
+
 @functools.cache
-def policy() -> Any:
-    """The shipped shape policy, loaded once per process."""
+def policy(mode: str = "compiled") -> Any:
+    """The shape policy of a mode, loaded once per process (see policy_path)."""
     try:
         from kernels.policy import load_policy
     except ImportError as exc:
         raise PolicyUnavailable(f"kernels/policy.py is not importable: {exc}") from exc
-    return load_policy()
+    return load_policy(policy_path(mode))
 
 
 @functools.lru_cache(maxsize=65536)
-def choose(op: str, dtype: str, rows: int, hidden: int) -> str:
+def choose(op: str, dtype: str, rows: int, hidden: int, mode: str = "compiled") -> str:
     """'fused:<variant>' or 'stock' for one call shape (dtype spelled fp32/fp16/bf16)."""
     if op not in OPS:
         raise ValueError(f"unknown op {op!r}; expected one of {OPS}")
-    answer = policy().choose(op, dtype, rows, hidden)
+    answer = policy(mode).choose(op, dtype, rows, hidden)
     if answer != "stock" and not answer.startswith("fused:"):
         raise ValueError(f"policy answered {answer!r} for {op} {dtype} rows={rows} hidden={hidden}; "
                          "expected 'stock' or 'fused:<variant>'")
@@ -56,18 +83,19 @@ def variant_of(answer: str) -> str | None:
 
 
 @functools.lru_cache(maxsize=4096)
-def fused_over(op: str, dtype: str, lo: int, hi: int, hidden: int) -> bool:
+def fused_over(op: str, dtype: str, lo: int, hi: int, hidden: int, mode: str = "compiled") -> bool:
     """True when the policy picks the fused kernel for every row count in [lo, hi]."""
     if lo < 1 or hi < lo or hi > MAX_SCAN_ROWS:
         return False
-    return all(choose(op, dtype, rows, hidden) != "stock" for rows in range(lo, hi + 1))
+    return all(choose(op, dtype, rows, hidden, mode) != "stock" for rows in range(lo, hi + 1))
 
 
-def segments(op: str, dtype: str, hidden: int, max_rows: int) -> list[tuple[int, int, bool]]:
+def segments(op: str, dtype: str, hidden: int, max_rows: int,
+             mode: str = "compiled") -> list[tuple[int, int, bool]]:
     """Maximal row ranges [lo, hi] over 1..max_rows with one answer each: (lo, hi, fused)."""
     out: list[tuple[int, int, bool]] = []
     for rows in range(1, max_rows + 1):
-        fused = choose(op, dtype, rows, hidden) != "stock"
+        fused = choose(op, dtype, rows, hidden, mode) != "stock"
         if out and out[-1][2] == fused:
             out[-1] = (out[-1][0], rows, fused)
         else:
@@ -76,10 +104,11 @@ def segments(op: str, dtype: str, hidden: int, max_rows: int) -> list[tuple[int,
 
 
 def stock_boundaries(dtype: str, hidden: int, max_rows: int) -> list[int]:
-    """Row counts after which the fused/stock answer of either op changes (compile range ends)."""
+    """Row counts after which the compiled-mode fused/stock answer of either op changes (compile
+    range ends)."""
     ends: set[int] = set()
     for op in OPS:
-        ends.update(hi for _, hi, _ in segments(op, dtype, hidden, max_rows)[:-1])
+        ends.update(hi for _, hi, _ in segments(op, dtype, hidden, max_rows, "compiled")[:-1])
     return sorted(ends)
 
 

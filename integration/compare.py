@@ -75,6 +75,9 @@ def evidence(results: dict, codes: dict, logs: dict, cmds: dict, ranges: list[in
                                   .get("fused_kernels_from_cuda_graph_replay")),
         "fused_in_eager": (((arms.get("patched-eager") or {}).get("proof") or {})
                            .get("fused_kernels_launched_directly")),
+        "fused_in_graph_replay_profile_steps": sum(
+            s["fused_from_graph"] for row in (results.get("patched-compiled") or {}).get("steps", [])
+            for s in row["traced_steps"]),
         "stock_fused_kernels": sum((((arms.get(n) or {}).get("proof") or {}).get("fused_kernels_from_cuda_graph_replay", 0)
                                     + (((arms.get(n) or {}).get("proof") or {}).get("fused_kernels_launched_directly", 0)))
                                    for n in ("stock-compiled", "stock-eager")),

@@ -75,19 +75,26 @@ def arm_args(arm: str, eager: bool = False) -> list[str]:
 
 
 def compile_range_args(cfg: "ServerConfig", max_rows: int = 16384) -> list[str]:
-    """`--compilation-config` ending vLLM's compile ranges where the policy switches fused/stock.
-
-    Both arms get it (same flags, same Inductor code where stock runs). Empty in eager mode,
-    without CUDA (the provider is unsupported there) and when the policy never switches."""
+    """`--compilation-config` for both arms of a compiled CUDA server (empty in eager mode and
+    without CUDA, where the provider is unsupported): compile ranges that end where the policy
+    switches fused/stock (same Inductor code wherever stock runs), and one uncaptured warm-up run
+    per CUDA-graph size, so the fused kernels are built before any capture even when vLLM's
+    compile cache skips the lowering pass."""
     if cfg.eager or not _cuda_available():
         return []
+    return ["--compilation-config", json.dumps(compilation_config(cfg.model_dir, cfg.dtype, max_rows))]
+
+
+def compilation_config(model_dir: Path, dtype: str = "auto", max_rows: int = 16384) -> dict:
+    """The compilation-config both compiled CUDA arms share (see compile_range_args)."""
     from integration import choice
 
-    dtype, hidden = choice.model_shape(cfg.model_dir, cfg.dtype)
-    ends = choice.stock_boundaries(dtype, hidden, max_rows)
-    if not ends:
-        return []
-    return ["--compilation-config", json.dumps({"compile_ranges_endpoints": ends})]
+    dtype_name, hidden = choice.model_shape(model_dir, dtype)
+    cc: dict = {"cudagraph_num_of_warmups": 1}
+    ends = choice.stock_boundaries(dtype_name, hidden, max_rows)
+    if ends:
+        cc["compile_ranges_endpoints"] = ends
+    return cc
 
 
 def _cuda_available() -> bool:

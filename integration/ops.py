@@ -39,10 +39,10 @@ def _kernels():
     return rmsnorm
 
 
-def _answer(op: str, x: Tensor) -> str:
+def _answer(op: str, x: Tensor, mode: str) -> str:
     hidden = x.shape[-1]
     rows = x.numel() // hidden if hidden else 0
-    answer = choice.choose(op, choice.DTYPE_NAMES[x.dtype], max(rows, 1), hidden)
+    answer = choice.choose(op, choice.DTYPE_NAMES[x.dtype], max(rows, 1), hidden, mode)
     if answer == "stock":
         key = (op, x.dtype, rows, hidden)
         if key not in _inconsistent:
@@ -89,7 +89,7 @@ def warm_builds(op: str, dtype: str, hidden: int, vec: int, device: int) -> int:
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         builds = set()
         for rows in range(1, WARM_ROWS + 1):
-            answer = choice.choose(op, dtype, rows, hidden)
+            answer = choice.choose(op, dtype, rows, hidden, "compiled")
             if answer == "stock":
                 continue
             variant = choice.variant_of(answer)
@@ -105,19 +105,23 @@ def warm_builds(op: str, dtype: str, hidden: int, vec: int, device: int) -> int:
     return len(builds)
 
 
-def run_rms_norm(x: Tensor, weight: Tensor, epsilon: float) -> Tensor:
-    """out = rms_norm(x) * weight with the fused kernel (launch variant from the policy)."""
-    warm("rms_norm", x, weight, None)
-    answer = _answer("rms_norm", x)
+def run_rms_norm(x: Tensor, weight: Tensor, epsilon: float, mode: str = "eager") -> Tensor:
+    """out = rms_norm(x) * weight with the fused kernel (launch variant from the mode's policy).
+    mode 'compiled' (the custom op's path) also compiles ahead for later CUDA-graph captures."""
+    if mode == "compiled":
+        warm("rms_norm", x, weight, None)
+    answer = _answer("rms_norm", x, mode)
     CALLS[("rms_norm", answer)] += 1
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     return _kernels().rms_norm(x, weight, epsilon, out=out, variant=choice.variant_of(answer))
 
 
-def run_fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, epsilon: float) -> None:
+def run_fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, epsilon: float,
+                           mode: str = "eager") -> None:
     """In place: residual <- x + residual; x <- rms_norm(residual) * weight (vLLM semantics)."""
-    warm("fused_add_rms_norm", x, weight, residual)
-    answer = _answer("fused_add_rms_norm", x)
+    if mode == "compiled":
+        warm("fused_add_rms_norm", x, weight, residual)
+    answer = _answer("fused_add_rms_norm", x, mode)
     CALLS[("fused_add_rms_norm", answer)] += 1
     _kernels().fused_add_rms_norm(x, residual, weight, epsilon, variant=choice.variant_of(answer))
 
@@ -125,7 +129,7 @@ def run_fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, epsilon:
 @torch.library.custom_op("rmsnorm_fused::rms_norm", mutates_args=())
 def rms_norm(x: Tensor, weight: Tensor, epsilon: float) -> Tensor:
     """Custom-op form of run_rms_norm (what a torch.compile graph calls)."""
-    return run_rms_norm(x, weight, epsilon)
+    return run_rms_norm(x, weight, epsilon, mode="compiled")
 
 
 @rms_norm.register_fake
@@ -136,7 +140,7 @@ def _rms_norm_fake(x: Tensor, weight: Tensor, epsilon: float) -> Tensor:
 @torch.library.custom_op("rmsnorm_fused::fused_add_rms_norm", mutates_args=("x", "residual"))
 def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, epsilon: float) -> None:
     """Custom-op form of run_fused_add_rms_norm (mutates x and residual)."""
-    run_fused_add_rms_norm(x, residual, weight, epsilon)
+    run_fused_add_rms_norm(x, residual, weight, epsilon, mode="compiled")
 
 
 @fused_add_rms_norm.register_fake

@@ -47,11 +47,11 @@ def platform_support() -> tuple[bool, str]:
         if importlib.util.find_spec(module) is None:
             return False, f"{module} is not importable"
     try:
-        source = choice.policy().source
+        sources = {mode: choice.policy(mode).source for mode in choice.MODES}
     except (choice.PolicyUnavailable, OSError, ValueError) as exc:
         raise PluginError(f"rmsnorm_fused: CUDA and CuPy are here but the shape policy cannot be "
                           f"loaded: {exc}") from exc
-    return True, f"CUDA platform, CuPy, kernels/ and policy {source}"
+    return True, "CUDA platform, CuPy, kernels/; policy " + ", ".join(f"{m}: {p}" for m, p in sources.items())
 
 
 def _log_once(key: tuple, msg: str, *args: object) -> None:
@@ -120,8 +120,9 @@ def decide(op: str, x: Tensor, weight: Tensor | None, residual: Tensor | None,
     if span is None:
         return False
     dtype, hidden = choice.DTYPE_NAMES[x.dtype], x.shape[1]
-    fused = choice.fused_over(op, dtype, span[0], span[1], hidden)
-    if fused and not _eager(x) and not torch.compiler.is_compiling():
+    eager = _eager(x)
+    fused = choice.fused_over(op, dtype, span[0], span[1], hidden, "eager" if eager else "compiled")
+    if fused and not eager and not torch.compiler.is_compiling():
         # vLLM's lowering pass (compile time): build the kernels now, before any graph capture
         fused_ops.warm_builds(op, dtype, hidden, fused_ops.default_vec(dtype, hidden), x.device.index or 0)
     if span[0] != span[1]:
@@ -160,7 +161,7 @@ def rms_norm_impl(
     """cupy_fused implementation of vllm.ir.ops.rms_norm (weight and no variance_size: see supports)."""
     assert weight is not None and variance_size is None
     if _eager(x):
-        return fused_ops.run_rms_norm(x, weight, epsilon)
+        return fused_ops.run_rms_norm(x, weight, epsilon, "eager")
     return torch.ops.rmsnorm_fused.rms_norm(x, weight, epsilon)
 
 
@@ -174,7 +175,7 @@ def fused_add_rms_norm_impl(
     """cupy_fused implementation of vllm.ir.ops.fused_add_rms_norm, in place like vLLM's own."""
     assert weight is not None and variance_size is None
     if _eager(x):
-        fused_ops.run_fused_add_rms_norm(x, x_residual, weight, epsilon)
+        fused_ops.run_fused_add_rms_norm(x, x_residual, weight, epsilon, "eager")
     else:
         torch.ops.rmsnorm_fused.fused_add_rms_norm(x, x_residual, weight, epsilon)
     return x, x_residual

@@ -46,8 +46,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--modes", default="compiled,eager", help="which modes to run (comma list)")
     p.add_argument("--max-rows", type=int, default=16384,
                    help="scan the policy up to this many rows for compile-range ends")
-    p.add_argument("--timeout", type=float, default=560.0, help="overall deadline in seconds")
+    p.add_argument("--timeout", type=float, default=500.0, help="overall deadline in seconds")
+    p.add_argument("--policy", default=None,
+                   help="policy table for both modes (default: kernels/results/policy-h200-vs-inductor.json "
+                        "for compiled when present, kernels/results/policy-h200.json otherwise)")
+    p.add_argument("--all-fused", action="store_true",
+                   help="use a table that sends every call of this model's shape to the fused kernel "
+                        "(its own launch shape): proves the integration where the shipped policy is stock")
     return p.parse_args(argv)
+
+
+def select_policy(a: argparse.Namespace, scratch: Path) -> dict:
+    """Point $RMSNORM_FUSED_POLICY (inherited by the workers) at the table given, if any; returns
+    the table each mode uses."""
+    path = a.policy
+    if a.all_fused:
+        dtype, hidden = choice.model_shape(a.model, a.dtype)
+        table = {f"{op}/{dtype}/{hidden}": [[1 << 30, "fused:auto"]] for op in choice.OPS}
+        path = str(scratch / "policy-all-fused.json")
+        Path(path).write_text(json.dumps({"schema_version": 1, "source": "--all-fused", "table": table}))
+    if path:
+        os.environ[choice.POLICY_ENV] = str(Path(path).resolve())
+    choice.policy.cache_clear()
+    return {mode: str(choice.policy(mode).source) for mode in choice.MODES}
 
 
 def compile_ranges(a: argparse.Namespace) -> list[int]:
@@ -126,11 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + a.timeout
-    ranges = compile_ranges(a)
     modes = set(a.modes.split(","))
     runs = [(arm, mode) for arm, mode in ARMS if mode in modes]
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
+        policy_source = select_policy(a, scratch)
+        ranges = compile_ranges(a)
         procs, cmds = {}, {}
         for arm, mode in runs:
             name = f"{arm}-{mode}"
@@ -147,9 +169,11 @@ def main(argv: list[str] | None = None) -> int:
                 tar.add(scratch / f"{n}.log", arcname=f"{n}.log")
     command = "python -m integration.prove " + shlex.join(argv if argv is not None else sys.argv[1:])
     evidence = compare.evidence(results, codes, logs, cmds, ranges, environment(), command, a)
+    evidence["policy"] = policy_source
     (out / "h200.json").write_text(json.dumps(evidence, indent=1))
     if "compiled" in modes:
         profile = compare.profile(results, a.model, ranges, command, evidence["environment"])
+        profile["policy"] = policy_source
         (out / "h200-profile.json").write_text(json.dumps(profile, indent=1))
     print(json.dumps(evidence["summary"], indent=1))
     return 0 if all(c == 0 for c in codes.values()) else 1

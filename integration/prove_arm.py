@@ -65,8 +65,11 @@ def build_llm(a: argparse.Namespace):
     if a.arm == "patched":
         fallback = ["native"] if a.mode == "compiled" else ["vllm_c", "native"]
         kwargs["ir_op_priority"] = {op: [PROVIDER] + fallback for op in IR_OPS}
-    if a.mode == "compiled" and a.compile_ranges:
-        kwargs["compilation_config"] = {"compile_ranges_endpoints": [int(v) for v in a.compile_ranges.split(",")]}
+    if a.mode == "compiled":  # what launcher.compile_range_args gives both arms of a server
+        cc: dict = {"cudagraph_num_of_warmups": 1}
+        if a.compile_ranges:
+            cc["compile_ranges_endpoints"] = [int(v) for v in a.compile_ranges.split(",")]
+        kwargs["compilation_config"] = cc
     return LLM(**kwargs)
 
 

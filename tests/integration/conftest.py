@@ -28,7 +28,7 @@ def small_policy(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
 
     pol = Policy(TABLE, source="tests/integration/conftest.py")
     _clear()
-    monkeypatch.setattr(choice, "policy", lambda: pol)
+    monkeypatch.setattr(choice, "policy", lambda mode="compiled": pol)
     yield pol
     _clear()
 

@@ -147,7 +147,21 @@ def test_bad_policy_answer_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
             return "fast"
 
     choice.choose.cache_clear()
-    monkeypatch.setattr(choice, "policy", lambda: Broken())
+    monkeypatch.setattr(choice, "policy", lambda mode="compiled": Broken())
     with pytest.raises(ValueError, match="'fast'"):
         choice.choose("rms_norm", "bf16", 1, 4096)
     choice.choose.cache_clear()
+
+
+def test_policy_table_per_mode(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.delenv(choice.POLICY_ENV, raising=False)
+    monkeypatch.delenv(choice.POLICY_ENV_COMPILED, raising=False)
+    assert choice.policy_path("eager") is None  # kernels' default table (best of every stock arm)
+    compiled = choice.policy_path("compiled")
+    assert compiled is None or compiled.name == choice.COMPILED_TABLE
+    monkeypatch.setenv(choice.POLICY_ENV_COMPILED, str(tmp_path / "c.json"))
+    assert choice.policy_path("compiled") == tmp_path / "c.json" and choice.policy_path("eager") is None
+    monkeypatch.setenv(choice.POLICY_ENV, str(tmp_path / "all.json"))
+    assert choice.policy_path("eager") == tmp_path / "all.json"
+    with pytest.raises(ValueError, match="mode"):
+        choice.policy_path("graph")
