@@ -164,6 +164,10 @@ def main(argv: list[str] | None = None) -> int:
         results = {n: json.loads((scratch / f"{n}.json").read_text()) if (scratch / f"{n}.json").exists()
                    else None for n in procs}
         logs = {n: log_lines(scratch / f"{n}.log") for n in procs}
+        for n, code in codes.items():
+            if code != 0:  # show why on the console too
+                tail = (scratch / f"{n}.log").read_text(errors="replace").splitlines()[-25:]
+                print(f"--- {n} exited with {code}; last lines of its log:", *tail, sep="\n")
         with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
             for n in procs:
                 tar.add(scratch / f"{n}.log", arcname=f"{n}.log")
