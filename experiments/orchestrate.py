@@ -13,7 +13,10 @@ from __future__ import annotations
 import gzip
 import logging
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+import signal
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from tqdm import tqdm
@@ -144,10 +147,10 @@ class Runner:
 
     def _replay_step(self, step: Step, label: str) -> None:
         window = self.plan.windows[step.window]
-        if self.before_replay is not None:
-            self.before_replay(step, label, self.servers)
         what = f"window {step.window} at load {step.load:g}"
         self.where = f"in {what} on {label}"
+        if self.before_replay is not None:
+            self.before_replay(step, label, self.servers)
         log.info("replay %s on %s: %d requests over %.1f s", what, label, len(window.requests),
                  window.duration_s / step.load)
         tags = {"arm": label, "window": step.window, "load": step.load, "phase": "measure"}
@@ -224,7 +227,7 @@ def run_experiment(cfg: RunConfig, *, argv: Sequence[str] | None = None,
     log.info("run %s: %d windows x %d loads x 2 arms, %s", run_dir, len(plan.windows), len(cfg.loads),
              record.data["mode_note"] or "A/B")
     runner = Runner(plan, record, servers, before_replay)
-    with logging_redirect_tqdm():
+    with logging_redirect_tqdm(), _sigterm_as_interrupt():
         try:
             runner.execute()
             record.finish("complete", None)
@@ -233,7 +236,10 @@ def run_experiment(cfg: RunConfig, *, argv: Sequence[str] | None = None,
             record.finish("partial", str(exc))
         except KeyboardInterrupt:
             log.error("interrupted %s", runner.where)
-            record.finish("partial", f"interrupted (Ctrl-C) {runner.where}")
+            record.finish("partial", f"interrupted (Ctrl-C or SIGTERM) {runner.where}")
+        except Exception as exc:
+            record.finish("partial", f"internal error {runner.where}: {exc!r}")
+            raise
         finally:
             runner.stop_owned()
             compress(record.requests_path)
@@ -241,6 +247,23 @@ def run_experiment(cfg: RunConfig, *, argv: Sequence[str] | None = None,
     if analyze:
         _analyze(run_dir, cfg, record)
     return run_dir
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Treat SIGTERM like Ctrl-C while the run is on, so the servers (own sessions) are stopped too."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _analyze(run_dir: Path, cfg: RunConfig, record: RunRecord) -> None:

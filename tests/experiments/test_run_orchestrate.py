@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -27,7 +29,7 @@ FAKE = "from loadgen.fakeserver import FakeServerConfig as C, serve_forever as s
 
 
 def _trace(path: Path) -> Path:
-    """4 req/s for 6 s, short requests."""
+    """4 req/s for 6 s, short requests: windows of 1 s hold 4."""
     path.write_text("".join(f'{{"timestamp": {t * 0.25}, "input_tokens": 8, "output_tokens": 4}}\n'
                             for t in range(25)))
     return path
@@ -54,7 +56,7 @@ def _fake_server(log: Path, **kw: object) -> VllmServer:
 
 @pytest.fixture
 def cfg(tmp_path: Path) -> RunConfig:
-    return make_config(_trace(tmp_path / "t.jsonl"), "cpu", windows=2, window_s=2.0, warmup_s=1.0,
+    return make_config(_trace(tmp_path / "t.jsonl"), "cpu", windows=2, window_s=1.0, warmup_s=0.5,
                        loads=(1.0, 4.0), results_dir=tmp_path / "results", name="run", progress=False)
 
 
@@ -86,19 +88,31 @@ def test_complete_run_records_every_replay(cfg: RunConfig, fakes: dict[str, Vllm
     assert run["step_histograms"] == {}
     assert any("/metrics" in w for w in run["warnings"])
     records = read_records(cfg.results_dir / "run" / "requests.jsonl.gz")
-    assert len(records) == 2 * (4 + 2 * (8 + 8))  # warm-up 4 and two windows of 8, at two loads
+    assert len(records) == 2 * (2 + 2 * (4 + 4))  # per arm: warm-up 2, two windows of 4 at two loads
     assert all(fakes[s].is_alive() for s in fakes)  # servers handed in are left running
     assert (cfg.results_dir / "run" / "report.md").is_file()
 
 
-def test_ctrl_c_stops_the_run_as_partial(cfg: RunConfig, fakes: dict[str, VllmServer]) -> None:
+def _ctrl_c() -> None:
+    raise KeyboardInterrupt
+
+
+def _sigterm() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(1)  # the handler raises in this thread before the sleep ends
+
+
+@pytest.mark.parametrize("stop", [_ctrl_c, _sigterm])
+def test_ctrl_c_or_sigterm_stops_the_run_as_partial(cfg: RunConfig, fakes: dict[str, VllmServer], stop) -> None:
     def interrupt(step: Step, label: str, live: Mapping[str, VllmServer]) -> None:
         if step.window == 1:
-            raise KeyboardInterrupt
+            stop()
 
+    previous = signal.getsignal(signal.SIGTERM)
     run = _run(run_experiment(cfg, servers=fakes, before_replay=interrupt))
+    assert signal.getsignal(signal.SIGTERM) is previous
     assert run["status"] == "partial"
-    assert run["stopped_reason"].startswith("interrupted (Ctrl-C)")
+    assert run["stopped_reason"].startswith("interrupted (Ctrl-C or SIGTERM) in window 1 at load 1 on patched")
     assert [bool(e["done"]) for e in run["schedule"]] == [True, True, False, False]
     assert (cfg.results_dir / "run" / "report.md").is_file()
 
