@@ -179,7 +179,8 @@ class Runner:
             code = server.proc.returncode if server.proc else None
             raise StopRun(f"server {label} died (exit code {code}) in {what}{self._tail(label)}")
         if not any(succeeded(r) for r in records):
-            first = next((r.error or f"HTTP {r.status}" for r in records), "no records")
+            first = next((r.error or f"HTTP {r.status}, {r.completion_tokens} of {r.output_tokens} tokens"
+                          for r in records), "no records")
             raise StopRun(f"all {len(records)} requests of {what} failed on {label}; first error: "
                           f"{first}{self._tail(label)}")
         return records
