@@ -5,6 +5,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from integration import steptrace
+
 NEAR_TIE_PERCENTILE = 5.0  # a divergence counts as a near tie below this percentile of margins
 PAIRS = [("stock-compiled", "patched-compiled"), ("stock-eager", "patched-eager"),
          ("stock-compiled", "stock-eager")]  # the last is the baseline: two stock kernels
@@ -98,42 +100,98 @@ def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def _arm_step(row: dict) -> dict:
+def _mean_hist(traced: list[dict]) -> dict[str, tuple[float, float]]:
+    """Per-step mean [calls, us] of each kernel base name over the traced steps."""
+    tot: dict[str, list[float]] = {}
+    for st in traced:
+        for name, (c, us) in st["kernel_hist"].items():
+            t = tot.setdefault(name, [0.0, 0.0])
+            t[0] += c
+            t[1] += us
+    n = max(len(traced), 1)
+    return {k: (c / n, us / n) for k, (c, us) in tot.items()}
+
+
+def stock_norm_kernels(stock: list[dict], patched: list[dict]) -> tuple[list[str], str]:
+    """Names of the stock arm's RMSNorm kernels and how they were found: by name (vLLM's CUDA kernel,
+    an Inductor kernel named after rsqrt), else as the kernels the patched graph no longer runs
+    (fewer calls per step there), i.e. what the fused kernel replaced."""
+    hs = _mean_hist(stock)
+    named = sorted(n for n in hs if steptrace.norm_kind(n) is not None)
+    if named:
+        return named, "name"
+    hp = _mean_hist(patched)
+    gone = sorted(n for n, (c, _) in hs.items() if c > hp.get(n, (0.0, 0.0))[0] + 0.5)
+    return gone, "replaced_in_patched"
+
+
+def _norm_steps(traced: list[dict], names: list[str]) -> tuple[list[float], list[int]]:
+    us = [sum(st["kernel_hist"].get(n, [0, 0.0])[1] for n in names) for st in traced]
+    calls = [sum(st["kernel_hist"].get(n, [0, 0.0])[0] for n in names) for st in traced]
+    return us, calls
+
+
+def _arm_step(row: dict, norm_names: list[str]) -> dict:
     traced = row["traced_steps"]
-    return {"step_wall_us": row["step_wall_us"], "norm_us": [s["norm_us"] for s in traced],
-            "norm_calls": [s["norm_calls"] for s in traced], "gpu_busy_us": [s["gpu_busy_us"] for s in traced],
-            "gpu_span_us": [s["gpu_span_us"] for s in traced],
-            "norm_by_kind": [s["norm_by_kind"] for s in traced],
-            "fused_from_graph": [s["fused_from_graph"] for s in traced]}
+    norm_us, norm_calls = _norm_steps(traced, norm_names)
+    return {"step_wall_us": row["step_wall_us"], "norm_us": norm_us, "norm_calls": norm_calls,
+            "gpu_busy_us": [s["gpu_busy_us"] for s in traced], "gpu_span_us": [s["gpu_span_us"] for s in traced],
+            "kernels": [s["kernels"] for s in traced], "fused_from_graph": [s["fused_from_graph"] for s in traced],
+            "kernel_hist_mean": {k: [round(c, 2), round(us, 3)] for k, (c, us) in _mean_hist(traced).items()}}
 
 
-def profile(results: dict, model: str, ranges: list[int], command: str, env: dict) -> dict:
-    """h200-profile.json: per batch size, step and norm time stock vs patched, with raw samples."""
-    stock = {r["batch_tokens"]: r for r in (results.get("stock-compiled") or {}).get("steps", [])}
-    patched = {r["batch_tokens"]: r for r in (results.get("patched-compiled") or {}).get("steps", [])}
-    steps = []
-    for n in sorted(set(stock) & set(patched)):
-        s, p = _arm_step(stock[n]), _arm_step(patched[n])
-        row = {"batch_tokens": n,
-               "step_us_stock": _median(s["step_wall_us"]), "step_us_patched": _median(p["step_wall_us"]),
-               "norm_us_stock": _median(s["norm_us"]), "norm_us_patched": _median(p["norm_us"]),
-               "norm_calls": _median(s["norm_calls"]), "norm_calls_patched": _median(p["norm_calls"]),
-               "gpu_busy_us_stock": _median(s["gpu_busy_us"]), "gpu_busy_us_patched": _median(p["gpu_busy_us"]),
-               "samples": {"stock": s, "patched": p},
-               "norm_kernel_names": {"stock": stock[n]["norm_kernel_names"],
-                                     "patched": patched[n]["norm_kernel_names"]}}
-        if row["step_us_stock"] and row["norm_us_stock"] is not None:
-            row["norm_share_stock"] = row["norm_us_stock"] / row["step_us_stock"]
-        if row["step_us_patched"] and row["norm_us_patched"] is not None:
-            row["norm_share_patched"] = row["norm_us_patched"] / row["step_us_patched"]
-        steps.append(row)
-    return {"schema_version": 1, "model": model, "mode": "compiled", "command": command, "environment": env,
-            "compile_ranges_endpoints": ranges,
+def _row(n: int, srow: dict, prow: dict) -> dict:
+    names, how = stock_norm_kernels(srow["traced_steps"], prow["traced_steps"])
+    s, p = _arm_step(srow, names), _arm_step(prow, [steptrace.FUSED_KERNEL])
+    row = {"batch_tokens": n,
+           "step_us_stock": _median(s["step_wall_us"]), "step_us_patched": _median(p["step_wall_us"]),
+           "norm_us_stock": _median(s["norm_us"]), "norm_us_patched": _median(p["norm_us"]),
+           "norm_calls": _median(s["norm_calls"]), "norm_calls_patched": _median(p["norm_calls"]),
+           "gpu_busy_us_stock": _median(s["gpu_busy_us"]), "gpu_busy_us_patched": _median(p["gpu_busy_us"]),
+           "stock_norm_kernels": names, "stock_norm_kernels_found_by": how, "samples": {"stock": s, "patched": p}}
+    for arm in ("stock", "patched"):
+        if row[f"step_us_{arm}"] and row[f"norm_us_{arm}"] is not None:
+            row[f"norm_share_{arm}"] = row[f"norm_us_{arm}"] / row[f"step_us_{arm}"]
+            if row[f"gpu_busy_us_{arm}"]:
+                row[f"norm_share_gpu_busy_{arm}"] = row[f"norm_us_{arm}"] / row[f"gpu_busy_us_{arm}"]
+    return row
+
+
+def profile_from_raw(raw: dict) -> dict:
+    """h200-profile.json from the compiled engines' raw results (raw-steps.json written by prove)."""
+    res = raw["results"]
+    stock = {r["batch_tokens"]: r for r in (res.get("stock-compiled") or {}).get("steps", [])}
+    patched = {r["batch_tokens"]: r for r in (res.get("patched-compiled") or {}).get("steps", [])}
+    steps = [_row(n, stock[n], patched[n]) for n in sorted(set(stock) & set(patched))]
+    return {"schema_version": 1, "model": raw["model"], "mode": "compiled", "command": raw["command"],
+            "environment": raw["environment"], "policy": raw.get("policy"),
+            "compile_ranges_endpoints": raw["ranges"],
             "definitions": {
                 "step_us": "median wall time of one LLMEngine.step() (in-process engine, synchronous "
                            "scheduling) over the timed decode steps; every request in decode",
-                "norm_us": "median over traced steps of the summed GPU time of RMSNorm kernels "
-                           "(ours: rmsnorm_kernel; Inductor: triton_* kernels with rsqrt; vLLM: *rms_norm_kernel*)",
+                "norm_us": "median over traced steps of the summed GPU time of RMSNorm kernels: patched "
+                           "= rmsnorm_kernel; stock = stock_norm_kernels (see stock_norm_kernels_found_by)",
                 "norm_calls": "median RMSNorm kernels per traced step (stock arm)",
-                "gpu_busy_us": "summed GPU kernel time per traced step"},
+                "gpu_busy_us": "summed GPU kernel time per traced step",
+                "norm_share_*": "norm_us / step_us; norm_share_gpu_busy_*: norm_us / gpu_busy_us"},
             "steps": steps}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: rebuild h200-profile.json from a raw-steps.json written by integration.prove."""
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("raw", help="raw-steps.json written by python -m integration.prove")
+    ap.add_argument("--out", required=True, help="profile JSON to write (e.g. integration/results/h200-profile.json)")
+    args = ap.parse_args(argv)
+    with open(args.raw) as f:
+        prof = profile_from_raw(json.load(f))
+    with open(args.out, "w") as f:
+        json.dump(prof, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

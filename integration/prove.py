@@ -5,11 +5,13 @@
 Starts four offline vLLM engines at once, one process each (integration/prove_arm.py): stock and
 patched, compiled (torch.compile + CUDA graphs) and eager. Each greedy-decodes the same seeded
 prompts with the same seeded dummy weights and kernel-traces a few decode steps. When all four are
-ready, the two compiled ones take turns, alone on the GPU, profiling decode steps per batch size.
+ready, the two compiled ones take turns, alone on the GPU, profiling decode steps per batch size
+(two rounds each, in the order stock, patched, patched, stock).
 
 Writes OUT/h200.json (evidence: providers, priorities, plugin log lines, kernels seen in CUDA-graph
 replays, greedy agreement, the command), OUT/h200-profile.json (per batch size: step time, norm time
-and calls, stock vs patched, with raw samples) and OUT/logs.tar.gz (the four engine logs).
+and calls, stock vs patched, with raw samples), OUT/raw-steps.json (the compiled engines' raw step
+data, from which `python -m integration.compare` rebuilds the profile) and OUT/logs.tar.gz.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timed-steps", type=int, default=20, help="decode steps timed per batch size")
     p.add_argument("--traced-steps", type=int, default=4, help="decode steps kernel-traced per batch size")
     p.add_argument("--modes", default="compiled,eager", help="which modes to run (comma list)")
+    p.add_argument("--weights", choices=("scaled", "dummy"), default="scaled",
+                   help="scaled: seeded std-0.02 redraw of the dummy weights (default); dummy: vLLM's own")
     p.add_argument("--max-rows", type=int, default=16384,
                    help="scan the policy up to this many rows for compile-range ends")
     p.add_argument("--timeout", type=float, default=500.0, help="overall deadline in seconds")
@@ -81,9 +85,10 @@ def worker_cmd(a: argparse.Namespace, arm: str, mode: str, scratch: Path, ranges
     cmd = [sys.executable, "-m", "integration.prove_arm", "--arm", arm, "--mode", mode, "--model", a.model,
            "--out", str(scratch), "--dtype", a.dtype, "--prompts", str(a.prompts), "--steps", str(a.steps),
            "--batch-sizes", a.batch_sizes, "--timed-steps", str(a.timed_steps),
-           "--traced-steps", str(a.traced_steps), "--compile-ranges", ",".join(map(str, ranges))]
+           "--traced-steps", str(a.traced_steps), "--compile-ranges", ",".join(map(str, ranges)),
+           "--weights", a.weights]
     if mode == "compiled":
-        cmd += ["--turn-file", str(scratch / f"{arm}-{mode}.go")]
+        cmd += ["--turn-file", str(scratch / f"{arm}-{mode}.go"), "--rounds", "2"]
     return cmd
 
 
@@ -103,13 +108,16 @@ def wait_all(procs: dict, scratch: Path, suffix: str, deadline: float) -> None:
         time.sleep(0.5)
 
 
+ROUND_ORDER = [("stock-compiled", 1), ("patched-compiled", 1), ("patched-compiled", 2), ("stock-compiled", 2)]
+
+
 def take_turns(procs: dict, scratch: Path, deadline: float) -> None:
-    """Let each compiled engine profile alone on the GPU, one after the other."""
-    for name in [n for n in procs if n.endswith("compiled")]:
-        if procs[name].poll() is not None:
+    """Let the compiled engines profile alone on the GPU in turn, rounds in AB BA order (drift cancels)."""
+    for name, r in ROUND_ORDER:
+        if name not in procs or procs[name].poll() is not None:
             continue
-        (scratch / f"{name}.go").touch()
-        wait_all({name: procs[name]}, scratch, ".done", deadline)
+        (scratch / f"{name}.go{r}").touch()
+        wait_all({name: procs[name]}, scratch, f".done{r}", deadline)
 
 
 def finish(procs: dict, deadline: float) -> dict[str, int | None]:
@@ -176,8 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     evidence["policy"] = policy_source
     (out / "h200.json").write_text(json.dumps(evidence, indent=1))
     if "compiled" in modes:
-        profile = compare.profile(results, a.model, ranges, command, evidence["environment"])
-        profile["policy"] = policy_source
+        raw = {"model": a.model, "ranges": ranges, "command": command, "environment": evidence["environment"],
+               "policy": policy_source, "results": {n: results.get(n) for n in ("stock-compiled", "patched-compiled")}}
+        (out / "raw-steps.json").write_text(json.dumps(raw))
+        profile = compare.profile_from_raw(raw)
         (out / "h200-profile.json").write_text(json.dumps(profile, indent=1))
     print(json.dumps(evidence["summary"], indent=1))
     return 0 if all(c == 0 for c in codes.values()) else 1

@@ -45,10 +45,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timed-steps", type=int, default=20, help="decode steps timed per batch size")
     p.add_argument("--traced-steps", type=int, default=4, help="decode steps kernel-traced per batch size")
     p.add_argument("--turn-file", default=None,
-                   help="wait for this file before the per-batch profile (none: skip that profile)")
+                   help="wait for <this>1, <this>2, ... before each round of the per-batch profile "
+                        "(none: skip that profile); writes <out>/<arm>-<mode>.done<round> after each")
+    p.add_argument("--rounds", type=int, default=2, help="rounds of the per-batch profile (default 2)")
     p.add_argument("--turn-timeout", type=float, default=400.0, help="seconds to wait for --turn-file")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.2, help="vLLM memory share")
     p.add_argument("--kv-cache-gib", type=float, default=4.0, help="explicit KV-cache size (GiB)")
+    p.add_argument("--weights", choices=("scaled", "dummy"), default="scaled",
+                   help="scaled: redraw vLLM's dummy weights at std 0.02 (seeded); dummy: keep them")
     p.add_argument("--compile-ranges", default="",
                    help="compile range endpoints (comma list) for compiled mode; same for both arms")
     return p.parse_args(argv)
@@ -71,6 +75,27 @@ def build_llm(a: argparse.Namespace):
             cc["compile_ranges_endpoints"] = [int(v) for v in a.compile_ranges.split(",")]
         kwargs["compilation_config"] = cc
     return LLM(**kwargs)
+
+
+def scaled_weights(seed: int):
+    """A function for LLM.apply_model that redraws every weight from a seeded normal: std 0.02
+    (the usual init scale), norm weights N(1, 0.1). vLLM's dummy weights (uniform +-1e-3) give flat
+    logits (every token within 1e-6 nats), where greedy agreement would prove nothing. In place, so
+    captured CUDA graphs stay valid; the same in every process (seeded by parameter name order)."""
+    def apply(model) -> int:  # noqa: ANN001 (an nn.Module)
+        params = sorted(model.named_parameters(), key=lambda kv: kv[0])
+        with torch.no_grad():
+            for i, (name, p) in enumerate(params):
+                if not p.is_floating_point():
+                    continue
+                g = torch.Generator(device=p.device)
+                g.manual_seed(seed * 1_000_003 + i)
+                if name.endswith("norm.weight"):
+                    p.normal_(1.0, 0.1, generator=g)
+                else:
+                    p.normal_(0.0, 0.02, generator=g)
+        return len(params)
+    return apply
 
 
 def prompt_ids(seed: int, index: int, length: int, vocab: int) -> list[int]:
@@ -174,24 +199,40 @@ def main(argv: list[str] | None = None) -> int:
     from vllm import ir
 
     vocab = llm.llm_engine.model_config.get_vocab_size()
+    n_params = llm.apply_model(scaled_weights(a.seed)) if a.weights == "scaled" else None
     res: dict = {"arm": a.arm, "mode": a.mode, "model": a.model, "vllm": vllm.__version__,
                  "torch": torch.__version__, "build_s": time.perf_counter() - t0,
                  "ir_priority": {op: getattr(ir.ops, op).get_priority() for op in IR_OPS},
                  "providers": {op: list(getattr(ir.ops, op).impls) for op in IR_OPS},
-                 "vllm_plugins_env": os.environ.get("VLLM_PLUGINS")}
+                 "vllm_plugins_env": os.environ.get("VLLM_PLUGINS"), "weights": a.weights,
+                 "params_redrawn": n_params}
     res["greedy"] = greedy(llm, a, vocab)
     res["proof"] = decode_batch(llm, a, 8, vocab, timed=4, traced=3)
     res["python_calls"] = _python_calls()
     _write(out / f"{name}.json", res)
     (out / f"{name}.ready").touch()
     if a.turn_file:
-        _wait_for(Path(a.turn_file), a.turn_timeout)
         sizes = [int(v) for v in a.batch_sizes.split(",") if v]
-        res["steps"] = [decode_batch(llm, a, n, vocab, a.timed_steps, a.traced_steps) for n in sizes]
+        rows = {n: None for n in sizes}
+        for r in range(1, a.rounds + 1):  # the caller alternates the arms' rounds (AB BA)
+            _wait_for(Path(f"{a.turn_file}{r}"), a.turn_timeout)
+            for n in sizes:
+                rows[n] = _merge(rows[n], decode_batch(llm, a, n, vocab, a.timed_steps, a.traced_steps))
+            (out / f"{name}.done{r}").touch()
+        res["steps"] = list(rows.values())
         res["python_calls"] = _python_calls()
         _write(out / f"{name}.json", res)
         (out / f"{name}.done").touch()
     return 0
+
+
+def _merge(acc: dict | None, row: dict) -> dict:
+    """One batch size's samples over the rounds."""
+    if acc is None:
+        return row
+    acc["step_wall_us"] += row["step_wall_us"]
+    acc["traced_steps"] += row["traced_steps"]
+    return acc
 
 
 def _python_calls() -> dict:

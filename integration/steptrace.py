@@ -8,6 +8,7 @@ correlation id); kernels replayed from a CUDA graph correlate to the `cudaGraphL
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -22,9 +23,14 @@ def norm_kind(name: str) -> str | None:
         return "fused"
     if "rms_norm_kernel" in name:  # vLLM's rms_norm_kernel / fused_add_rms_norm_kernel templates
         return "vllm_c"
-    if name.startswith("triton_") and "rsqrt" in name:  # Inductor names kernels after their ops
+    if name.startswith("triton_") and ("rsqrt" in name or "rms" in name):  # Inductor names kernels after their ops
         return "inductor"
     return None
+
+
+def base_name(name: str) -> str:
+    """A kernel name without Inductor's trailing index (triton_..._12 -> triton_...), max 240 chars."""
+    return re.sub(r"_\d+$", "", name)[:240]
 
 
 def load_trace(path: str | Path) -> list[dict]:
@@ -52,12 +58,13 @@ def _empty_step(name: str, cpu_us: float) -> dict:
     return {"step": name, "cpu_us": cpu_us, "kernels": 0, "gpu_busy_us": 0.0, "gpu_span_us": 0.0,
             "norm_us": 0.0, "norm_calls": 0, "norm_by_kind": defaultdict(lambda: {"calls": 0, "us": 0.0}),
             "graph_launched_kernels": 0, "fused_from_graph": 0, "fused_direct": 0,
-            "_first": None, "_last": None}
+            "kernel_hist": defaultdict(lambda: [0, 0.0]), "_first": None, "_last": None}
 
 
 def step_stats(events: list[dict]) -> list[dict]:
     """One dict per annotated step: kernel count, GPU busy and span time, norm time and calls (by
-    kind), and how many fused-norm kernels came from a CUDA-graph replay vs a direct launch."""
+    kind), how many fused-norm kernels came from a CUDA-graph replay vs a direct launch, and a
+    histogram {kernel base name: [calls, us]}."""
     steps = _steps(events)
     launch = _launchers(events)
     stats = [_empty_step(name, end - start) for name, start, end in steps]
@@ -78,6 +85,9 @@ def step_stats(events: list[dict]) -> list[dict]:
         st["_last"] = ts + dur if st["_last"] is None else max(st["_last"], ts + dur)
         from_graph = who[0] == GRAPH_LAUNCH
         st["graph_launched_kernels"] += int(from_graph)
+        hist = st["kernel_hist"][base_name(e.get("name", ""))]
+        hist[0] += 1
+        hist[1] += dur
         kind = norm_kind(e.get("name", ""))
         if kind is None:
             continue
@@ -91,6 +101,7 @@ def step_stats(events: list[dict]) -> list[dict]:
         first, last = st.pop("_first"), st.pop("_last")
         st["gpu_span_us"] = (last - first) if first is not None else 0.0
         st["norm_by_kind"] = {k: dict(v) for k, v in st["norm_by_kind"].items()}
+        st["kernel_hist"] = {k: [c, round(us, 3)] for k, (c, us) in sorted(st["kernel_hist"].items())}
     return stats
 
 

@@ -66,3 +66,17 @@ def test_compare_greedy_finds_the_first_divergence_and_its_margin() -> None:
     assert p["margin_percentile"] == 100.0 / 6  # the smallest of six margins
     assert diff["identical_prefix_tokens"] == 4
     assert not diff["divergences_at_near_ties"]  # 16.7th percentile is above the 5% bar
+
+
+def _step(hist: dict) -> dict:
+    return {"kernel_hist": hist}
+
+
+def test_stock_norm_kernels_by_name_or_by_what_the_patched_graph_replaced() -> None:
+    stock = [_step({"triton_red_fused_add_mean_mul_pow_rsqrt": [64, 128.0], "nvjet_gemm": [128, 900.0]})]
+    patched = [_step({"rmsnorm_kernel": [64, 120.0], "nvjet_gemm": [128, 900.0]})]
+    assert compare.stock_norm_kernels(stock, patched) == (["triton_red_fused_add_mean_mul_pow_rsqrt"], "name")
+    stock = [_step({"triton_red_fused_0": [65, 130.0], "triton_poi_fused_1": [32, 40.0], "gemm": [1, 9.0]})]
+    patched = [_step({"rmsnorm_kernel": [65, 120.0], "triton_poi_fused_1": [32, 40.0], "gemm": [1, 9.0]})]
+    assert compare.stock_norm_kernels(stock, patched) == (["triton_red_fused_0"], "replaced_in_patched")
+    assert steptrace.base_name("triton_red_fused_add_mean_12") == "triton_red_fused_add_mean"
