@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import signal
+import threading
 import subprocess
 import sys
 import time
@@ -102,7 +103,11 @@ def _sigterm() -> None:
     time.sleep(1)  # the handler raises in this thread before the sleep ends
 
 
-@pytest.mark.parametrize("stop", [_ctrl_c, _sigterm])
+def _sigterm_mid_replay() -> None:
+    threading.Timer(0.4, os.kill, (os.getpid(), signal.SIGTERM)).start()  # 0.4 s into a 1-s replay
+
+
+@pytest.mark.parametrize("stop", [_ctrl_c, _sigterm, _sigterm_mid_replay])
 def test_ctrl_c_or_sigterm_stops_the_run_as_partial(cfg: RunConfig, fakes: dict[str, VllmServer], stop) -> None:
     def interrupt(step: Step, label: str, live: Mapping[str, VllmServer]) -> None:
         if step.window == 1:
