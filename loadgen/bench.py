@@ -21,6 +21,7 @@ import resource
 import subprocess
 import sys
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import aiohttp
@@ -29,7 +30,7 @@ import numpy as np
 from loadgen.fakeserver import FakeServerConfig, serve_forever
 from loadgen.records import lateness_ms, ttft_ms
 from loadgen.replay import EVENT_LOOPS, replay_sync
-from loadgen.summary import summarize_records
+from loadgen.summary import percentiles, summarize_records
 from traces.trace import TraceRequest
 
 SCHEMA_VERSION = 1
@@ -50,6 +51,43 @@ def schedule(rate: float, duration_s: float, arrivals: str, input_tokens: int, t
     return [TraceRequest(round(float(t), 9), input_tokens, tokens) for t in times]
 
 
+def _serve_in_own_session(cfg: FakeServerConfig, port: int) -> None:
+    """The server process, in its own session as integration.launcher starts vLLM (with kernel
+    autogroup scheduling, CPU is then shared between client and server as in a real run)."""
+    os.setsid()
+    serve_forever(cfg, port)
+
+
+def wake_up_delays_ms(seconds: float = 2.0, sleep_s: float = 0.005) -> list[float]:
+    """How late a bare time.sleep(5 ms) wakes on this machine now: the noise floor others' load sets."""
+    out: list[float] = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t = time.perf_counter()
+        time.sleep(sleep_s)
+        out.append((time.perf_counter() - t - sleep_s) * 1e3)
+    return out
+
+
+def _canary(seconds: float, conn: Connection) -> None:
+    """A process that only sleeps 5 ms at a time during the run: its wake-up delays are the
+    stalls the machine imposes on any process, which the client's lateness cannot beat."""
+    os.setsid()
+    conn.send(wake_up_delays_ms(seconds))
+    conn.close()
+
+
+def _delay_summary(samples: list[float]) -> dict:
+    return {**percentiles(samples), "max": max(samples), "count": len(samples)}
+
+
+def _cpu_pressure() -> str | None:
+    try:
+        return Path("/proc/pressure/cpu").read_text().splitlines()[0]
+    except OSError:
+        return None
+
+
 def _wait_ready(url: str, timeout_s: float = 30.0) -> None:
     async def probe() -> bool:
         try:
@@ -66,9 +104,9 @@ def _wait_ready(url: str, timeout_s: float = 30.0) -> None:
     raise TimeoutError(f"fake server at {url} not ready after {timeout_s} s")
 
 
-def _git_commit() -> str | None:
+def _git(*args: str) -> str | None:
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+        return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
                               cwd=Path(__file__).resolve().parent).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
@@ -79,7 +117,9 @@ def environment(event_loop: str) -> dict:
     return {
         "python": sys.version.split()[0], "platform": platform.platform(), "machine": platform.machine(),
         "cpu_count": os.cpu_count(), "aiohttp": aiohttp.__version__, "numpy": np.__version__,
-        "event_loop": event_loop, "git_commit": _git_commit(), "loadavg_1_5_15_before": os.getloadavg(),
+        "event_loop": event_loop, "git_commit": _git("rev-parse", "HEAD"),
+        "loadgen_uncommitted_changes": bool(_git("status", "--porcelain", "--", ".")), "loadavg_1_5_15_before": os.getloadavg(),
+        "cpu_pressure_before": _cpu_pressure(),
     }
 
 
@@ -88,20 +128,30 @@ def run_bench(args: argparse.Namespace) -> dict:
     cfg = FakeServerConfig(ttft_s=args.ttft_ms / 1e3, itl_s=args.itl_ms / 1e3)
     reqs = schedule(args.rate, args.duration, args.arrivals, args.input_tokens, args.tokens, args.seed)
     env = environment(args.event_loop)
-    server = mp.get_context("spawn").Process(target=serve_forever, args=(cfg, args.port), daemon=True)
+    idle_probe = wake_up_delays_ms()
+    ctx = mp.get_context("spawn")
+    server = ctx.Process(target=_serve_in_own_session, args=(cfg, args.port), daemon=True)
     server.start()
     url = f"http://127.0.0.1:{args.port}"
+    canary_rx, canary_tx = ctx.Pipe(duplex=False)
     try:
         _wait_ready(url)
+        canary = ctx.Process(target=_canary, args=(args.duration, canary_tx), daemon=True)
+        canary.start()
         ru0, cpu0, wall0 = resource.getrusage(resource.RUSAGE_SELF), time.process_time(), time.perf_counter()
         records = replay_sync(url, reqs, progress=False, seed=args.seed, event_loop=args.event_loop,
                               timeout_s=60.0)
         wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
         ru1 = resource.getrusage(resource.RUSAGE_SELF)
+        canary_ms = canary_rx.recv()
+        canary.join(10)
     finally:
         server.terminate()
         server.join(10)
     env["loadavg_1_5_15_after"] = os.getloadavg()
+    env["cpu_pressure_after"] = _cpu_pressure()
+    env["sleep_5ms_wake_delay_ms_before"] = _delay_summary(idle_probe)
+    env["sleep_5ms_wake_delay_ms_during"] = _delay_summary(canary_ms)
     s = summarize_records(records)
     fraction = s["achieved_rate_rps"] / s["offered_rate_rps"]
     met = fraction >= TARGET_RATE_FRACTION and s["lateness_ms"]["p99"] <= TARGET_LATENESS_P99_MS
@@ -115,11 +165,15 @@ def run_bench(args: argparse.Namespace) -> dict:
             "client_cpu_s": {"process_time": cpu, "user": ru1.ru_utime - ru0.ru_utime,
                              "system": ru1.ru_stime - ru0.ru_stime},
             "client_cpu_per_wall": cpu / wall, "wall_s": wall,
+            # preemptions of the client by other processes: high on a busy machine
+            "client_context_switches": {"voluntary": ru1.ru_nvcsw - ru0.ru_nvcsw,
+                                        "involuntary": ru1.ru_nivcsw - ru0.ru_nivcsw},
             "targets": {"achieved_fraction_min": TARGET_RATE_FRACTION,
                         "lateness_p99_ms_max": TARGET_LATENESS_P99_MS, "met": met},
         },
         "samples": {"lateness_ms": [lateness_ms(r) for r in records],
-                    "ttft_ms": [ttft_ms(r) for r in records]},
+                    "ttft_ms": [ttft_ms(r) for r in records],
+                    "canary_sleep_5ms_wake_delay_ms": canary_ms},
     }
 
 
@@ -152,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{r['requests']} requests, {r['completed']} completed, {r['failed']} failed; "
           f"rate offered {r['offered_rate_rps']:.2f}/s achieved {r['achieved_rate_rps']:.2f}/s "
           f"({100 * r['achieved_fraction']:.2f}%); lateness p50 {la['p50']:.3f} p99 {la['p99']:.3f} "
-          f"max {la['max']:.3f} ms; client CPU {r['client_cpu_s']['process_time']:.1f} s over "
+          f"max {la['max']:.3f} ms; a bare sleep(5 ms) process woke late by p99 "
+          f"{doc['environment']['sleep_5ms_wake_delay_ms_during']['p99']:.2f} max "
+          f"{doc['environment']['sleep_5ms_wake_delay_ms_during']['max']:.1f} ms during the run; client CPU {r['client_cpu_s']['process_time']:.1f} s over "
           f"{r['wall_s']:.1f} s; targets met: {r['targets']['met']}; "
           f"load average before/after {doc['environment']['loadavg_1_5_15_before'][0]:.1f}/"
           f"{doc['environment']['loadavg_1_5_15_after'][0]:.1f}\n-> {args.out}")

@@ -104,24 +104,39 @@ class _Stream:
         return None
 
 
+def _on_line(line: bytes, st: _Stream, now_ns: int) -> bool:
+    """Handle one SSE line; True when the stream is over ([DONE] or an error)."""
+    if not line.startswith(_DATA):
+        return False  # blank separators, comments, event names
+    data = line[len(_DATA):].strip()
+    if data == b"[DONE]":
+        st.done = True
+        return True
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        st.error = f"bad JSON in stream: {data[:200]!r}"
+        return True
+    st.on_event(obj, now_ns)
+    return st.error is not None
+
+
 async def _read_stream(resp: aiohttp.ClientResponse, st: _Stream, t0_ns: int) -> None:
-    """Consume the SSE body line by line until [DONE] or the connection ends."""
-    async for line in resp.content:
-        if not line.startswith(_DATA):
-            continue  # blank separators, comments, event names
+    """Consume the SSE body until [DONE] or the connection ends.
+
+    Reads whatever bytes have arrived and splits lines itself (one await per network read, not
+    per line); every event in one read gets the time that read returned.
+    """
+    tail = b""
+    async for data in resp.content.iter_any():
         now = time.perf_counter_ns() - t0_ns
-        data = line[len(_DATA):].strip()
-        if data == b"[DONE]":
-            st.done = True
-            return
-        try:
-            obj = json.loads(data)
-        except ValueError:
-            st.error = f"bad JSON in stream: {data[:200]!r}"
-            return
-        st.on_event(obj, now)
-        if st.error is not None:
-            return
+        lines = (tail + data).split(b"\n")
+        tail = lines.pop()
+        for line in lines:
+            if _on_line(line.rstrip(b"\r"), st, now):
+                return
+    if tail:
+        _on_line(tail.rstrip(b"\r"), st, time.perf_counter_ns() - t0_ns)
 
 
 async def run_request(

@@ -23,11 +23,11 @@ def _defined(records: Sequence[RequestRecord], metric: Callable[[RequestRecord],
     return [v for v in map(metric, records) if v is not None]
 
 
-def _rate(times_ns: list[int]) -> float | None:
-    """Events per second over the span of `times_ns`: (n - 1) / (last - first)."""
-    if len(times_ns) < 2 or max(times_ns) == min(times_ns):
+def _rate(times_ns: list[int], start_ns: int) -> float | None:
+    """Events per second from start_ns to the last event: (n - 1) / (last - start)."""
+    if len(times_ns) < 2 or max(times_ns) <= start_ns:
         return None
-    return (len(times_ns) - 1) / ((max(times_ns) - min(times_ns)) / 1e9)
+    return (len(times_ns) - 1) / ((max(times_ns) - start_ns) / 1e9)
 
 
 def peak_in_flight(records: Sequence[RequestRecord]) -> int:
@@ -45,19 +45,21 @@ def summarize_records(records: Sequence[RequestRecord]) -> dict:
     """Counts, rates and latency percentiles of one replay.
 
     offered_rate_rps: the schedule's rate, (n - 1) / (last due - first due); achieved_rate_rps:
-    the same over the send times, so their ratio says whether the client kept up.
+    (sent - 1) / (last send - first due), below offered when the client fell behind by the end
+    or did not send everything (stalls on the way show in the lateness percentiles).
     Only successful requests enter TTFT/TPOT/E2E; lateness covers every request that was sent.
     """
     ok = [r for r in records if succeeded(r)]
     sent = [r.sent_ns for r in records if r.sent_ns is not None]
+    first_due = min((r.due_ns for r in records), default=0)
     late = _defined(records, lateness_ms)
     errors = Counter((r.error or "")[:120] for r in records if not succeeded(r))
     return {
         "requests": len(records),
         "completed": len(ok),
         "failed": len(records) - len(ok),
-        "offered_rate_rps": _rate([r.due_ns for r in records]),
-        "achieved_rate_rps": _rate(sent),
+        "offered_rate_rps": _rate([r.due_ns for r in records], first_due),
+        "achieved_rate_rps": _rate(sent, first_due),
         "peak_in_flight": peak_in_flight(records),
         "ttft_ms": percentiles(_defined(ok, ttft_ms)),
         "tpot_ms": percentiles(_defined(ok, tpot_ms)),

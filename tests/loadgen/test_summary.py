@@ -34,6 +34,7 @@ def test_summary_counts_rates_and_latencies():
     s = summarize_records(rs)
     assert (s["requests"], s["completed"], s["failed"]) == (6, 5, 1)
     assert s["offered_rate_rps"] == 10.0  # 5 gaps over 500 ms
+    assert s["achieved_rate_rps"] == 5 / 0.5005  # last send at 500.5 ms
     assert s["ttft_ms"] == {"p50": 10.0, "p99": 10.0}
     assert s["tpot_ms"] == {"p50": 2.0, "p99": 2.0}
     assert s["lateness_ms"]["max"] == 2.0  # request 4: sent at 402 ms, due at 400 ms
