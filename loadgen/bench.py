@@ -118,7 +118,8 @@ def environment(event_loop: str) -> dict:
         "python": sys.version.split()[0], "platform": platform.platform(), "machine": platform.machine(),
         "cpu_count": os.cpu_count(), "aiohttp": aiohttp.__version__, "numpy": np.__version__,
         "event_loop": event_loop, "git_commit": _git("rev-parse", "HEAD"),
-        "loadgen_uncommitted_changes": bool(_git("status", "--porcelain", "--", ".", ":(exclude)results")), "loadavg_1_5_15_before": os.getloadavg(),
+        "loadgen_uncommitted_changes": bool(_git("status", "--porcelain", "--", ".", ":(exclude)results")),
+        "loadavg_1_5_15_before": os.getloadavg(),
         "cpu_pressure_before": _cpu_pressure(),
     }
 
