@@ -38,8 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="window length in trace seconds (default: to the end of the trace)")
     p.add_argument("--speedup", type=float, default=1.0,
                    help="divide the window's timestamps by this (2 = twice the rate; default 1)")
-    p.add_argument("--max-input-tokens", type=int, default=None, help="cap each prompt length (default: none)")
-    p.add_argument("--max-output-tokens", type=int, default=None, help="cap each reply length (default: none)")
+    p.add_argument("--max-input-tokens", type=int, default=None,
+                   help="cap each prompt length (default: none)")
+    p.add_argument("--max-output-tokens", type=int, default=None,
+                   help="cap each reply length (default: none)")
     p.add_argument("--model", default=None, help="model name to send (default: the server's only model)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take in all (600)")
     p.add_argument("--connect-timeout", type=float, default=30.0, help="seconds to open a connection (30)")

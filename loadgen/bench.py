@@ -209,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
           f"({100 * r['achieved_fraction']:.2f}%); lateness p50 {la['p50']:.3f} p99 {la['p99']:.3f} "
           f"max {la['max']:.3f} ms; a bare sleep(5 ms) process woke late by p99 "
           f"{doc['environment']['sleep_5ms_wake_delay_ms_during']['p99']:.2f} max "
-          f"{doc['environment']['sleep_5ms_wake_delay_ms_during']['max']:.1f} ms during the run; client CPU {r['client_cpu_s']['process_time']:.1f} s over "
+          f"{doc['environment']['sleep_5ms_wake_delay_ms_during']['max']:.1f} ms during the run; "
+          f"client CPU {r['client_cpu_s']['process_time']:.1f} s over "
           f"{r['wall_s']:.1f} s; targets met: {r['targets']['met']}; "
           f"load average before/after {doc['environment']['loadavg_1_5_15_before'][0]:.1f}/"
           f"{doc['environment']['loadavg_1_5_15_after'][0]:.1f}\n-> {args.out}")

@@ -157,7 +157,8 @@ async def replay(
     if not requests:
         raise ValueError("no requests to replay")
     if timeout_s <= 0 or connect_timeout_s <= 0:
-        raise ValueError(f"timeouts must be > 0, got timeout_s={timeout_s} connect_timeout_s={connect_timeout_s}")
+        raise ValueError(f"timeouts must be > 0, got timeout_s={timeout_s}, "
+                         f"connect_timeout_s={connect_timeout_s}")
     if max_connections is not None and max_connections < 1:
         raise ValueError(f"max_connections must be >= 1 or None (unlimited), got {max_connections}")
     due = due_times_ns(requests)

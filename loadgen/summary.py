@@ -19,7 +19,10 @@ def percentiles(values: Sequence[float], ps: Sequence[float] = PERCENTILES) -> d
     return {f"p{p:g}": float(v) for p, v in zip(ps, np.percentile(np.asarray(values, dtype=float), ps))}
 
 
-def _defined(records: Sequence[RequestRecord], metric: Callable[[RequestRecord], float | None]) -> list[float]:
+Metric = Callable[[RequestRecord], "float | None"]
+
+
+def _defined(records: Sequence[RequestRecord], metric: Metric) -> list[float]:
     return [v for v in map(metric, records) if v is not None]
 
 

@@ -43,7 +43,8 @@ def write_trace(path, rows) -> None:
 
 def test_cli_window_speedup_clip_and_summary(server_url, tmp_path, capsys):
     trace = tmp_path / "t.jsonl"
-    write_trace(trace, [{"timestamp": 0.1 * i, "input_tokens": 50 + i, "output_tokens": 30} for i in range(10)])
+    write_trace(trace, [{"timestamp": 0.1 * i, "input_tokens": 50 + i, "output_tokens": 30}
+                        for i in range(10)])
     out, summary = tmp_path / "r.jsonl", tmp_path / "s.json"
     argv = ["--url", server_url, "--trace", str(trace), "--out", str(out), "--start", "0.2", "--duration",
             "0.5", "--speedup", "2", "--max-output-tokens", "4", "--tag", "arm=stock", "--no-progress",

@@ -14,7 +14,8 @@ def rec(i: int, due_ms: float, sent_ms: float | None, end_ms: float | None, *, t
         index=i, due_ns=ns(due_ms), sent_ns=ns(sent_ms), first_token_ns=ns(due_ms + 10) if ok else None,
         last_token_ns=ns(due_ms + 10 + 2 * (tokens - 1)) if ok else None, end_ns=ns(end_ms),
         input_tokens=10, output_tokens=tokens, prompt_tokens=10 if ok else None,
-        completion_tokens=tokens if ok else None, n_chunks=tokens if ok else 0, max_gap_ms=2.0 if ok else None,
+        completion_tokens=tokens if ok else None, n_chunks=tokens if ok else 0,
+        max_gap_ms=2.0 if ok else None,
         status=200 if ok else None, error=error, tags={})
 
 
