@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import math
 import resource
 import time
@@ -109,6 +110,13 @@ async def _dispatch(
     and every request not yet started gets an unsent error record.
     """
     tasks: set[asyncio.Task] = set()
+    failures: list[BaseException] = []  # a record that could not be stored (disk full, ...)
+
+    def done(task: asyncio.Task) -> None:
+        tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            failures.append(task.exception())
+
     started = 0
     t0 = time.perf_counter_ns() + START_DELAY_NS
     try:
@@ -122,9 +130,13 @@ async def _dispatch(
                 tags=tags, sink=sink))
             started += 1
             tasks.add(task)
-            task.add_done_callback(tasks.discard)
+            task.add_done_callback(done)
+            if failures:
+                raise failures[0]
         while tasks:
             await asyncio.wait(set(tasks))
+        if failures:
+            raise failures[0]
     finally:
         for task in tasks:
             task.cancel()
@@ -162,6 +174,10 @@ async def replay(
     if max_connections is not None and max_connections < 1:
         raise ValueError(f"max_connections must be >= 1 or None (unlimited), got {max_connections}")
     due = due_times_ns(requests)
+    try:
+        json.dumps(dict(tags or {}))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"tags must be JSON-serializable: {exc}") from None
     url = url.rstrip("/")
     raise_fd_limit()
     records: dict[int, RequestRecord] = {}

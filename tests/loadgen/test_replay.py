@@ -115,11 +115,23 @@ def test_model_name_from_server_and_wrong_model_rejected():
     assert "does not exist" in r.error
 
 
+def test_record_that_cannot_be_stored_stops_the_replay(tmp_path, monkeypatch):
+    from loadgen.records import RecordWriter
+
+    def full(self, rec):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(RecordWriter, "write", full)
+    with pytest.raises(OSError, match="No space left"):
+        run(FakeServerConfig(), [TraceRequest(0.01 * i, 5, 2) for i in range(5)], out=tmp_path / "r.jsonl")
+
+
 def test_bad_schedules_are_named():
     with pytest.raises(ValueError, match="request 2: timestamp 0.5 is before request 1"):
         due_times_ns([TraceRequest(0.0, 1, 1), TraceRequest(1.0, 1, 1), TraceRequest(0.5, 1, 1)])
     with pytest.raises(ValueError, match="no requests"):
         asyncio.run(replay("http://127.0.0.1:1", [], progress=False))
+    with pytest.raises(ValueError, match="tags must be JSON-serializable"):
+        asyncio.run(replay("http://127.0.0.1:1", [TraceRequest(0.0, 1, 1)], tags={"x": object()}))
 
 
 def test_clip_tokens():
