@@ -11,7 +11,8 @@ ready, the two compiled ones take turns, alone on the GPU, profiling decode step
 Writes OUT/h200.json (evidence: providers, priorities, plugin log lines, kernels seen in CUDA-graph
 replays, greedy agreement, the command), OUT/h200-profile.json (per batch size: step time, norm time
 and calls, stock vs patched, with raw samples), OUT/raw-steps.json (the compiled engines' raw step
-data, from which `python -m integration.compare` rebuilds the profile) and OUT/logs.tar.gz.
+data, from which `python -m integration.compare --raw ... --out ...` rebuilds the profile) and
+OUT/logs.tar.gz.
 """
 
 from __future__ import annotations
