@@ -70,13 +70,16 @@ def test_server_killed_mid_run_every_request_gets_one_record(tmp_path: Path) -> 
     # kill_rel_s is on a clock that starts a few ms before the replay's t0; margins cover that,
     # and CPU contention on a small machine can delay the client by more.
     kill_rel_s = (killed_ns[0] - start_ns) / 1e9
+    table = "\n".join(f"{r.index} due {r.due_ns / 1e9:.2f} sent {r.sent_ns and r.sent_ns / 1e9} "
+                      f"end {r.end_ns and r.end_ns / 1e9} chunks {r.n_chunks} {r.error}" for r in recs)
+    msg = f"kill at {kill_rel_s:.3f} s\n{table}"
     before = [r for r in recs if r.end_ns / 1e9 < kill_rel_s - 0.5]
-    in_flight = [r for r in recs if r.sent_ns is not None and r.sent_ns / 1e9 < kill_rel_s - 0.5
-                 and r.end_ns / 1e9 > kill_rel_s]
+    assert len(before) >= 3 and all(succeeded(r) for r in before), msg
+    cut = [r for r in recs if r.n_chunks > 0 and not succeeded(r)]
+    assert cut, f"no request was cut mid-stream; {msg}"
     after = [r for r in recs if r.due_ns / 1e9 > kill_rel_s + 0.5]
-    assert len(before) >= 3 and all(succeeded(r) for r in before), [r.error for r in before]
-    assert in_flight and len(after) >= 10
-    for r in in_flight:  # cut off by the crash: an error soon after it, not at the 60 s timeout
-        assert not succeeded(r) and r.error and r.end_ns / 1e9 < kill_rel_s + 5.0, r
-    for r in after:  # refused at once
-        assert r.status is None and "ClientConnectorError" in r.error and r.end_ns - r.sent_ns < 5e9, r
+    assert len(after) >= 5, msg  # the kill fires late when the client is starved of CPU
+    for r in after:  # refused (a pooled keep-alive connection may fail as reset first)
+        assert r.status is None and r.error.startswith(("ClientConnectorError", "ClientOSError")), msg
+    for r in recs:  # every failure came at once, none waited for the 60 s timeout
+        assert succeeded(r) or r.end_ns - r.sent_ns < 5e9, msg
