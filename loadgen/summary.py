@@ -10,6 +10,7 @@ import numpy as np
 from loadgen.records import RequestRecord, e2e_ms, lateness_ms, succeeded, tpot_ms, ttft_ms
 
 PERCENTILES = (50, 99)
+LATE_WARNING_MS = 10.0  # sends later than this mean the client, not the server, set some latencies
 
 
 def percentiles(values: Sequence[float], ps: Sequence[float] = PERCENTILES) -> dict[str, float | None]:
@@ -89,5 +90,8 @@ def format_summary(s: dict) -> str:
     la = s["lateness_ms"]
     lines.append(f"send lateness p50 {_fmt(la['p50'], ' ms')}, p99 {_fmt(la['p99'], ' ms')}, "
                  f"max {_fmt(la['max'], ' ms')}")
+    if la["max"] is not None and la["max"] > LATE_WARNING_MS:
+        lines.append(f"warning: some requests were sent up to {la['max']:.0f} ms late "
+                     "(client short of CPU?); their latencies include that delay")
     lines += [f"  error x{e['count']}: {e['error']}" for e in s["top_errors"]]
     return "\n".join(lines)

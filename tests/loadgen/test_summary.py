@@ -42,3 +42,6 @@ def test_summary_counts_rates_and_latencies():
     assert s["top_errors"] == [{"error": "HTTP 400: too long", "count": 1}]
     text = format_summary(s)
     assert "completed 5, failed 1" in text and "HTTP 400: too long" in text
+    assert "warning" not in text
+    late = summarize_records(rs + [rec(6, 600, 625, 650)])
+    assert "sent up to 25 ms late" in format_summary(late)
