@@ -228,7 +228,7 @@ def run_experiment(cfg: RunConfig, *, argv: Sequence[str] | None = None,
     log.info("run %s: %d windows x %d loads x 2 arms, %s", run_dir, len(plan.windows), len(cfg.loads),
              record.data["mode_note"] or "A/B")
     runner = Runner(plan, record, servers, before_replay)
-    with logging_redirect_tqdm(), _sigterm_as_interrupt():
+    with logging_redirect_tqdm(), sigterm_as_interrupt():
         try:
             runner.execute()
             record.finish("complete", None)
@@ -255,7 +255,7 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 
 
 @contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
+def sigterm_as_interrupt() -> Iterator[None]:
     """Treat SIGTERM like Ctrl-C while the run is on, so the servers (own sessions) are stopped too."""
     if threading.current_thread() is not threading.main_thread():
         yield

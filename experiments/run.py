@@ -80,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="auto (default): cuda when torch sees a CUDA GPU, else cpu (the embedded tiny-model run)")
     ap.add_argument("--arms", type=arms_pair, default=("stock", "patched"),
                     help="stock,patched (default, A/B) or stock,stock (A/A, labels stock-a/stock-b: the noise floor)")
+    ap.add_argument("--with-aa", action="store_true",
+                    help="with --arms stock,patched: also start a second stock server and run the A/A twin "
+                         "(stock vs stock, same windows and loads) into <name>-aa after the A/B run; the A/B "
+                         "report takes it as its noise floor. Three server starts instead of four")
     g = ap.add_argument_group("windows and load")
     g.add_argument("--windows", type=int, help=f"number of consecutive trace windows ({_defaults('windows')})")
     g.add_argument("--window-s", type=float, help=f"window length in trace seconds ({_defaults('window_s')})")
@@ -173,7 +177,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.dry_run:
             _print_plan(cfg)
             return 0
-        run_dir = run_experiment(cfg, argv=["experiments/run.py", *argv])
+        if args.with_aa:
+            from experiments.with_aa import run_with_aa
+
+            run_dir, aa_dir = run_with_aa(cfg, argv=["experiments/run.py", *argv])
+            print(f"A/A noise floor run in {aa_dir}")
+        else:
+            run_dir = run_experiment(cfg, argv=["experiments/run.py", *argv])
     except (ConfigError, TraceError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
