@@ -3,10 +3,9 @@
 Inputs:
 - the tokens-per-step histogram the baseline server actually ran (run.json "step_histograms",
   from vLLM's ``vllm:iteration_tokens_total``; per-bucket counts, bucket = upper bound of tokens),
-- the in-model profile ``integration/results/h200-profile.json``: per forward step of ``batch_tokens``
-  tokens, the norm time stock vs patched and the step time. Read as {"steps": [{"batch_tokens": int,
-  "step_us": float, "norm_us": {"stock": float, "patched": float}}, ...]} ("rows" is accepted for
-  "steps"; flat "norm_stock_us"/"norm_patched_us" for "norm_us"),
+- the in-model profile ``integration/results/h200-profile.json`` (written by ``python -m
+  integration.prove``): per decode step of ``batch_tokens`` tokens, ``step_us_stock``,
+  ``norm_us_stock``, ``norm_us_patched`` and ``patched_extra_kernels_us``,
 - the kernel benchmark ``kernels/results/h200.json`` (DESIGN.md format): per-shape medians of the
   fused kernel and of the stock kernels, and which one the shipped policy dispatches.
 
@@ -54,20 +53,24 @@ def merge_histograms(per_load: Mapping[str, Mapping]) -> list[tuple[float, int]]
 
 
 def load_profile(path: Path) -> list[dict]:
-    """Profile rows sorted by batch_tokens, each {"batch_tokens","step_us","norm_stock_us","norm_patched_us"}."""
+    """Profile rows sorted by batch_tokens, each {"batch_tokens","step_us","norm_stock_us","norm_patched_us"}.
+
+    The patched norm time includes `patched_extra_kernels_us` ({kernel: us per step}): work Inductor
+    fused into its norm kernel that the patched step must run separately (the profile's definition)."""
     data = json.loads(path.read_text(encoding="utf-8"))
-    rows = data.get("steps", data.get("rows")) if isinstance(data, dict) else None
+    rows = data.get("steps") if isinstance(data, dict) else None
     if not isinstance(rows, list) or not rows:
         raise ValueError(f"{path}: expected a non-empty 'steps' list of per-step rows")
     out = []
     for i, row in enumerate(rows):
-        norm = row.get("norm_us") or {}
         try:
-            out.append({"batch_tokens": float(row["batch_tokens"]), "step_us": float(row["step_us"]),
-                        "norm_stock_us": float(norm.get("stock", row.get("norm_stock_us"))),
-                        "norm_patched_us": float(norm.get("patched", row.get("norm_patched_us")))})
+            out.append({"batch_tokens": float(row["batch_tokens"]), "step_us": float(row["step_us_stock"]),
+                        "norm_stock_us": float(row["norm_us_stock"]),
+                        "norm_patched_us": float(row["norm_us_patched"])
+                        + sum(float(us) for us in row.get("patched_extra_kernels_us", {}).values())})
         except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{path}: steps[{i}]: need batch_tokens, step_us, norm_us.stock/patched ({exc})")
+            raise ValueError(f"{path}: steps[{i}]: need batch_tokens, step_us_stock, norm_us_stock, "
+                             f"norm_us_patched ({exc!r})") from None
     return sorted(out, key=lambda r: r["batch_tokens"])
 
 

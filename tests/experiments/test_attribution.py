@@ -5,10 +5,12 @@ import pytest
 from experiments import attribution
 
 HIST = {"buckets": [1, 64, 1024, "+Inf"], "counts": [10, 5, 1, 0]}
-PROFILE = {"steps": [
-    {"batch_tokens": 1, "step_us": 1000.0, "norm_us": {"stock": 50.0, "patched": 40.0}},
-    {"batch_tokens": 64, "step_us": 2000.0, "norm_us": {"stock": 100.0, "patched": 80.0}},
-    {"batch_tokens": 1024, "step_us": 10000.0, "norm_stock_us": 500.0, "norm_patched_us": 450.0},
+PROFILE = {"steps": [  # the fields integration.prove writes; patched extra kernels count as norm time
+    {"batch_tokens": 1, "step_us_stock": 1000.0, "norm_us_stock": 50.0, "norm_us_patched": 39.0,
+     "patched_extra_kernels_us": {"triton_poi_fused_embedding": 1.0}},
+    {"batch_tokens": 64, "step_us_stock": 2000.0, "norm_us_stock": 100.0, "norm_us_patched": 80.0},
+    {"batch_tokens": 1024, "step_us_stock": 10000.0, "norm_us_stock": 500.0, "norm_us_patched": 450.0,
+     "patched_extra_kernels_us": {}},
 ]}
 
 
@@ -84,3 +86,17 @@ def test_bad_profile_is_an_error_not_a_number(files):
 
 def test_histogram_points_inf_bucket_uses_last_finite_bound():
     assert attribution.histogram_points({"buckets": [8, 16, "+Inf"], "counts": [0, 3, 2]}) == [(16.0, 3), (16.0, 2)]
+
+
+def test_committed_h200_profile_is_read_as_written():
+    root = __import__("pathlib").Path(__file__).resolve().parents[2]
+    path = root / attribution.PROFILE_PATH
+    raw = json.loads(path.read_text())["steps"]
+    rows = attribution.load_profile(path)
+    assert [r["batch_tokens"] for r in rows] == sorted(float(s["batch_tokens"]) for s in raw)
+    for row, step in zip(rows, sorted(raw, key=lambda s: s["batch_tokens"])):
+        extra = sum(step["patched_extra_kernels_us"].values())
+        assert row["norm_patched_us"] == pytest.approx(step["norm_us_patched"] + extra)
+        # the profile's own prediction is the same arithmetic
+        assert 100 * (row["norm_patched_us"] - row["norm_stock_us"]) / row["step_us"] == pytest.approx(
+            step["predicted_step_change_pct"])
