@@ -101,6 +101,7 @@ def _slo_entry(item: Mapping, labels: list[str]) -> dict:
 def _design(run: Mapping) -> dict:
     return {
         "windows": run["windows"], "loads": run["loads"], "warmup": run.get("warmup"),
+        "clipping": run.get("clipping"),
         "order": [{"window": e["window"], "load": e["load"], "order": e.get("order")} for e in run["schedule"]],
         "pairing": "per (window, load): both arms replay the same requests; differences in % of the "
                    "baseline's mean at that load; 95% CI is Student-t over paired windows",

@@ -28,7 +28,7 @@ def headline(r: Mapping) -> list[str]:
         tail = "" if "noise" in why else " Every difference below is noise: it shows the noise floor."
         lines.append(f"**A/A run** — {why}{tail}  ")  # trailing spaces: markdown line break
     if r["status"] != "complete":
-        why = r.get("stopped_reason") or f"run status is {r.get('run_status')!r}"
+        why = (r.get("stopped_reason") or f"run status is {r.get('run_status')!r}").splitlines()[0]
         lines.append(f"**PARTIAL RUN** — {len(r['missing'])} arm-window cells missing (listed under Missing); "
                      f"reason: {why}.  ")
     lines += [f"- {s['verdict']}" for s in r["slos"]]
@@ -101,6 +101,14 @@ def _power_and_attribution(r: Mapping) -> list[str]:
     return out + [""]
 
 
+def _clipping_line(c: Mapping | None) -> list[str]:
+    """The trace-changing token caps, if any, stated beside the design."""
+    if not c or not (c.get("max_input_tokens") or c.get("max_output_tokens")):
+        return []
+    return [f"- token counts clipped: input <= {c.get('max_input_tokens') or 'no cap'}, output <= "
+            f"{c.get('max_output_tokens') or 'no cap'} ({c.get('clipped_requests')} replayed requests changed)"]
+
+
 def render_markdown(r: Mapping) -> str:
     """The whole report.md text."""
     cmd = r.get("command") or []
@@ -116,10 +124,12 @@ def render_markdown(r: Mapping) -> str:
                            f"{', '.join(f'{x:g}x' for x in d['loads'])}, alternating arm order; warm-up "
                            f"{d['warmup']}",
                            f"- records: {rec['total']} in {rec['file']}, {rec['warmup_excluded']} warm-up "
-                           "records excluded from goodput", ""]
+                           "records excluded from goodput", *_clipping_line(d.get("clipping")), ""]
     if r["missing"]:
         lines += ["## Missing", ""] + [f"- {m['arm']} window {m['window']} load {m['load']:g}x: {m['reason']}"
                                        for m in r["missing"]] + [""]
+    if r.get("stopped_reason"):
+        lines += ["## Why the run stopped", "", "```", r["stopped_reason"].rstrip(), "```", ""]
     if r["warnings"]:
         lines += ["## Warnings", ""] + [f"- {w}" for w in r["warnings"]] + [""]
     lines += _slo_tables(r) + _latency_table(r) + _power_and_attribution(r)

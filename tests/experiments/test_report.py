@@ -37,3 +37,11 @@ def test_aa_reason():
     assert aa_reason({"arms": ["stock", "patched"], "mode_note": None}) is None
     assert aa_reason({"arms": ["stock", "stock"], "mode_note": None}) == "both arms are 'stock'"
     assert aa_reason({"arms": ["stock", "patched"], "mode_note": "cpu fallback"}) == "cpu fallback"
+
+
+def test_clipping_is_stated_beside_the_design():
+    from experiments.report_md import _clipping_line
+
+    assert _clipping_line(None) == [] and _clipping_line({"max_input_tokens": None, "max_output_tokens": None}) == []
+    line = _clipping_line({"max_input_tokens": None, "max_output_tokens": 256, "clipped_requests": 7})
+    assert line == ["- token counts clipped: input <= no cap, output <= 256 (7 replayed requests changed)"]
