@@ -32,7 +32,26 @@ def headline(r: Mapping) -> list[str]:
         lines.append(f"**PARTIAL RUN** — {len(r['missing'])} arm-window cells missing (listed under Missing); "
                      f"reason: {why}.  ")
     lines += [f"- {s['verdict']}" for s in r["slos"]]
-    return lines
+    return lines + latency_lines(r)
+
+
+_SECONDARY_NAMES = {"tpot_p50_ms": "median TPOT", "ttft_p90_ms": "p90 TTFT"}
+
+
+def latency_lines(r: Mapping) -> list[str]:
+    """One line per per-window latency metric: paired change, both intervals, and the sign count."""
+    labels, out = r["arm_labels"], []
+    for metric, sec in r["secondary"].items():
+        c, diffs = sec["comparison"], [d["diff_pct"] for d in sec["per_window"]]
+        if c.get("mean") is None:
+            continue
+        t, b = c.get("t_ci95"), c.get("bootstrap_ci95")
+        ci = "n/a" if t is None else f"[{t[0]:+.1f}, {t[1]:+.1f}]%"
+        boot = "" if b is None else f", bootstrap [{b[0]:+.1f}, {b[1]:+.1f}]%"
+        out.append(f"- {_SECONDARY_NAMES.get(metric, metric)} per window: {labels[1]} {c['mean']:+.1f}% vs "
+                   f"{labels[0]}, 95% t CI {ci}{boot}; higher in {sum(d > 0 for d in diffs)} of "
+                   f"{len(diffs)} paired windows")
+    return out
 
 
 def _slo_tables(r: Mapping) -> list[str]:
@@ -92,7 +111,7 @@ def _power_and_attribution(r: Mapping) -> list[str]:
     out += ["", "## Attribution: what the kernel can explain", "",
             f"- predicted step-time change (upper bound): {_num(a.get('predicted_step_change_pct'), '{:+.3f}%')} "
             f"— {a.get('status')}: {a.get('reason')}",
-            f"- measured median TPOT change: {_num(tpot.get('mean'), '{:+.2f}%')}"]
+            f"- measured median TPOT change: {_num(tpot.get('mean'), '{:+.2f}%')}", *_explained(a, tpot)]
     k = a.get("kernel_estimate")
     if k:
         out.append(f"- kernel benchmark estimate: {k.get('status')}: "
@@ -107,6 +126,17 @@ def _clipping_line(c: Mapping | None) -> list[str]:
         return []
     return [f"- token counts clipped: input <= {c.get('max_input_tokens') or 'no cap'}, output <= "
             f"{c.get('max_output_tokens') or 'no cap'} ({c.get('clipped_requests')} replayed requests changed)"]
+
+
+def _explained(a: Mapping, tpot: Mapping) -> list[str]:
+    """What part of the measured TPOT change the predicted step-time change accounts for."""
+    pred, meas, ci = a.get("predicted_step_change_pct"), tpot.get("mean"), tpot.get("t_ci95")
+    if pred is None or not meas or ci is None:
+        return []
+    inside = ci[0] <= pred <= ci[1]
+    return [f"- the prediction accounts for {100 * pred / meas:.0f}% of the measured change and lies "
+            f"{'inside' if inside else 'outside'} its 95% interval"
+            + ("" if inside else ": the difference is not explained by the norm kernels' GPU time")]
 
 
 def render_markdown(r: Mapping) -> str:

@@ -45,3 +45,25 @@ def test_clipping_is_stated_beside_the_design():
     assert _clipping_line(None) == [] and _clipping_line({"max_input_tokens": None, "max_output_tokens": None}) == []
     line = _clipping_line({"max_input_tokens": None, "max_output_tokens": 256, "clipped_requests": 7})
     assert line == ["- token counts clipped: input <= no cap, output <= 256 (7 replayed requests changed)"]
+
+
+def test_latency_lines_give_change_intervals_and_sign_count():
+    from experiments.report_md import latency_lines
+
+    r = {"arm_labels": ["stock", "patched"], "secondary": {"tpot_p50_ms": {
+        "comparison": {"mean": 12.16, "t_ci95": [-0.04, 24.35], "bootstrap_ci95": [3.7, 22.6]},
+        "per_window": [{"diff_pct": d} for d in (2.6, 7.4, 10.4, -0.3)]}}}
+    assert latency_lines(r) == ["- median TPOT per window: patched +12.2% vs stock, 95% t CI [-0.0, +24.4]%, "
+                                "bootstrap [+3.7, +22.6]%; higher in 3 of 4 paired windows"]
+
+
+def test_attribution_says_what_part_of_the_measured_change_it_explains():
+    from experiments.report_md import _explained
+
+    a = {"predicted_step_change_pct": 0.1}
+    assert _explained(a, {"mean": 12.0, "t_ci95": [7.0, 17.0]}) == [
+        "- the prediction accounts for 1% of the measured change and lies outside its 95% interval: "
+        "the difference is not explained by the norm kernels' GPU time"]
+    assert _explained(a, {"mean": 0.2, "t_ci95": [-0.5, 0.9]}) == [
+        "- the prediction accounts for 50% of the measured change and lies inside its 95% interval"]
+    assert _explained({"predicted_step_change_pct": None}, {"mean": 1.0, "t_ci95": [0, 2]}) == []
