@@ -170,7 +170,8 @@ def capacity_from_latency(curve: pd.DataFrame, slo: SLO) -> dict:
 
 
 def latency_table(df: pd.DataFrame) -> list[dict]:
-    """Per (arm, load): n, failed, and p50/p90/p99 of TTFT, TPOT, E2E (ms) over succeeded requests."""
+    """Per (arm, load): n, failed, p50/p90/p99 of TTFT, TPOT, E2E (ms) over succeeded requests, and
+    the client's send lateness (p99 and max over every sent request: a late client hides load)."""
     out = []
     for (arm, load), g in df.groupby(["arm", "load"], sort=True):
         row: dict = {"arm": arm, "load": load, "n": len(g), "failed": int((~g["ok"]).sum())}
@@ -179,6 +180,9 @@ def latency_table(df: pd.DataFrame) -> list[dict]:
             vals = ok[metric].dropna().to_numpy()
             for p in (50, 90, 99):
                 row[f"{metric[:-3]}_p{p}_ms"] = stats.percentile(vals, p / 100) if vals.size else None
+        late = g["lateness_ms"].dropna().to_numpy()
+        row["lateness_p99_ms"] = stats.percentile(late, 0.99) if late.size else None
+        row["lateness_max_ms"] = float(late.max()) if late.size else None
         out.append(row)
     return out
 

@@ -82,10 +82,11 @@ def _slo_tables(r: Mapping) -> list[str]:
 
 def _latency_table(r: Mapping) -> list[str]:
     out = ["## Latency per arm and load (succeeded requests, ms)", "",
-           "| arm | load | n | failed | TTFT p50 | p90 | p99 | TPOT p50 | p90 | p99 | E2E p50 | p90 | p99 |",
-           "|---" * 13 + "|"]
+           "| arm | load | n | failed | TTFT p50 | p90 | p99 | TPOT p50 | p90 | p99 | E2E p50 | p90 | p99 "
+           "| send lateness p99 | max |", "|---" * 15 + "|"]
     for row in sorted(r["latency"], key=lambda x: (r["arm_labels"].index(x["arm"]), x["load"])):
         vals = [_num(row[f"{m}_p{p}_ms"], "{:.1f}") for m in ("ttft", "tpot", "e2e") for p in (50, 90, 99)]
+        vals += [_num(row.get(k), "{:.2f}") for k in ("lateness_p99_ms", "lateness_max_ms")]
         out.append(f"| {row['arm']} | {row['load']:g}x | {row['n']} | {row['failed']} | " + " | ".join(vals) + " |")
     return out + [""]
 

@@ -83,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--with-aa", action="store_true",
                     help="with --arms stock,patched: also start a second stock server and run the A/A twin "
                          "(stock vs stock, same windows and loads) into <name>-aa after the A/B run; the A/B "
-                         "report takes it as its noise floor. Three server starts instead of four")
+                         "report takes it as its noise floor. Three server starts instead of four; the three "
+                         "servers are resident together (8B shape on one H200: --gpu-memory-utilization 0.3)")
     g = ap.add_argument_group("windows and load")
     g.add_argument("--windows", type=int, help=f"number of consecutive trace windows ({_defaults('windows')})")
     g.add_argument("--window-s", type=float, help=f"window length in trace seconds ({_defaults('window_s')})")

@@ -105,3 +105,14 @@ def test_latency_table_percentiles():
     row = goodput.latency_table(goodput.records_frame(recs, [CHAT]))[0]
     assert row["ttft_p50_ms"] == pytest.approx(5.5) and row["ttft_p90_ms"] == pytest.approx(9.1)
     assert row["failed"] == 0 and row["n"] == 10
+
+
+def test_latency_table_send_lateness_covers_every_sent_request():
+    import dataclasses
+
+    recs = [dataclasses.replace(record(100.0, 10.0, tags=tags("s", 0, 1.0)), sent_ns=int(late * 1e6))
+            for late in range(1, 11)]  # sent 1..10 ms after due
+    recs.append(dataclasses.replace(recs[0], error="boom", status=500, sent_ns=int(50e6)))  # failed, still counted
+    row = goodput.latency_table(goodput.records_frame(recs, [CHAT]))[0]
+    assert row["lateness_max_ms"] == pytest.approx(50.0)
+    assert row["lateness_p99_ms"] == pytest.approx(46.0)  # linear: 10 + 0.9 * (50 - 10) over 11 values
