@@ -60,12 +60,7 @@ def start_arm(cfg: RunConfig, label: str, arm: str, run_dir: Path) -> VllmServer
     """Start one arm's server and wait until it is healthy (raises ServerDied/TimeoutError)."""
     server = VllmServer(server_config(cfg, arm), Path(run_dir) / f"server-{label}.log")
     log.info("starting %s server (%s) on port %d", label, arm, server.config.port)
-    server.start()
-    try:
-        server.wait_healthy(cfg.server_timeout_s)
-    except BaseException:
-        server.stop()
-        raise
+    server.launch(cfg.server_timeout_s)
     log.info("%s server healthy at %s", label, server.url)
     return server
 

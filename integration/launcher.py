@@ -220,6 +220,16 @@ class VllmServer:
         except ProcessLookupError:
             pass
 
+    def launch(self, timeout_s: float = 600.0) -> "VllmServer":
+        """start() and wait_healthy(); a server that fails to come up is stopped before the error."""
+        self.start()
+        try:
+            self.wait_healthy(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
     def __enter__(self) -> "VllmServer":
         self.start()
         return self

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from integration import choice, compare
+from kernels import environment as kernel_env
 from integration.launcher import MODELS_DIR, PLUGIN_NAME
 
 ARMS = [("stock", "compiled"), ("patched", "compiled"), ("stock", "eager"), ("patched", "eager")]
@@ -142,12 +143,8 @@ def log_lines(log: Path) -> list[str]:
 
 def environment() -> dict:
     env = {"host": platform.node(), "python": platform.python_version()}
-    try:
-        q = "name,driver_version,clocks.sm,clocks.mem,memory.total"
-        env["nvidia_smi"] = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"],
-                                           capture_output=True, text=True, timeout=20).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        env["nvidia_smi"] = f"unavailable: {exc}"
+    smi = kernel_env.smi("name,driver_version,clocks.sm,clocks.mem,memory.total")
+    env["nvidia_smi"] = ", ".join(smi) if isinstance(smi, list) else smi  # values, or the error text
     return env
 
 

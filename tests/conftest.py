@@ -26,14 +26,7 @@ def tiny_server_config(arm: str = "stock", **overrides) -> ServerConfig:
 
 def start_server(cfg: ServerConfig, log_path: Path, timeout_s: float = 900.0) -> VllmServer:
     """Start a server and wait for health; on failure, stop it and fail with its log tail."""
-    server = VllmServer(cfg, log_path)
-    server.start()
-    try:
-        server.wait_healthy(timeout_s)
-    except BaseException:
-        server.stop()
-        raise
-    return server
+    return VllmServer(cfg, log_path).launch(timeout_s)
 
 
 @pytest.fixture(scope="session")
