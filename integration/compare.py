@@ -165,19 +165,30 @@ def _arm_step(row: dict, norm_names: list[str]) -> dict:
             "kernel_hist_mean": {k: [round(c, 2), round(us, 3)] for k, (c, us) in _mean_hist(traced).items()}}
 
 
-def _row(n: int, srow: dict, prow: dict) -> dict:
+def norm_kernels(traced: list[dict]) -> list[str]:
+    """Names of the RMSNorm kernels (ours, vLLM's, Inductor's) a step ran: the patched arm runs
+    Inductor's own norm in the compile ranges its policy declines."""
+    return sorted(n for n in _mean_hist(traced) if steptrace.norm_kind(n) is not None)
+
+
+def _row(kind: str, n: int, srow: dict, prow: dict) -> dict:
     names, how = stock_norm_kernels(srow["traced_steps"], prow["traced_steps"])
-    s, p = _arm_step(srow, names), _arm_step(prow, [steptrace.FUSED_KERNEL])
-    row = {"batch_tokens": n,
+    s = _arm_step(srow, names)
+    p = _arm_step(prow, sorted(set(norm_kernels(prow["traced_steps"])) | {steptrace.FUSED_KERNEL}))
+    row = {"kind": kind, "batch_tokens": n,
            "step_us_stock": _median(s["step_wall_us"]), "step_us_patched": _median(p["step_wall_us"]),
            "norm_us_stock": _median(s["norm_us"]), "norm_us_patched": _median(p["norm_us"]),
            "norm_calls": _median(s["norm_calls"]), "norm_calls_patched": _median(p["norm_calls"]),
+           "fused_calls_patched": _median(_norm_steps(prow["traced_steps"], [steptrace.FUSED_KERNEL])[1]),
            "gpu_busy_us_stock": _median(s["gpu_busy_us"]), "gpu_busy_us_patched": _median(p["gpu_busy_us"]),
            "stock_norm_kernels": names, "stock_norm_kernels_found_by": how, "samples": {"stock": s, "patched": p}}
     row["patched_extra_kernels_us"] = extra_kernels(srow["traced_steps"], prow["traced_steps"])
     if row["norm_us_stock"] and row["norm_us_patched"]:
-        patched_total = row["norm_us_patched"] + sum(row["patched_extra_kernels_us"].values())
+        extra = sum(row["patched_extra_kernels_us"].values())
+        patched_total = row["norm_us_patched"] + extra
         row["norm_speedup"] = row["norm_us_stock"] / patched_total
+        row["patched_faster_every_step"] = max(p["norm_us"]) + extra < min(s["norm_us"])
+        row["patched_slower_every_step"] = min(p["norm_us"]) + extra > max(s["norm_us"])
         if row["step_us_stock"]:
             row["predicted_step_change_pct"] = 100.0 * (patched_total - row["norm_us_stock"]) / row["step_us_stock"]
     for arm in ("stock", "patched"):
@@ -191,17 +202,27 @@ def _row(n: int, srow: dict, prow: dict) -> dict:
 def profile_from_raw(raw: dict) -> dict:
     """h200-profile.json from the compiled engines' raw results (raw-steps.json written by prove)."""
     res = raw["results"]
-    stock = {r["batch_tokens"]: r for r in (res.get("stock-compiled") or {}).get("steps", [])}
-    patched = {r["batch_tokens"]: r for r in (res.get("patched-compiled") or {}).get("steps", [])}
-    steps = [_row(n, stock[n], patched[n]) for n in sorted(set(stock) & set(patched))]
+    def keyed(name: str) -> dict:
+        return {(r.get("kind", "decode"), r["batch_tokens"]): r for r in (res.get(name) or {}).get("steps", [])}
+
+    stock, patched = keyed("stock-compiled"), keyed("patched-compiled")
+    order = sorted(set(stock) & set(patched), key=lambda k: (k[0] != "decode", k[1]))
+    steps = [_row(kind, n, stock[kind, n], patched[kind, n]) for kind, n in order]
     return {"schema_version": 1, "model": raw["model"], "mode": "compiled", "command": raw["command"],
             "environment": raw["environment"], "policy": raw.get("policy"),
             "compile_ranges_endpoints": raw["ranges"],
             "definitions": {
+                "kind": "decode: batch_tokens requests, every one in decode (full CUDA graph); prefill: one "
+                        "request prefilling batch_tokens tokens in one step (no graph above the capture sizes)",
                 "step_us": "median wall time of one LLMEngine.step() (in-process engine, synchronous "
-                           "scheduling) over the timed decode steps; every request in decode",
+                           "scheduling) over the timed steps",
                 "norm_us": "median over traced steps of the summed GPU time of RMSNorm kernels: patched "
-                           "= rmsnorm_kernel; stock = stock_norm_kernels (see stock_norm_kernels_found_by)",
+                           "= rmsnorm_kernel plus any Inductor norm (declined ranges); stock = "
+                           "stock_norm_kernels (see stock_norm_kernels_found_by)",
+                "fused_calls_patched": "median rmsnorm_kernel launches per traced patched step",
+                "patched_faster_every_step": "every traced patched step's norm time (+ extra kernels) is below "
+                                             "every stock step's (exact Mann-Whitney U = 0)",
+                "patched_slower_every_step": "the reverse: every patched step above every stock step",
                 "norm_calls": "median RMSNorm kernels per traced step (stock arm)",
                 "gpu_busy_us": "summed GPU kernel time per traced step",
                 "norm_share_*": "norm_us / step_us; norm_share_gpu_busy_*: norm_us / gpu_busy_us",

@@ -6,7 +6,7 @@ Starts four offline vLLM engines at once, one process each (integration/prove_ar
 patched, compiled (torch.compile + CUDA graphs) and eager. Each greedy-decodes the same seeded
 prompts with the same seeded dummy weights and kernel-traces a few decode steps. When all four are
 ready, the two compiled ones take turns, alone on the GPU, profiling decode steps per batch size
-(two rounds each, in the order stock, patched, patched, stock).
+and prefill size (two rounds each, in the order stock, patched, patched, stock).
 
 Writes OUT/h200.json (evidence: providers, priorities, plugin log lines, kernels seen in CUDA-graph
 replays, greedy agreement, the command), OUT/h200-profile.json (per batch size: step time, norm time
@@ -45,7 +45,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=4, help="greedy prompts per arm (default 4)")
     p.add_argument("--steps", type=int, default=256, help="greedy tokens per prompt (default 256)")
     p.add_argument("--batch-sizes", default="1,8,32,128,256", help="decode batch sizes to profile")
-    p.add_argument("--timed-steps", type=int, default=20, help="decode steps timed per batch size")
+    p.add_argument("--prefill-sizes", default="",
+                   help="prompt lengths whose one-request prefill step is profiled too (comma list, "
+                        "each <= 16384; e.g. 512,1024,2048,4096,8192,16384); default none")
+    p.add_argument("--timed-steps", type=int, default=20, help="steps timed per batch or prefill size")
     p.add_argument("--traced-steps", type=int, default=4, help="decode steps kernel-traced per batch size")
     p.add_argument("--modes", default="compiled,eager", help="which modes to run (comma list)")
     p.add_argument("--weights", choices=("scaled", "dummy"), default="scaled",
@@ -86,7 +89,7 @@ def compile_ranges(a: argparse.Namespace) -> list[int]:
 def worker_cmd(a: argparse.Namespace, arm: str, mode: str, scratch: Path, ranges: list[int]) -> list[str]:
     cmd = [sys.executable, "-m", "integration.prove_arm", "--arm", arm, "--mode", mode, "--model", a.model,
            "--out", str(scratch), "--dtype", a.dtype, "--prompts", str(a.prompts), "--steps", str(a.steps),
-           "--batch-sizes", a.batch_sizes, "--timed-steps", str(a.timed_steps),
+           "--batch-sizes", a.batch_sizes, "--prefill-sizes", a.prefill_sizes, "--timed-steps", str(a.timed_steps),
            "--traced-steps", str(a.traced_steps), "--compile-ranges", ",".join(map(str, ranges)),
            "--weights", a.weights]
     if mode == "compiled":

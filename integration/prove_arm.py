@@ -6,7 +6,8 @@ torch.profiler sees every kernel of the forward pass, CUDA-graph replays include
 
 Steps: build the engine; greedy-decode seeded prompts (token ids and top-2 logprobs); write
 `<out>/<arm>-<mode>.json` and `<out>/<arm>-<mode>.ready`; then, if --turn-file is given, wait for it
-and profile decode steps at each --batch-sizes (wall time per step, and a kernel trace of a few),
+and profile decode steps at each --batch-sizes and prefill steps at each --prefill-sizes (wall time
+per step, and a kernel trace of a few),
 and write `<out>/<arm>-<mode>.done`.
 """
 
@@ -42,6 +43,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt token ids and of vLLM")
     p.add_argument("--batch-sizes", default="1,8,32,128,256",
                    help="decode batch sizes to profile after --turn-file appears (comma list)")
+    p.add_argument("--prefill-sizes", default="",
+                   help="prompt lengths whose prefill step (one request, all its tokens in one step, "
+                        "no graph above the capture sizes) is profiled after the decode sizes (comma list)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=16384,
+                   help="vLLM's token budget per step; also the top of the default compile range")
     p.add_argument("--timed-steps", type=int, default=20, help="decode steps timed per batch size")
     p.add_argument("--traced-steps", type=int, default=4, help="decode steps kernel-traced per batch size")
     p.add_argument("--turn-file", default=None,
@@ -64,7 +70,9 @@ def build_llm(a: argparse.Namespace):
 
     kwargs = dict(model=a.model, load_format="dummy", skip_tokenizer_init=True, dtype=a.dtype,
                   seed=a.seed, enforce_eager=a.mode == "eager", gpu_memory_utilization=a.gpu_memory_utilization,
-                  kv_cache_memory_bytes=int(a.kv_cache_gib * (1 << 30)), max_model_len=2048,
+                  kv_cache_memory_bytes=int(a.kv_cache_gib * (1 << 30)),
+                  max_model_len=max([2048] + [n + 16 for n in _sizes(a.prefill_sizes)]),
+                  max_num_batched_tokens=a.max_num_batched_tokens,
                   max_num_seqs=256, async_scheduling=False, distributed_executor_backend="uni")
     if a.arm == "patched":
         fallback = ["native"] if a.mode == "compiled" else ["vllm_c", "native"]
@@ -124,12 +132,19 @@ def greedy(llm, a: argparse.Namespace, vocab: int) -> list[dict]:
     return result
 
 
-def _trace_steps(engine, n: int, label: str) -> tuple[list[dict], dict]:
+def _sizes(spec: str) -> list[int]:
+    return [int(v) for v in spec.split(",") if v]
+
+
+def _trace_steps(engine, n: int, label: str, before=None) -> tuple[list[dict], dict]:  # noqa: ANN001
+    """Kernel-trace n engine steps (`before(k)` runs ahead of step k, outside its annotation)."""
     acts = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         acts.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=acts) as prof:
         for k in range(n):
+            if before is not None:
+                before(k)
             with torch.profiler.record_function(f"{steptrace.STEP_PREFIX}{k}"):
                 engine.step()
     with tempfile.TemporaryDirectory() as tmp:
@@ -168,7 +183,45 @@ def decode_batch(llm, a: argparse.Namespace, batch: int, vocab: int, timed: int,
     engine.abort_request(ids)
     while engine.has_unfinished_requests():
         engine.step()
-    return {"batch_tokens": batch, "step_wall_us": samples, "traced_steps": steps, "norm_kernel_names": names}
+    return {"kind": "decode", "batch_tokens": batch, "step_wall_us": samples, "traced_steps": steps,
+            "norm_kernel_names": names}
+
+
+def prefill_steps(llm, a: argparse.Namespace, length: int, vocab: int, timed: int, traced: int) -> dict:
+    """Steps that prefill one fresh `length`-token prompt each (distinct ids: no prefix-cache hit;
+    max_tokens 1, so the request ends in that step): wall time of `timed`, kernel trace of `traced`."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    if length > a.max_num_batched_tokens:
+        raise ValueError(f"prefill size {length} exceeds --max-num-batched-tokens {a.max_num_batched_tokens}")
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    counter = iter(range(1 << 30))
+
+    def add(_: int = 0) -> None:
+        i = next(counter)
+        ids = prompt_ids(a.seed + 7919 * length, i, length, vocab)
+        engine.add_request(f"p{length}-{i}", TokensPrompt(prompt_token_ids=ids), params)
+
+    def drain() -> None:
+        while engine.has_unfinished_requests():
+            engine.step()
+
+    for _ in range(2):  # warm-up
+        add()
+        drain()
+    samples = []
+    for _ in range(timed):
+        add()
+        t0 = time.perf_counter_ns()
+        engine.step()
+        samples.append((time.perf_counter_ns() - t0) / 1e3)
+        drain()
+    steps, names = _trace_steps(engine, traced, f"p{length}", before=lambda k: (drain(), add()))
+    drain()
+    return {"kind": "prefill", "batch_tokens": length, "step_wall_us": samples, "traced_steps": steps,
+            "norm_kernel_names": names}
 
 
 def _write(path: Path, data: dict) -> None:
@@ -212,12 +265,13 @@ def main(argv: list[str] | None = None) -> int:
     _write(out / f"{name}.json", res)
     (out / f"{name}.ready").touch()
     if a.turn_file:
-        sizes = [int(v) for v in a.batch_sizes.split(",") if v]
-        rows = {n: None for n in sizes}
+        sizes = [("decode", n) for n in _sizes(a.batch_sizes)] + [("prefill", n) for n in _sizes(a.prefill_sizes)]
+        rows: dict = {key: None for key in sizes}
         for r in range(1, a.rounds + 1):  # the caller alternates the arms' rounds (AB BA)
             _wait_for(Path(f"{a.turn_file}{r}"), a.turn_timeout)
-            for n in sizes:
-                rows[n] = _merge(rows[n], decode_batch(llm, a, n, vocab, a.timed_steps, a.traced_steps))
+            for kind, n in sizes:
+                run = decode_batch if kind == "decode" else prefill_steps
+                rows[kind, n] = _merge(rows[kind, n], run(llm, a, n, vocab, a.timed_steps, a.traced_steps))
             (out / f"{name}.done{r}").touch()
         res["steps"] = list(rows.values())
         res["python_calls"] = _python_calls()

@@ -1,0 +1,101 @@
+"""The compiled-mode shape policy from in-graph timings: fused only where it beat Inductor in vLLM's graph.
+
+    python -m integration.ingraph --profile OUT/h200-profile.json --out kernels/results/policy-h200-in-graph.json
+
+The input is the decode- and prefill-step profile of `python -m integration.prove --all-fused
+--modes compiled --prefill-sizes ...`: the patched engine runs the fused kernel at every size, the
+stock engine Inductor's norm, in the same compiled model. A measured size goes to the fused kernel
+only when every traced patched step's norm time (plus the kernels Inductor had fused into its norm
+that now run alone) is below every traced stock step's (`patched_faster_every_step`; with 8 steps
+per arm an exact Mann-Whitney test at p = 1/12870 one-sided). Row counts between two measured sizes
+are fused only when both neighbours are: a policy answer must hold for a whole compile range, and
+nothing was measured in between. The table answers both ops alike, because the profile measures
+the norm time of a whole step (1 rms_norm and 64 fused_add_rms_norm calls on the 8B shape).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from integration import choice
+from integration.launcher import MODELS_DIR
+
+FUSED = "fused:auto"  # the launch shape the --all-fused measurement ran (the kernel's own choice)
+RULE = ("fused at a measured size when every traced patched step's norm time + patched_extra_kernels_us "
+        "< every traced stock step's; between measured sizes fused only when both neighbours are")
+
+
+class ProfileError(ValueError):
+    """The profile cannot ground an in-graph table; the message says why."""
+
+
+def verdicts(profile: dict) -> dict[int, bool]:
+    """{rows: fused?} per measured size; a size measured as decode and as prefill must win in both."""
+    out: dict[int, bool] = {}
+    for i, row in enumerate(profile.get("steps", [])):
+        where = f"steps[{i}] ({row.get('kind', 'decode')} {row.get('batch_tokens')})"
+        if "patched_faster_every_step" not in row:
+            raise ProfileError(f"{where}: no patched_faster_every_step (rebuild the profile with "
+                               "python -m integration.compare --raw RAW --out PROFILE)")
+        calls, fused_calls = row.get("norm_calls"), row.get("fused_calls_patched")
+        if not calls or fused_calls != calls:
+            raise ProfileError(f"{where}: the patched arm ran {fused_calls} fused kernels per step, the stock "
+                               f"arm {calls} norms: measure with `integration.prove --all-fused`")
+        n = int(row["batch_tokens"])
+        out[n] = out.get(n, True) and bool(row["patched_faster_every_step"])
+    if not out:
+        raise ProfileError("the profile has no steps")
+    return dict(sorted(out.items()))
+
+
+def table_entries(sizes: dict[int, bool]) -> list[list]:
+    """Policy entries [[rows, answer], ...]: entry i covers (rows_{i-1}, rows_i]."""
+    entries, prev = [], True
+    for n, fused in sizes.items():
+        entries.append([n, FUSED if fused and prev else "stock"])
+        prev = fused
+    return entries
+
+
+def document(profile: dict, dtype: str, hidden: int, source: str) -> dict:
+    """The policy file: the table (both ops of one model shape) and the per-size evidence behind it."""
+    sizes = verdicts(profile)
+    entries = table_entries(sizes)
+    evidence = [{k: row.get(k) for k in ("kind", "batch_tokens", "norm_us_stock", "norm_us_patched",
+                                         "patched_extra_kernels_us", "norm_speedup", "patched_faster_every_step")}
+                for row in profile["steps"]]
+    return {"schema_version": 1, "source": source, "mode": "compiled", "stock_arm": "inductor (in vLLM's graph)",
+            "rule": RULE, "model_shape": {"dtype": dtype, "hidden": hidden},
+            "table": {f"{op}/{dtype}/{hidden}": entries for op in choice.OPS}, "evidence": evidence}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--profile", required=True, help="h200-profile.json of an --all-fused prove run")
+    p.add_argument("--out", required=True, help="policy table to write (e.g. kernels/results/policy-h200-in-graph.json)")
+    p.add_argument("--model", default=str(MODELS_DIR / "llama-3.1-8b"),
+                   help="model directory the profile ran (its hidden size keys the table)")
+    p.add_argument("--dtype", default="bfloat16", help="model dtype the profile ran (default bfloat16)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    profile = json.loads(Path(a.profile).read_text())
+    dtype, hidden = choice.model_shape(a.model, a.dtype)
+    try:
+        doc = document(profile, dtype, hidden, source=a.profile)
+    except ProfileError as exc:
+        print(f"{a.profile}: {exc}", file=sys.stderr)
+        return 2
+    Path(a.out).write_text(json.dumps(doc, indent=1))
+    key = next(iter(doc["table"]))
+    print(f"{a.out}: {key}: " + ", ".join(f"<={n}:{c}" for n, c in doc["table"][key]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""The compiled-mode policy built from in-graph timings (integration/ingraph.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from integration import compare, ingraph
+from kernels.policy import load_policy
+
+RESULTS = Path(__file__).resolve().parents[2] / "integration" / "results"
+
+
+def _row(n: int, stock: list[float], patched: list[float], kind: str = "decode", extra: float = 0.0,
+         fused_calls: float = 65.0) -> dict:
+    return {"kind": kind, "batch_tokens": n, "norm_calls": 65.0, "fused_calls_patched": fused_calls,
+            "norm_us_stock": sorted(stock)[len(stock) // 2], "norm_us_patched": sorted(patched)[len(patched) // 2],
+            "patched_extra_kernels_us": {"triton_poi_embedding": extra} if extra else {},
+            "patched_faster_every_step": max(patched) + extra < min(stock)}
+
+
+def test_a_size_is_fused_only_where_every_patched_step_beats_every_stock_step() -> None:
+    prof = {"steps": [_row(1, [10, 11], [12, 13]),            # slower
+                      _row(8, [10, 11], [9.5, 10.5]),         # overlapping: not proven faster
+                      _row(512, [100, 101], [90, 91], kind="prefill"),
+                      _row(1024, [200, 201], [180, 181], kind="prefill", extra=25.0)]}  # faster only without extra
+    assert ingraph.verdicts(prof) == {1: False, 8: False, 512: True, 1024: False}
+
+
+def test_ranges_between_sizes_are_fused_only_when_both_neighbours_won() -> None:
+    sizes = {1: False, 256: False, 512: True, 1024: True, 2048: False, 4096: True}
+    assert ingraph.table_entries(sizes) == [[1, "stock"], [256, "stock"], [512, "stock"], [1024, "fused:auto"],
+                                            [2048, "stock"], [4096, "stock"]]
+    assert ingraph.table_entries({1: True, 2: True}) == [[1, "fused:auto"], [2, "fused:auto"]]
+
+
+def test_a_size_measured_twice_must_win_both_times() -> None:
+    prof = {"steps": [_row(256, [10, 11], [8, 9]), _row(256, [20, 21], [22, 23], kind="prefill")]}
+    assert ingraph.verdicts(prof) == {256: False}
+
+
+def test_a_profile_where_the_patched_arm_did_not_run_the_fused_kernel_everywhere_is_refused() -> None:
+    prof = {"steps": [_row(1, [10, 11], [8, 9], fused_calls=0.0)]}
+    with pytest.raises(ingraph.ProfileError, match="--all-fused"):
+        ingraph.verdicts(prof)
+    with pytest.raises(ingraph.ProfileError, match="no steps"):
+        ingraph.verdicts({"steps": []})
+
+
+def test_document_loads_as_a_policy_and_answers_both_ops(tmp_path: Path) -> None:
+    prof = {"steps": [_row(1, [10, 11], [12, 13]), _row(512, [100, 101], [90, 91], kind="prefill"),
+                      _row(1024, [200, 201], [180, 181], kind="prefill")]}
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(ingraph.document(prof, "bf16", 4096, source="test")))
+    pol = load_policy(path)
+    for op in ("rms_norm", "fused_add_rms_norm"):
+        assert pol.choose(op, "bf16", 1, 4096) == "stock"
+        assert pol.choose(op, "bf16", 600, 4096) == "fused:auto"
+        assert pol.choose(op, "bf16", 9000, 4096) == "fused:auto"  # beyond the largest: the largest's answer
+        assert pol.choose(op, "bf16", 600, 2048) == "stock"  # a shape not measured in-graph
+
+
+def test_cli_writes_the_table_and_names_a_bad_profile(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text(json.dumps({"steps": [_row(1, [10, 11], [8, 9])]}))
+    bad.write_text(json.dumps({"steps": [_row(1, [10, 11], [8, 9], fused_calls=3.0)]}))
+    out = tmp_path / "t.json"
+    assert ingraph.main(["--profile", str(good), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["table"]["rms_norm/bf16/4096"] == [[1, "fused:auto"]]
+    assert ingraph.main(["--profile", str(bad), "--out", str(tmp_path / "x.json")]) == 2
+    assert "bad.json" in capsys.readouterr().err
+
+
+def test_committed_profile_rebuilds_with_step_level_verdicts() -> None:
+    raw_path = RESULTS / "h200-raw-steps.json"
+    if not raw_path.exists():
+        pytest.skip(f"{raw_path} not committed")
+    prof = compare.profile_from_raw(json.loads(raw_path.read_text()))
+    for row in prof["steps"]:
+        s, p = row["samples"]["stock"]["norm_us"], row["samples"]["patched"]["norm_us"]
+        extra = sum(row["patched_extra_kernels_us"].values())
+        assert row["patched_faster_every_step"] == (max(p) + extra < min(s))
+        assert not (row["patched_faster_every_step"] and row["patched_slower_every_step"])
