@@ -31,15 +31,16 @@ class PolicyUnavailable(RuntimeError):
 MODES = ("compiled", "eager")
 POLICY_ENV = "RMSNORM_FUSED_POLICY"  # a policy table for every mode (overrides the defaults below)
 POLICY_ENV_COMPILED = "RMSNORM_FUSED_POLICY_COMPILED"  # a table for the torch.compile path only
-COMPILED_TABLE = "policy-h200-vs-inductor.json"  # beside kernels' default table: stock = Inductor
+COMPILED_TABLE = "policy-h200-in-graph.json"  # beside kernels' default table: measured in vLLM's graph
 
 
 def policy_path(mode: str) -> Path | None:
     """The table a mode uses (None: kernels' default, best of every stock arm measured).
 
-    Under torch.compile what the stock arm runs is Inductor's kernel, so that path prefers a table
-    built against Inductor alone when kernels/results has one; eager mode (stock = vLLM's CUDA
-    kernel) keeps the default table, whose 'best stock arm' includes it."""
+    Under torch.compile what the stock arm runs is Inductor's kernel inside vLLM's graph, so that
+    path prefers the table integration/ingraph.py built from in-graph timings when kernels/results
+    has one; eager mode (stock = vLLM's CUDA kernel) keeps the default table, whose 'best stock
+    arm' includes it."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
     if mode == "compiled" and os.environ.get(POLICY_ENV_COMPILED):

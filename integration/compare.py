@@ -189,6 +189,8 @@ def _row(kind: str, n: int, srow: dict, prow: dict) -> dict:
         row["norm_speedup"] = row["norm_us_stock"] / patched_total
         row["patched_faster_every_step"] = max(p["norm_us"]) + extra < min(s["norm_us"])
         row["patched_slower_every_step"] = min(p["norm_us"]) + extra > max(s["norm_us"])
+    if row["step_us_stock"] and row["step_us_patched"]:
+        row["patched_step_not_slower"] = row["step_us_patched"] <= row["step_us_stock"]
         if row["step_us_stock"]:
             row["predicted_step_change_pct"] = 100.0 * (patched_total - row["norm_us_stock"]) / row["step_us_stock"]
     for arm in ("stock", "patched"):
@@ -199,16 +201,17 @@ def _row(kind: str, n: int, srow: dict, prow: dict) -> dict:
     return row
 
 
-def profile_from_raw(raw: dict) -> dict:
-    """h200-profile.json from the compiled engines' raw results (raw-steps.json written by prove)."""
+def profile_from_raw(raw: dict, mode: str = "compiled") -> dict:
+    """The profile of one mode (h200-profile.json for compiled) from the engines' raw results
+    (raw-steps.json written by prove)."""
     res = raw["results"]
     def keyed(name: str) -> dict:
         return {(r.get("kind", "decode"), r["batch_tokens"]): r for r in (res.get(name) or {}).get("steps", [])}
 
-    stock, patched = keyed("stock-compiled"), keyed("patched-compiled")
+    stock, patched = keyed(f"stock-{mode}"), keyed(f"patched-{mode}")
     order = sorted(set(stock) & set(patched), key=lambda k: (k[0] != "decode", k[1]))
     steps = [_row(kind, n, stock[kind, n], patched[kind, n]) for kind, n in order]
-    return {"schema_version": 1, "model": raw["model"], "mode": "compiled", "command": raw["command"],
+    return {"schema_version": 1, "model": raw["model"], "mode": mode, "command": raw["command"],
             "environment": raw["environment"], "policy": raw.get("policy"),
             "compile_ranges_endpoints": raw["ranges"],
             "definitions": {
@@ -223,6 +226,8 @@ def profile_from_raw(raw: dict) -> dict:
                 "patched_faster_every_step": "every traced patched step's norm time (+ extra kernels) is below "
                                              "every stock step's (exact Mann-Whitney U = 0)",
                 "patched_slower_every_step": "the reverse: every patched step above every stock step",
+                "patched_step_not_slower": "step_us_patched <= step_us_stock (medians of the timed steps: "
+                                           "wall time, so the CPU cost of launching the kernel counts)",
                 "norm_calls": "median RMSNorm kernels per traced step (stock arm)",
                 "gpu_busy_us": "summed GPU kernel time per traced step",
                 "norm_share_*": "norm_us / step_us; norm_share_gpu_busy_*: norm_us / gpu_busy_us",
@@ -254,13 +259,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--raw", help="raw-steps.json written by python -m integration.prove")
     ap.add_argument("--out", help="profile JSON to write from --raw (e.g. integration/results/h200-profile.json)")
+    ap.add_argument("--mode", choices=("compiled", "eager"), default="compiled",
+                    help="which pair of engines of --raw to profile (default compiled)")
     ap.add_argument("--evidence", help="an h200.json whose greedy comparison to recompute in place")
     args = ap.parse_args(argv)
     if bool(args.raw) != bool(args.out) or not (args.raw or args.evidence):
         ap.error("give --raw with --out, and/or --evidence")
     if args.raw:
         with open(args.raw) as f:
-            prof = profile_from_raw(json.load(f))
+            prof = profile_from_raw(json.load(f), args.mode)
         with open(args.out, "w") as f:
             json.dump(prof, f, indent=1)
     if args.evidence:

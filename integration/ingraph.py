@@ -5,9 +5,16 @@
 The input is the decode- and prefill-step profile of `python -m integration.prove --all-fused
 --modes compiled --prefill-sizes ...`: the patched engine runs the fused kernel at every size, the
 stock engine Inductor's norm, in the same compiled model. A measured size goes to the fused kernel
-only when every traced patched step's norm time (plus the kernels Inductor had fused into its norm
-that now run alone) is below every traced stock step's (`patched_faster_every_step`; with 8 steps
-per arm an exact Mann-Whitney test at p = 1/12870 one-sided). Row counts between two measured sizes
+only when both hold:
+
+* every traced patched step's norm GPU time (plus the kernels Inductor had fused into its norm
+  that now run alone) is below every traced stock step's (`patched_faster_every_step`; with 8
+  steps per arm an exact Mann-Whitney test at p = 1/12870 one-sided);
+* the patched step's median wall time is not above the stock step's (`patched_step_not_slower`):
+  above the CUDA-graph sizes every norm call is a Python custom-op call plus a CuPy launch, a CPU
+  cost the GPU time does not show, and a CPU-bound step also lets the GPU run at other clocks.
+
+Row counts between two measured sizes
 are fused only when both neighbours are: a policy answer must hold for a whole compile range, and
 nothing was measured in between. The table answers both ops alike, because the profile measures
 the norm time of a whole step (1 rms_norm and 64 fused_add_rms_norm calls on the 8B shape).
@@ -25,7 +32,8 @@ from integration.launcher import MODELS_DIR
 
 FUSED = "fused:auto"  # the launch shape the --all-fused measurement ran (the kernel's own choice)
 RULE = ("fused at a measured size when every traced patched step's norm time + patched_extra_kernels_us "
-        "< every traced stock step's; between measured sizes fused only when both neighbours are")
+        "< every traced stock step's and the median patched step wall time <= the stock one; between "
+        "measured sizes fused only when both neighbours are")
 
 
 class ProfileError(ValueError):
@@ -37,7 +45,7 @@ def verdicts(profile: dict) -> dict[int, bool]:
     out: dict[int, bool] = {}
     for i, row in enumerate(profile.get("steps", [])):
         where = f"steps[{i}] ({row.get('kind', 'decode')} {row.get('batch_tokens')})"
-        if "patched_faster_every_step" not in row:
+        if "patched_faster_every_step" not in row or "patched_step_not_slower" not in row:
             raise ProfileError(f"{where}: no patched_faster_every_step (rebuild the profile with "
                                "python -m integration.compare --raw RAW --out PROFILE)")
         calls, fused_calls = row.get("norm_calls"), row.get("fused_calls_patched")
@@ -45,7 +53,8 @@ def verdicts(profile: dict) -> dict[int, bool]:
             raise ProfileError(f"{where}: the patched arm ran {fused_calls} fused kernels per step, the stock "
                                f"arm {calls} norms: measure with `integration.prove --all-fused`")
         n = int(row["batch_tokens"])
-        out[n] = out.get(n, True) and bool(row["patched_faster_every_step"])
+        won = bool(row["patched_faster_every_step"]) and bool(row["patched_step_not_slower"])
+        out[n] = out.get(n, True) and won
     if not out:
         raise ProfileError("the profile has no steps")
     return dict(sorted(out.items()))
@@ -65,7 +74,8 @@ def document(profile: dict, dtype: str, hidden: int, source: str) -> dict:
     sizes = verdicts(profile)
     entries = table_entries(sizes)
     evidence = [{k: row.get(k) for k in ("kind", "batch_tokens", "norm_us_stock", "norm_us_patched",
-                                         "patched_extra_kernels_us", "norm_speedup", "patched_faster_every_step")}
+                                         "patched_extra_kernels_us", "norm_speedup", "patched_faster_every_step",
+                                         "step_us_stock", "step_us_patched", "patched_step_not_slower")}
                 for row in profile["steps"]]
     return {"schema_version": 1, "source": source, "mode": "compiled", "stock_arm": "inductor (in vLLM's graph)",
             "rule": RULE, "model_shape": {"dtype": dtype, "hidden": hidden},

@@ -51,6 +51,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timed-steps", type=int, default=20, help="steps timed per batch or prefill size")
     p.add_argument("--traced-steps", type=int, default=4, help="decode steps kernel-traced per batch size")
     p.add_argument("--modes", default="compiled,eager", help="which modes to run (comma list)")
+    p.add_argument("--profile-modes", default="compiled",
+                   help="modes whose stock and patched engines profile the batch and prefill sizes "
+                        "(comma list; default compiled; eager writes OUT/h200-profile-eager.json)")
     p.add_argument("--weights", choices=("scaled", "dummy"), default="scaled",
                    help="scaled: seeded std-0.02 redraw of the dummy weights (default); dummy: vLLM's own")
     p.add_argument("--max-rows", type=int, default=16384,
@@ -92,7 +95,7 @@ def worker_cmd(a: argparse.Namespace, arm: str, mode: str, scratch: Path, ranges
            "--batch-sizes", a.batch_sizes, "--prefill-sizes", a.prefill_sizes, "--timed-steps", str(a.timed_steps),
            "--traced-steps", str(a.traced_steps), "--compile-ranges", ",".join(map(str, ranges)),
            "--weights", a.weights]
-    if mode == "compiled":
+    if mode in a.profile_modes.split(","):
         cmd += ["--turn-file", str(scratch / f"{arm}-{mode}.go"), "--rounds", "2"]
     return cmd
 
@@ -113,12 +116,15 @@ def wait_all(procs: dict, scratch: Path, suffix: str, deadline: float) -> None:
         time.sleep(0.5)
 
 
-ROUND_ORDER = [("stock-compiled", 1), ("patched-compiled", 1), ("patched-compiled", 2), ("stock-compiled", 2)]
+def round_order(modes: list[str]) -> list[tuple[str, int]]:
+    """(engine, round) turns: per mode, stock, patched, patched, stock (AB BA: drift cancels)."""
+    return [(f"{arm}-{m}", r) for m in modes for arm, r in
+            (("stock", 1), ("patched", 1), ("patched", 2), ("stock", 2))]
 
 
-def take_turns(procs: dict, scratch: Path, deadline: float) -> None:
-    """Let the compiled engines profile alone on the GPU in turn, rounds in AB BA order (drift cancels)."""
-    for name, r in ROUND_ORDER:
+def take_turns(procs: dict, scratch: Path, deadline: float, modes: list[str]) -> None:
+    """Let the profiling engines run alone on the GPU in turn (see round_order)."""
+    for name, r in round_order(modes):
         if name not in procs or procs[name].poll() is not None:
             continue
         (scratch / f"{name}.go{r}").touch()
@@ -168,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
             cmds[name] = worker_cmd(a, arm, mode, scratch, ranges)
             procs[name] = start(cmds[name], arm, scratch / f"{name}.log")
         wait_all(procs, scratch, ".ready", deadline)
-        take_turns(procs, scratch, deadline)
+        profiled = [m for m in ("compiled", "eager") if m in modes and m in a.profile_modes.split(",")]
+        take_turns(procs, scratch, deadline, profiled)
         codes = finish(procs, deadline)
         results = {n: json.loads((scratch / f"{n}.json").read_text()) if (scratch / f"{n}.json").exists()
                    else None for n in procs}
@@ -184,12 +191,14 @@ def main(argv: list[str] | None = None) -> int:
     evidence = compare.evidence(results, codes, logs, cmds, ranges, environment(), command, a)
     evidence["policy"] = policy_source
     (out / "h200.json").write_text(json.dumps(evidence, indent=1))
-    if "compiled" in modes:
+    if profiled:
         raw = {"model": a.model, "ranges": ranges, "command": command, "environment": evidence["environment"],
-               "policy": policy_source, "results": {n: results.get(n) for n in ("stock-compiled", "patched-compiled")}}
+               "policy": policy_source,
+               "results": {f"{arm}-{m}": results.get(f"{arm}-{m}") for m in profiled for arm in ("stock", "patched")}}
         (out / "raw-steps.json").write_text(json.dumps(raw))
-        profile = compare.profile_from_raw(raw)
-        (out / "h200-profile.json").write_text(json.dumps(profile, indent=1))
+        for m in profiled:
+            name = "h200-profile.json" if m == "compiled" else f"h200-profile-{m}.json"
+            (out / name).write_text(json.dumps(compare.profile_from_raw(raw, m), indent=1))
     print(json.dumps(evidence["summary"], indent=1))
     return 0 if all(c == 0 for c in codes.values()) else 1
 

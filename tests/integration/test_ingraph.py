@@ -14,11 +14,12 @@ RESULTS = Path(__file__).resolve().parents[2] / "integration" / "results"
 
 
 def _row(n: int, stock: list[float], patched: list[float], kind: str = "decode", extra: float = 0.0,
-         fused_calls: float = 65.0) -> dict:
+         fused_calls: float = 65.0, wall: tuple[float, float] = (1000.0, 1000.0)) -> dict:
     return {"kind": kind, "batch_tokens": n, "norm_calls": 65.0, "fused_calls_patched": fused_calls,
             "norm_us_stock": sorted(stock)[len(stock) // 2], "norm_us_patched": sorted(patched)[len(patched) // 2],
             "patched_extra_kernels_us": {"triton_poi_embedding": extra} if extra else {},
-            "patched_faster_every_step": max(patched) + extra < min(stock)}
+            "patched_faster_every_step": max(patched) + extra < min(stock),
+            "step_us_stock": wall[0], "step_us_patched": wall[1], "patched_step_not_slower": wall[1] <= wall[0]}
 
 
 def test_a_size_is_fused_only_where_every_patched_step_beats_every_stock_step() -> None:
@@ -27,6 +28,13 @@ def test_a_size_is_fused_only_where_every_patched_step_beats_every_stock_step() 
                       _row(512, [100, 101], [90, 91], kind="prefill"),
                       _row(1024, [200, 201], [180, 181], kind="prefill", extra=25.0)]}  # faster only without extra
     assert ingraph.verdicts(prof) == {1: False, 8: False, 512: True, 1024: False}
+
+
+def test_a_faster_kernel_in_a_slower_step_stays_stock() -> None:
+    # above the CUDA-graph sizes each call pays a Python custom-op call and a CuPy launch on the CPU
+    prof = {"steps": [_row(1024, [580, 581], [540, 541], kind="prefill", wall=(29_000.0, 63_000.0)),
+                      _row(4096, [2100, 2101], [2000, 2001], kind="prefill", wall=(105_000.0, 104_000.0))]}
+    assert ingraph.verdicts(prof) == {1024: False, 4096: True}
 
 
 def test_ranges_between_sizes_are_fused_only_when_both_neighbours_won() -> None:
