@@ -189,10 +189,10 @@ def _row(kind: str, n: int, srow: dict, prow: dict) -> dict:
         row["norm_speedup"] = row["norm_us_stock"] / patched_total
         row["patched_faster_every_step"] = max(p["norm_us"]) + extra < min(s["norm_us"])
         row["patched_slower_every_step"] = min(p["norm_us"]) + extra > max(s["norm_us"])
-    if row["step_us_stock"] and row["step_us_patched"]:
-        row["patched_step_not_slower"] = row["step_us_patched"] <= row["step_us_stock"]
         if row["step_us_stock"]:
             row["predicted_step_change_pct"] = 100.0 * (patched_total - row["norm_us_stock"]) / row["step_us_stock"]
+    if row["step_us_stock"] and row["step_us_patched"]:
+        row["patched_step_not_slower"] = row["step_us_patched"] <= row["step_us_stock"]
     for arm in ("stock", "patched"):
         if row[f"step_us_{arm}"] and row[f"norm_us_{arm}"] is not None:
             row[f"norm_share_{arm}"] = row[f"norm_us_{arm}"] / row[f"step_us_{arm}"]
