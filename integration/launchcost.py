@@ -1,0 +1,108 @@
+"""CPU cost of one fused-norm call outside a CUDA graph, layer by layer of its call path.
+
+    python -m integration.launchcost --out OUT/launch-cost.json
+
+Above vLLM's CUDA-graph sizes every norm call of the patched arm runs through Python: the custom
+op (torch.ops.rmsnorm_fused.fused_add_rms_norm), integration.ops (policy answer, counters),
+kernels.rmsnorm (input checks, launch plan) and CuPy's launch. This times each layer on the CPU:
+batches of calls with the GPU work queued, perf_counter_ns around the batch, a synchronize after it
+(outside the timing); rows=1 keeps the GPU far ahead of the CPU, so a batch measures launch cost.
+A plain PyTorch in-place add is the reference for one aten kernel launch. It also writes the
+cProfile of one batch through the custom op. Needs CUDA and CuPy; every sample is kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+
+def _layers(x: torch.Tensor, res: torch.Tensor, w: torch.Tensor, eps: float) -> dict[str, Callable[[], object]]:
+    from integration import ops
+    from kernels import rmsnorm
+
+    key, rows, grid = rmsnorm.plan(x, w, [x, res], True, None)
+    return {
+        "custom_op": lambda: torch.ops.rmsnorm_fused.fused_add_rms_norm(x, res, w, eps),
+        "integration_ops": lambda: ops.run_fused_add_rms_norm(x, res, w, eps, "compiled"),
+        "kernels_rmsnorm": lambda: rmsnorm.fused_add_rms_norm(x, res, w, eps),
+        "cupy_launch_only": lambda: rmsnorm._launch(key, rows, grid, x.shape[-1], eps, None, x, res, w),
+        "aten_add_reference": lambda: x.add_(res),
+    }
+
+
+def time_batches(fn: Callable[[], object], calls: int, batches: int) -> list[float]:
+    """Per-call CPU microseconds of each batch of `calls` calls."""
+    out = []
+    for _ in range(batches):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            fn()
+        out.append((time.perf_counter_ns() - t0) / 1e3 / calls)
+    torch.cuda.synchronize()
+    return out
+
+
+def profile_text(fn: Callable[[], object], calls: int, top: int = 25) -> str:
+    """cProfile of `calls` calls, sorted by cumulative time."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(top)
+    return buf.getvalue()
+
+
+def measure(rows: int, hidden: int, calls: int, batches: int) -> dict:
+    """Per-layer samples at one shape (bf16, 16-byte aligned, contiguous: what vLLM passes)."""
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16, generator=g)
+    res = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16, generator=g)
+    w = torch.ones(hidden, device="cuda", dtype=torch.bfloat16)
+    layers = _layers(x, res, w, 1e-5)
+    for fn in layers.values():  # builds, caches, first-call costs
+        time_batches(fn, 20, 1)
+    samples = {name: time_batches(fn, calls, batches) for name, fn in layers.items()}
+    return {"rows": rows, "hidden": hidden, "dtype": "bf16", "calls_per_batch": calls,
+            "per_call_us": samples,
+            "median_per_call_us": {k: sorted(v)[len(v) // 2] for k, v in samples.items()},
+            "cprofile_custom_op": profile_text(layers["custom_op"], calls)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="JSON file for the samples and the cProfile text")
+    p.add_argument("--rows", default="1,2048", help="row counts (comma list; default 1,2048)")
+    p.add_argument("--hidden", type=int, default=4096, help="hidden size (default 4096, the 8B shape)")
+    p.add_argument("--calls", type=int, default=200, help="calls per timed batch (default 200)")
+    p.add_argument("--batches", type=int, default=15, help="timed batches per layer (default 15)")
+    a = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("launchcost needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
+        return 2
+    from kernels import environment as kernel_env
+
+    shapes = [measure(int(r), a.hidden, a.calls, a.batches) for r in a.rows.split(",") if r]
+    doc = {"schema_version": 1, "command": "python -m integration.launchcost " + " ".join(argv or sys.argv[1:]),
+           "torch": torch.__version__, "gpu": kernel_env.smi("name,driver_version"), "shapes": shapes}
+    Path(a.out).write_text(json.dumps(doc, indent=1))
+    for s in shapes:
+        print(f"rows={s['rows']}: " + ", ".join(f"{k} {v:.1f} us" for k, v in s["median_per_call_us"].items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""integration.prove's turn order and integration.launchcost's refusal without a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from integration import launchcost, prove
+
+
+def test_each_profiled_mode_takes_ab_ba_turns_one_engine_at_a_time() -> None:
+    assert prove.round_order(["compiled", "eager"]) == [
+        ("stock-compiled", 1), ("patched-compiled", 1), ("patched-compiled", 2), ("stock-compiled", 2),
+        ("stock-eager", 1), ("patched-eager", 1), ("patched-eager", 2), ("stock-eager", 2)]
+    assert prove.round_order([]) == []
+
+
+def test_only_profiled_modes_get_a_turn_file(tmp_path) -> None:  # noqa: ANN001
+    a = prove.parse_args(["--out", str(tmp_path), "--profile-modes", "eager", "--prefill-sizes", "512,1024"])
+    eager = prove.worker_cmd(a, "patched", "eager", tmp_path, [])
+    compiled = prove.worker_cmd(a, "patched", "compiled", tmp_path, [])
+    assert "--turn-file" in eager and "--turn-file" not in compiled
+    assert eager[eager.index("--prefill-sizes") + 1] == "512,1024"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_launchcost_names_the_missing_gpu(tmp_path, capsys) -> None:  # noqa: ANN001
+    assert launchcost.main(["--out", str(tmp_path / "x.json")]) == 2
+    assert "CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
