@@ -113,15 +113,19 @@ def _layout_ok(x: Tensor, weight: Tensor | None, residual: Tensor | None) -> boo
 
 def decide(op: str, x: Tensor, weight: Tensor | None, residual: Tensor | None,
            variance_size: int | None) -> bool:
-    """True when cupy_fused takes this call (or, under torch.compile, this whole compile range)."""
-    if variance_size is not None or not _layout_ok(x, weight, residual):
+    """True when cupy_fused takes this call (or, under torch.compile, this whole compile range).
+
+    The policy (a cached lookup) is asked before the layout checks, so a declined eager call costs
+    the stock arm as little extra CPU time as possible."""
+    if variance_size is not None or weight is None or x.dtype not in choice.DTYPE_NAMES or x.dim() != 2:
         return False
-    span = row_span(x)
+    hidden = x.shape[1]
+    span = row_span(x) if isinstance(hidden, int) else None
     if span is None:
         return False
-    dtype, hidden = choice.DTYPE_NAMES[x.dtype], x.shape[1]
-    eager = _eager(x)
-    fused = choice.fused_over(op, dtype, span[0], span[1], hidden, "eager" if eager else "compiled")
+    dtype, eager = choice.DTYPE_NAMES[x.dtype], _eager(x)
+    fused = (choice.fused_over(op, dtype, span[0], span[1], hidden, "eager" if eager else "compiled")
+             and _layout_ok(x, weight, residual))
     if fused and not eager and not torch.compiler.is_compiling():
         # vLLM's lowering pass (compile time): build the kernels now, before any graph capture
         fused_ops.warm_builds(op, dtype, hidden, fused_ops.default_vec(dtype, hidden), x.device.index or 0)

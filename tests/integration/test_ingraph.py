@@ -49,7 +49,13 @@ def test_a_size_measured_twice_must_win_both_times() -> None:
     assert ingraph.verdicts(prof) == {256: False}
 
 
-def test_a_profile_where_the_patched_arm_did_not_run_the_fused_kernel_everywhere_is_refused() -> None:
+def test_a_size_the_patched_policy_declined_proves_nothing_and_stays_stock() -> None:
+    prof = {"steps": [_row(1, [10, 11], [8, 9]), _row(128, [10, 11], [8, 9], fused_calls=1.0),
+                      _row(512, [100, 101], [90, 91], kind="prefill", fused_calls=0.0)]}
+    assert ingraph.verdicts(prof) == {1: True, 128: False, 512: False}
+
+
+def test_a_profile_where_the_fused_kernel_never_ran_everywhere_is_refused() -> None:
     prof = {"steps": [_row(1, [10, 11], [8, 9], fused_calls=0.0)]}
     with pytest.raises(ingraph.ProfileError, match="--all-fused"):
         ingraph.verdicts(prof)

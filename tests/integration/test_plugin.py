@@ -156,11 +156,11 @@ def test_bad_policy_answer_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_policy_table_per_mode(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     monkeypatch.delenv(choice.POLICY_ENV, raising=False)
     monkeypatch.delenv(choice.POLICY_ENV_COMPILED, raising=False)
-    assert choice.policy_path("eager") is None  # kernels' default table (best of every stock arm)
-    compiled = choice.policy_path("compiled")
+    eager, compiled = choice.policy_path("eager"), choice.policy_path("compiled")
+    assert eager is None or eager.name == choice.EAGER_TABLE  # None: kernels' default table
     assert compiled is None or compiled.name == choice.COMPILED_TABLE
     monkeypatch.setenv(choice.POLICY_ENV_COMPILED, str(tmp_path / "c.json"))
-    assert choice.policy_path("compiled") == tmp_path / "c.json" and choice.policy_path("eager") is None
+    assert choice.policy_path("compiled") == tmp_path / "c.json" and choice.policy_path("eager") == eager
     monkeypatch.setenv(choice.POLICY_ENV, str(tmp_path / "all.json"))
     assert choice.policy_path("eager") == tmp_path / "all.json"
     with pytest.raises(ValueError, match="mode"):
