@@ -104,11 +104,26 @@ def _per_slo(slo: SLO, measured: pd.DataFrame, cells: pd.DataFrame, labels: list
             "per_load": per_load.to_dict(orient="records"), "cells": c.to_dict(orient="records")}
 
 
-def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: Path | None = None) -> dict:
+def _policy_override(run: dict, table: Path) -> dict:
+    """choice.policy_record of `table` for the run's model shape."""
+    from integration import choice
+
+    model = run.get("model") or {}
+    cfg = model.get("config") or {}
+    dtype = choice.CONFIG_DTYPES.get(str(model.get("dtype")), choice.CONFIG_DTYPES.get(str(cfg.get("torch_dtype"))))
+    if dtype is None or "hidden_size" not in cfg:
+        raise ValueError(f"run.json model {model.get('name')!r}: need dtype and config.hidden_size for --patched-policy")
+    return choice.policy_record(dtype, int(cfg["hidden_size"]), "eager" if model.get("eager") else "compiled",
+                                table=table)
+
+
+def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: Path | None = None,
+                patched_policy: Path | None = None) -> dict:
     """Analyse RUN_DIR, write report.json, report.md and PNGs into it, and return the report dict.
 
     ``slos`` defaults to experiments/slos.toml; ``aa_report`` is an A/A run's report.json whose
-    per-window spread is drawn as the noise floor (an A/A run is its own noise floor).
+    per-window spread is drawn as the noise floor (an A/A run is its own noise floor);
+    ``patched_policy`` is the policy table the patched arm used, for a run.json that does not record it.
     """
     run_dir = Path(run_dir)
     run = load_run(run_dir)
@@ -126,7 +141,8 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
     per_slo = [_per_slo(s, complete, cells, labels) for s in slos]
     latency = goodput.cell_latency(complete)
     secondary = {m: goodput.paired_relative(latency, m, *labels) for m in ("tpot_p50_ms", "ttft_p90_ms")}
-    attrib = attribution.attribute(run, labels[0], PROJECT_ROOT)
+    attrib = attribution.attribute(run, labels[0], PROJECT_ROOT,
+                                   policy=_policy_override(run, patched_policy) if patched_policy else None)
     env_path = run_dir / "environment.json"
     env = json.loads(env_path.read_text(encoding="utf-8")) if env_path.is_file() else {}
     analysis = report.Analysis(
@@ -152,10 +168,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help=f"TOML file of [[slo]] tiers (default {DEFAULT_SLO_FILE.name}: interactive, chat, relaxed)")
     ap.add_argument("--aa-report", type=Path, default=None, metavar="REPORT_JSON",
                     help="report.json of an A/A run: its per-window spread is the noise floor drawn and reported")
+    ap.add_argument("--patched-policy", type=Path, default=None, metavar="POLICY_JSON",
+                    help="the policy table the patched arm dispatched by, for a run.json that does not record "
+                         "it (runs before patched_policy was recorded); the attribution counts the kernel's "
+                         "saving only at step sizes this table sends to the fused kernel")
     args = ap.parse_args(argv)
     try:
         slos = [parse_slo(s) for s in args.slo] if args.slo else load_slo_file(args.slo_file)
-        result = analyze_run(args.run_dir, slos, aa_report=args.aa_report)
+        result = analyze_run(args.run_dir, slos, aa_report=args.aa_report, patched_policy=args.patched_policy)
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -3,11 +3,14 @@
 Inputs:
 - the tokens-per-step histogram the baseline server actually ran (run.json "step_histograms",
   from vLLM's ``vllm:iteration_tokens_total``; per-bucket counts, bucket = upper bound of tokens),
-- the in-model profile ``integration/results/h200-profile.json`` (written by ``python -m
-  integration.prove``): per decode step of ``batch_tokens`` tokens, ``step_us_stock``,
-  ``norm_us_stock``, ``norm_us_patched`` and ``patched_extra_kernels_us``,
+- the in-model profile of the run's mode (PROFILE_PATHS, written by ``python -m integration.prove``):
+  per decode or prefill step of ``batch_tokens`` tokens, ``step_us_stock``, ``norm_us_stock``,
+  ``norm_us_patched`` and ``patched_extra_kernels_us``,
 - the kernel benchmark ``kernels/results/h200.json`` (DESIGN.md format): per-shape medians of the
-  fused kernel and of the stock kernels, and which one the shipped policy dispatches.
+  fused kernel and of the stock kernels,
+- the policy the patched arm dispatched by (run.json "patched_policy": row ranges per op), so a
+  step size the policy left to stock saves nothing; a run.json without it (older runs) is read as
+  fused at every size, and the result says so.
 
 Predicted change in step time = -(sum over steps of norm time saved) / (sum of step times), an upper
 bound on the magnitude since the norm overlaps other work. Negative means faster.
@@ -17,12 +20,16 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
 
-PROFILE_PATH = Path("integration/results/h200-profile.json")
+# the fused kernel at every size, stock vs patched, decode and prefill steps (compiled); eager: the
+# shipped eager policy's profile (fused kernel timed at the sizes that policy sent to it)
+PROFILE_PATHS = {"compiled": Path("integration/results/h200-ingraph-all-fused/h200-profile.json"),
+                 "eager": Path("integration/results/h200-shipped-policy/h200-profile-eager.json")}
+POLICY_OP = "fused_add_rms_norm"  # 64 of the 65 norm calls of a Llama step: its answer stands for the step
 KERNEL_PATH = Path("kernels/results/h200.json")
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "half": "fp16", "float": "fp32"}
 
@@ -79,23 +86,40 @@ def _interp(x: float, xs: list[float], ys: list[float]) -> float:
     return float(np.interp(math.log(x), [math.log(v) for v in xs], ys))
 
 
-def predict_from_profile(points: list[tuple[float, int]], profile: list[dict]) -> dict:
-    """Step-time change (%) of a step histogram under the profile's per-step norm saving."""
+def fused_at(policy: Mapping | None) -> Callable[[float], bool]:
+    """tokens -> does the patched arm's policy send a step of that size to the fused kernel
+    (POLICY_OP's row ranges; None: no policy recorded, fused everywhere)."""
+    if policy is None:
+        return lambda tokens: True
+    try:
+        segs = [(int(lo), int(hi), bool(f)) for lo, hi, f in policy["segments"][POLICY_OP]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"patched_policy: need segments[{POLICY_OP!r}] as [lo, hi, fused] rows ({exc!r})") from None
+    top = max((hi for _, hi, _ in segs), default=0)
+    return lambda tokens: any(lo <= min(int(tokens), top) <= hi and f for lo, hi, f in segs)
+
+
+def predict_from_profile(points: list[tuple[float, int]], profile: list[dict],
+                         fused: Callable[[float], bool] = lambda tokens: True) -> dict:
+    """Step-time change (%) of a step histogram under the profile's per-step norm saving, counted
+    only for step sizes the policy sends to the fused kernel."""
     xs = [r["batch_tokens"] for r in profile]
     saved = total = 0.0
     table = []
     for tokens, count in points:
         step = _interp(tokens, xs, [r["step_us"] for r in profile])
-        delta = _interp(tokens, xs, [r["norm_stock_us"] - r["norm_patched_us"] for r in profile])
+        delta = _interp(tokens, xs, [r["norm_stock_us"] - r["norm_patched_us"] for r in profile]) if fused(tokens) else 0.0
         saved += count * delta
         total += count * step
-        table.append({"tokens": tokens, "steps": count, "step_us": step, "norm_saved_us": delta})
-    return {"predicted_step_change_pct": -100.0 * saved / total if total else None,
+        table.append({"tokens": tokens, "steps": count, "step_us": step, "fused": fused(tokens), "norm_saved_us": delta})
+    return {"predicted_step_change_pct": 0.0 - 100.0 * saved / total if total else None,  # 0.0 - : no "-0"
             "steps": int(sum(c for _, c in points)), "profiled_tokens": [min(xs), max(xs)], "by_bucket": table}
 
 
-def kernel_saving_per_call(bench: list[dict], op: str, dtype: str, hidden: int, eager: bool) -> dict:
-    """Per rows: stock time (vllm_c if eager else inductor) minus what the policy runs, in us."""
+def kernel_saving_per_call(bench: list[dict], op: str, dtype: str, hidden: int, eager: bool,
+                           fused: Callable[[float], bool] | None = None) -> dict:
+    """Per rows: stock time (vllm_c if eager else inductor) minus what the policy runs, in us
+    (`fused`: the patched arm's policy; None: the benchmark's own table, its "policy" column)."""
     stock_key = "vllm_c_us" if eager else "inductor_us"
     rows = sorted((r for r in bench if r.get("op") == op and r.get("dtype") == dtype
                    and int(r.get("hidden", -1)) == hidden), key=lambda r: r["rows"])
@@ -104,12 +128,14 @@ def kernel_saving_per_call(bench: list[dict], op: str, dtype: str, hidden: int, 
         stock = (r.get("stock") or {}).get(stock_key)
         if stock is None:
             continue
-        patched = r["median_us"] if str(r.get("policy", "")).startswith("fused") else stock
+        picked = fused(r["rows"]) if fused is not None else str(r.get("policy", "")).startswith("fused")
+        patched = r["median_us"] if picked else stock
         out[int(r["rows"])] = float(stock) - float(patched)
     return out
 
 
-def predict_from_kernels(points: list[tuple[float, int]], bench: list[dict], model: Mapping, eager: bool) -> dict:
+def predict_from_kernels(points: list[tuple[float, int]], bench: list[dict], model: Mapping, eager: bool,
+                         fused: Callable[[float], bool] | None = None) -> dict:
     """Norm time saved per step (us, histogram-weighted) from the kernel benchmark, Llama norm layout:
     one rms_norm and 2 * num_hidden_layers fused_add_rms_norm calls per forward step."""
     cfg = model.get("config") or {}
@@ -118,7 +144,7 @@ def predict_from_kernels(points: list[tuple[float, int]], bench: list[dict], mod
     if not hidden or not layers:
         return {"status": "unavailable", "reason": "model config lacks hidden_size / num_hidden_layers"}
     calls = {"rms_norm": 1, "fused_add_rms_norm": 2 * int(layers)}
-    per_op = {op: kernel_saving_per_call(bench, op, dtype, int(hidden), eager) for op in calls}
+    per_op = {op: kernel_saving_per_call(bench, op, dtype, int(hidden), eager, fused) for op in calls}
     absent = [op for op, rows in per_op.items() if not rows]
     if absent:
         return {"status": "unavailable", "reason": f"no {dtype} x {hidden} rows for {absent} in kernel results"}
@@ -151,14 +177,26 @@ def _shown(path: Path, root: Path) -> str:
         return str(path)
 
 
+def _policy(run: Mapping, override: Mapping | None) -> tuple[Mapping | None, str]:
+    """The patched arm's recorded policy (or the override) and a sentence saying which it is."""
+    policy = override if override is not None else run.get("patched_policy")
+    if policy is None:
+        return None, ("run.json records no patched_policy (an older run): the fused kernel is assumed at "
+                      "every step size")
+    source = "given with --patched-policy" if override is not None else "recorded in run.json"
+    return policy, f"patched arm's policy {policy.get('table', '?')} ({source}); unfused step sizes save nothing"
+
+
 def attribute(run: Mapping, baseline: str, root: Path, profile_path: Path | None = None,
-              kernel_path: Path | None = None) -> dict:
+              kernel_path: Path | None = None, policy: Mapping | None = None) -> dict:
     """Predicted step-time change (%) the kernel can explain for this run, with every input named.
 
-    ``root`` is the project root where the default result files live. Never raises for a missing or
+    ``root`` is the project root where the default result files live; ``policy`` overrides the
+    run's recorded patched_policy (choice.policy_record format). Never raises for a missing or
     unreadable input: the result's "status" and "reason" say what is missing.
     """
-    profile_path = profile_path or root / PROFILE_PATH
+    eager = bool((run.get("model") or {}).get("eager"))
+    profile_path = profile_path or root / PROFILE_PATHS["eager" if eager else "compiled"]
     kernel_path = kernel_path or root / KERNEL_PATH
     base = {"upper_bound": True, "profile": _shown(profile_path, root), "kernel_results": _shown(kernel_path, root),
             "histogram_arm": baseline, "predicted_step_change_pct": None}
@@ -170,16 +208,18 @@ def attribute(run: Mapping, baseline: str, root: Path, profile_path: Path | None
     try:
         points = merge_histograms(hists)
         per_load_points = {load: histogram_points(h) for load, h in hists.items()}
+        pol, policy_note = _policy(run, policy)
+        fused = fused_at(pol)
     except ValueError as exc:
-        return {**base, "status": "error", "reason": f"run.json step_histograms[{baseline}]: {exc}"}
+        return {**base, "status": "error", "reason": f"run.json: {exc}"}
     if not points:
         return {**base, "status": "no histogram",
                 "reason": f"run.json has no step-size histogram for arm {baseline!r}: nothing to weight by"}
-    result = {**base, "histogram": [{"tokens": t, "steps": c} for t, c in points]}
+    result = {**base, "policy_note": policy_note, "histogram": [{"tokens": t, "steps": c} for t, c in points]}
     try:
         bench = _read_json_list(kernel_path, "bench")
         result["kernel_estimate"] = (
-            predict_from_kernels(points, bench, run.get("model") or {}, bool((run.get("model") or {}).get("eager")))
+            predict_from_kernels(points, bench, run.get("model") or {}, eager, fused if pol is not None else None)
             if bench else {"status": "unavailable", "reason": f"no kernel results at {kernel_path}"})
     except (ValueError, KeyError, TypeError) as exc:
         result["kernel_estimate"] = {"status": "error", "reason": f"{kernel_path}: {exc}"}
@@ -190,11 +230,11 @@ def attribute(run: Mapping, baseline: str, root: Path, profile_path: Path | None
         profile = load_profile(profile_path)
     except ValueError as exc:
         return {**result, "status": "error", "reason": str(exc)}
-    overall = predict_from_profile(points, profile)
-    per_load = {load: predict_from_profile(p, profile)["predicted_step_change_pct"]
+    overall = predict_from_profile(points, profile, fused)
+    per_load = {load: predict_from_profile(p, profile, fused)["predicted_step_change_pct"]
                 for load, p in per_load_points.items() if p}
-    reason = ("norm time saved per step (profile, stock - patched) weighted by the step-size histogram, "
-              "over the histogram-weighted step time")
+    reason = ("norm time saved per step (profile, stock - patched) at the step sizes the policy sends to the "
+              "fused kernel, weighted by the step-size histogram, over the histogram-weighted step time")
     return {**result, "status": "predicted", "reason": reason,
             "predicted_step_change_pct": overall["predicted_step_change_pct"],
             "profile_detail": overall, "per_load_pct": per_load}

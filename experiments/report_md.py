@@ -112,6 +112,7 @@ def _power_and_attribution(r: Mapping) -> list[str]:
     out += ["", "## Attribution: what the kernel can explain", "",
             f"- predicted step-time change (upper bound): {_num(a.get('predicted_step_change_pct'), '{:+.3f}%')} "
             f"— {a.get('status')}: {a.get('reason')}",
+            *([f"- policy: {a['policy_note']}"] if a.get("policy_note") else []),
             f"- measured median TPOT change: {_num(tpot.get('mean'), '{:+.2f}%')}", *_explained(a, tpot)]
     k = a.get("kernel_estimate")
     if k:

@@ -48,6 +48,16 @@ def mode_note(cfg: RunConfig) -> str | None:
     return CPU_NOTE if cfg.device == "cpu" else None
 
 
+def patched_policy(cfg: RunConfig) -> dict | None:
+    """The shape policy the patched arm dispatches by (None on CPU, where the provider is
+    unsupported, and when no arm is patched)."""
+    if cfg.device == "cpu" or "patched" not in cfg.arms:
+        return None
+    from integration import choice
+
+    return choice.policy_record(*choice.model_shape(cfg.model_dir, cfg.dtype), "eager" if cfg.eager else "compiled")
+
+
 def default_name(cfg: RunConfig) -> str:
     """Timestamp-based run name, e.g. 20261202-153012-cpu-tiny-llama."""
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.device}-{Path(cfg.model_dir).name}"
@@ -91,6 +101,7 @@ class RunRecord:
                          "clipped_requests": plan.clipped_requests},
             "resident": not cfg.one_at_a_time,
             "schedule": [s.to_json() for s in plan.steps],
+            "patched_policy": patched_policy(cfg),
             "step_histograms": {}, "status": "running", "stopped_reason": None,
             "servers": {}, "warnings": [], "finished": None,
         }

@@ -13,7 +13,7 @@ import functools
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -90,17 +90,21 @@ def fused_over(op: str, dtype: str, lo: int, hi: int, hidden: int, mode: str = "
     return all(choose(op, dtype, rows, hidden, mode) != "stock" for rows in range(lo, hi + 1))
 
 
+def _runs(fused: Callable[[int], bool], max_rows: int) -> list[tuple[int, int, bool]]:
+    out: list[tuple[int, int, bool]] = []
+    for rows in range(1, max_rows + 1):
+        f = fused(rows)
+        if out and out[-1][2] == f:
+            out[-1] = (out[-1][0], rows, f)
+        else:
+            out.append((rows, rows, f))
+    return out
+
+
 def segments(op: str, dtype: str, hidden: int, max_rows: int,
              mode: str = "compiled") -> list[tuple[int, int, bool]]:
     """Maximal row ranges [lo, hi] over 1..max_rows with one answer each: (lo, hi, fused)."""
-    out: list[tuple[int, int, bool]] = []
-    for rows in range(1, max_rows + 1):
-        fused = choose(op, dtype, rows, hidden, mode) != "stock"
-        if out and out[-1][2] == fused:
-            out[-1] = (out[-1][0], rows, fused)
-        else:
-            out.append((rows, rows, fused))
-    return out
+    return _runs(lambda rows: choose(op, dtype, rows, hidden, mode) != "stock", max_rows)
 
 
 def stock_boundaries(dtype: str, hidden: int, max_rows: int) -> list[int]:
@@ -122,3 +126,16 @@ def model_shape(model_dir: str | Path, dtype: str = "auto") -> tuple[str, int]:
     if name not in CONFIG_DTYPES:
         raise ValueError(f"{path}: dtype {name!r} is not one of {sorted(CONFIG_DTYPES)}")
     return CONFIG_DTYPES[name], int(cfg["hidden_size"])
+
+
+def policy_record(dtype: str, hidden: int, mode: str = "compiled", max_rows: int = 16384,
+                  table: str | Path | None = None) -> dict:
+    """What a patched arm's policy picks for one model shape, for a run record: the table's path
+    and, per op, the row ranges [lo, hi, fused] over 1..max_rows (read by experiments' attribution).
+    `table`: a policy file to describe instead of the mode's own (choice.policy_path)."""
+    from kernels.policy import load_policy
+
+    pol = load_policy(table) if table is not None else policy(mode)
+    segs = {op: [list(r) for r in _runs(lambda rows, op=op: pol.choose(op, dtype, rows, hidden) != "stock",
+                                          max_rows)] for op in OPS}
+    return {"mode": mode, "table": str(pol.source), "dtype": dtype, "hidden": hidden, "segments": segs}

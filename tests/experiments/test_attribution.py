@@ -40,7 +40,9 @@ def run_json(device="cuda", hists=None):
 def files(tmp_path):
     (tmp_path / "integration/results").mkdir(parents=True)
     (tmp_path / "kernels/results").mkdir(parents=True)
-    (tmp_path / attribution.PROFILE_PATH).write_text(json.dumps(PROFILE))
+    for path in attribution.PROFILE_PATHS.values():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(json.dumps(PROFILE))
     (tmp_path / attribution.KERNEL_PATH).write_text(json.dumps(BENCH))
     return tmp_path
 
@@ -55,6 +57,41 @@ def test_prediction_known_answer(files):
     k = a["kernel_estimate"]
     assert k["status"] == "estimated" and k["stock_kernel"] == "inductor"
     assert k["norm_saved_us_per_step"] == pytest.approx((10 * 2.5 + 5 * 5 + 1 * 20) / 16)
+
+
+def policy(fused_ranges):
+    """choice.policy_record format: fused_add_rms_norm's [lo, hi, fused] over 1..2048."""
+    segs, lo = [], 1
+    for a, b in fused_ranges:
+        if a > lo:
+            segs.append([lo, a - 1, False])
+        segs.append([a, b, True])
+        lo = b + 1
+    if lo <= 2048:
+        segs.append([lo, 2048, False])
+    return {"table": "t.json", "segments": {"fused_add_rms_norm": segs, "rms_norm": segs}}
+
+
+def test_recorded_policy_limits_the_saving_to_fused_step_sizes(files):
+    run = {**run_json(), "patched_policy": policy([(2, 64)])}  # 1 and 1024 tokens stay stock
+    a = attribution.attribute(run, "stock", files)
+    assert a["predicted_step_change_pct"] == pytest.approx(-100 * (5 * 20) / 30000)
+    assert "recorded in run.json" in a["policy_note"]
+    assert [b["fused"] for b in a["profile_detail"]["by_bucket"]] == [False, True, False]
+    # kernel bench under the same policy: only the 64-token bucket saves (1 x 1.0 + 4 x 1.0 us)
+    assert a["kernel_estimate"]["norm_saved_us_per_step"] == pytest.approx(5 * 5 / 16)
+
+
+def test_an_all_stock_policy_explains_nothing_and_an_override_wins(files):
+    run = {**run_json(), "patched_policy": policy([])}
+    assert attribution.attribute(run, "stock", files)["predicted_step_change_pct"] == 0.0
+    a = attribution.attribute(run, "stock", files, policy=policy([(1, 2048)]))
+    assert a["predicted_step_change_pct"] == pytest.approx(-100 * 250 / 30000)
+    assert "--patched-policy" in a["policy_note"]
+    old = attribution.attribute(run_json(), "stock", files)
+    assert "no patched_policy" in old["policy_note"]
+    bad = attribution.attribute({**run_json(), "patched_policy": {"segments": {}}}, "stock", files)
+    assert bad["status"] == "error" and "fused_add_rms_norm" in bad["reason"]
 
 
 def test_cpu_run_predicts_exactly_zero(files):
@@ -78,7 +115,7 @@ def test_missing_histogram_and_bad_histogram(files):
 
 
 def test_bad_profile_is_an_error_not_a_number(files):
-    (files / attribution.PROFILE_PATH).write_text(json.dumps({"steps": [{"batch_tokens": 1}]}))
+    (files / attribution.PROFILE_PATHS["compiled"]).write_text(json.dumps({"steps": [{"batch_tokens": 1}]}))
     a = attribution.attribute(run_json(), "stock", files)
     assert a["status"] == "error" and "steps[0]" in a["reason"]
     assert a["predicted_step_change_pct"] is None
@@ -90,7 +127,7 @@ def test_histogram_points_inf_bucket_uses_last_finite_bound():
 
 def test_committed_h200_profile_is_read_as_written():
     root = __import__("pathlib").Path(__file__).resolve().parents[2]
-    path = root / attribution.PROFILE_PATH
+    path = root / attribution.PROFILE_PATHS["compiled"]
     raw = json.loads(path.read_text())["steps"]
     rows = attribution.load_profile(path)
     assert [r["batch_tokens"] for r in rows] == sorted(float(s["batch_tokens"]) for s in raw)
