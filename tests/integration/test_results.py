@@ -36,3 +36,36 @@ def test_evidence_names_the_provider_and_the_graph_replays() -> None:
     assert ev["summary"]["patched_priority"]["rms_norm"][0] == "cupy_fused"
     assert ev["summary"]["fused_in_graph_replay"] > 0 and ev["summary"]["stock_fused_kernels"] == 0
     assert any("cupy_fused" in ln and "compile range" in ln for ln in ev["arms"]["patched-compiled"]["log_lines"])
+
+
+KERNEL_RESULTS = RESULTS.parents[1] / "kernels" / "results"
+
+
+@pytest.mark.parametrize("profile, table", [
+    ("h200-ingraph-all-fused/h200-profile.json", "policy-h200-in-graph.json"),
+    ("h200-shipped-policy/h200-profile-eager.json", "policy-h200-in-vllm-eager.json"),
+])
+def test_shipped_in_vllm_tables_rebuild_from_their_committed_profiles(profile: str, table: str) -> None:
+    from integration import ingraph
+
+    prof = _load(profile)
+    path = KERNEL_RESULTS / table
+    if not path.exists():
+        pytest.skip(f"{path} not committed")
+    shipped = json.loads(path.read_text())
+    rebuilt = ingraph.document(prof, "bf16", 4096, source=shipped["source"])
+    assert rebuilt["table"] == shipped["table"] and rebuilt["mode"] == prof["mode"] == shipped["mode"]
+
+
+def test_verification_run_ran_the_fused_kernel_exactly_where_its_table_said() -> None:
+    from kernels.policy import load_policy
+
+    prof = _load("h200-ingraph-policy/h200-profile.json")
+    pol = load_policy(RESULTS / "h200-ingraph-policy" / "policy-used.json")
+    assert prof["compile_ranges_endpoints"], "the verification needs more than one compile range"
+    for row in prof["steps"]:
+        fused = pol.choose("fused_add_rms_norm", "bf16", row["batch_tokens"], 4096) != "stock"
+        assert row["fused_calls_patched"] == (row["norm_calls"] if fused else 0), row["batch_tokens"]
+    ev = _load("h200-ingraph-policy/h200.json")
+    ranges = [ln for ln in ev["arms"]["patched-compiled"]["log_lines"] if "(compile range)" in ln]
+    assert sum("-> cupy_fused" in ln for ln in ranges) == 2 and sum("declined" in ln for ln in ranges) == 4
