@@ -26,7 +26,7 @@ from integration import choice
 
 logger = logging.getLogger("vllm.plugins.rmsnorm_fused")
 
-WARM_ROWS = 1024  # row counts warmed at first use: covers vLLM's CUDA-graph sizes (<= 512 by default)
+WARM_ROWS = 16384  # row counts warmed: vLLM's CUDA-graph sizes and every compile range the launcher sets
 CALLS: Counter = Counter()  # (op, answer) -> Python-level calls in this process (not graph replays)
 _warmed: set[tuple] = set()
 _lock = threading.Lock()
