@@ -1,0 +1,32 @@
+"""run.json records the policy the patched arm dispatches by (experiments.runrecord.patched_policy)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from experiments.runrecord import patched_policy
+from integration import choice
+from integration.launcher import MODELS_DIR
+
+
+def _cfg(**kw) -> SimpleNamespace:
+    base = dict(device="cuda", arms=("stock", "patched"), model_dir=MODELS_DIR / "llama-3.1-8b",
+                dtype="bfloat16", eager=False)
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_cuda_ab_run_records_the_table_and_its_row_ranges() -> None:
+    rec = patched_policy(_cfg())
+    assert rec["mode"] == "compiled" and (rec["dtype"], rec["hidden"]) == ("bf16", 4096)
+    assert rec["table"] == str(choice.policy("compiled").source)
+    for op in choice.OPS:
+        segs = rec["segments"][op]
+        assert segs[0][0] == 1 and segs[-1][1] == 16384
+        assert all(a[1] + 1 == b[0] for a, b in zip(segs, segs[1:]))  # contiguous, no gaps
+        assert [tuple(s) for s in segs] == choice.segments(op, "bf16", 4096, 16384, "compiled")
+    assert patched_policy(_cfg(eager=True))["mode"] == "eager"
+
+
+def test_cpu_and_aa_runs_record_no_policy() -> None:
+    assert patched_policy(_cfg(device="cpu")) is None
+    assert patched_policy(_cfg(arms=("stock", "stock"))) is None
