@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -44,10 +45,12 @@ def test_server_killed_mid_run_every_request_gets_one_record(tmp_path: Path) -> 
     server = start_server(tiny_server_config("stock"), tmp_path / "server.log")
     out = tmp_path / "records.jsonl"
     # 30 requests over 10 s: the first 10 short (done before the kill), the rest long enough
-    # (1000 tokens, several seconds each here) that some are streaming when the server is killed at 6 s.
+    # (1000 tokens, several seconds each here) that some are streaming when the server is killed at
+    # 4 s. Later kills (6 s) met multi-second stalls of the whole 2-core machine once 6-8 of those
+    # long streams ran at once, and the streams in flight then finished before the kill.
     reqs = [TraceRequest(0.33 * i, q.input_tokens, 16 if i < 10 else 1000)
             for i, q in enumerate(chat_slice(30))]
-    kill_at_s = 6.0
+    kill_at_s = 4.0
     killed_ns: list[int] = []
 
     def kill() -> None:
@@ -55,8 +58,11 @@ def test_server_killed_mid_run_every_request_gets_one_record(tmp_path: Path) -> 
         os.killpg(os.getpgid(server.proc.pid), signal.SIGKILL)
 
     async def go():
-        asyncio.get_running_loop().call_later(kill_at_s, kill)
+        # a thread, not the event loop: a loop busy with 1000-token streams on 2 cores ran a
+        # call_later kill 5 s late, after the streams had finished
+        timer = threading.Timer(kill_at_s, kill)
         t = time.perf_counter_ns()
+        timer.start()
         recs = await replay(server.url, reqs, out=out, model=server.model_name, progress=False, timeout_s=60)
         return t, recs
 
