@@ -129,15 +129,20 @@ def _mean_hist(traced: list[dict]) -> dict[str, tuple[float, float]]:
     return {k: (c / n, us / n) for k, (c, us) in tot.items()}
 
 
+def norm_kernels(traced: list[dict]) -> list[str]:
+    """Names of the RMSNorm kernels (ours, vLLM's, Inductor's) a step ran: the patched arm runs
+    Inductor's own norm in the compile ranges its policy declines."""
+    return sorted(n for n in _mean_hist(traced) if steptrace.norm_kind(n) is not None)
+
+
 def stock_norm_kernels(stock: list[dict], patched: list[dict]) -> tuple[list[str], str]:
     """Names of the stock arm's RMSNorm kernels and how they were found: by name (vLLM's CUDA kernel,
     an Inductor kernel named after rsqrt), else as the kernels the patched graph no longer runs
     (fewer calls per step there), i.e. what the fused kernel replaced."""
-    hs = _mean_hist(stock)
-    named = sorted(n for n in hs if steptrace.norm_kind(n) is not None)
+    named = norm_kernels(stock)
     if named:
         return named, "name"
-    hp = _mean_hist(patched)
+    hs, hp = _mean_hist(stock), _mean_hist(patched)
     gone = sorted(n for n, (c, _) in hs.items() if c > hp.get(n, (0.0, 0.0))[0] + 0.5)
     return gone, "replaced_in_patched"
 
@@ -163,12 +168,6 @@ def _arm_step(row: dict, norm_names: list[str]) -> dict:
             "gpu_busy_us": [s["gpu_busy_us"] for s in traced], "gpu_span_us": [s["gpu_span_us"] for s in traced],
             "kernels": [s["kernels"] for s in traced], "fused_from_graph": [s["fused_from_graph"] for s in traced],
             "kernel_hist_mean": {k: [round(c, 2), round(us, 3)] for k, (c, us) in _mean_hist(traced).items()}}
-
-
-def norm_kernels(traced: list[dict]) -> list[str]:
-    """Names of the RMSNorm kernels (ours, vLLM's, Inductor's) a step ran: the patched arm runs
-    Inductor's own norm in the compile ranges its policy declines."""
-    return sorted(n for n in _mean_hist(traced) if steptrace.norm_kind(n) is not None)
 
 
 def _row(kind: str, n: int, srow: dict, prow: dict) -> dict:

@@ -14,6 +14,7 @@ and write `<out>/<arm>-<mode>.done`.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -197,9 +198,9 @@ def prefill_steps(llm, a: argparse.Namespace, length: int, vocab: int, timed: in
         raise ValueError(f"prefill size {length} exceeds --max-num-batched-tokens {a.max_num_batched_tokens}")
     engine = llm.llm_engine
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    counter = iter(range(1 << 30))
+    counter = itertools.count()
 
-    def add(_: int = 0) -> None:
+    def add() -> None:
         i = next(counter)
         ids = prompt_ids(a.seed + 7919 * length, i, length, vocab)
         engine.add_request(f"p{length}-{i}", TokensPrompt(prompt_token_ids=ids), params)
@@ -218,7 +219,12 @@ def prefill_steps(llm, a: argparse.Namespace, length: int, vocab: int, timed: in
         engine.step()
         samples.append((time.perf_counter_ns() - t0) / 1e3)
         drain()
-    steps, names = _trace_steps(engine, traced, f"p{length}", before=lambda k: (drain(), add()))
+
+    def next_prompt(_: int) -> None:
+        drain()
+        add()
+
+    steps, names = _trace_steps(engine, traced, f"p{length}", before=next_prompt)
     drain()
     return {"kind": "prefill", "batch_tokens": length, "step_wall_us": samples, "traced_steps": steps,
             "norm_kernel_names": names}
