@@ -3,7 +3,7 @@
 Inputs:
 - the tokens-per-step histogram the baseline server actually ran (run.json "step_histograms",
   from vLLM's ``vllm:iteration_tokens_total``; per-bucket counts, bucket = upper bound of tokens),
-- the in-model profile of the run's mode (PROFILE_PATHS, written by ``python -m integration.prove``):
+- the in-model profile of the run's mode (PROFILE_PATHS, written by ``python -m integration.proof.prove``):
   per decode or prefill step of ``batch_tokens`` tokens, ``step_us_stock``, ``norm_us_stock``,
   ``norm_us_patched`` and ``patched_extra_kernels_us``,
 - the kernel benchmark ``kernels/results/h200.json`` (DESIGN.md format): per-shape medians of the

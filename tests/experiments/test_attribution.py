@@ -5,7 +5,7 @@ import pytest
 from experiments import attribution
 
 HIST = {"buckets": [1, 64, 1024, "+Inf"], "counts": [10, 5, 1, 0]}
-PROFILE = {"steps": [  # the fields integration.prove writes; patched extra kernels count as norm time
+PROFILE = {"steps": [  # the fields integration.proof.prove writes; patched extra kernels count as norm time
     {"batch_tokens": 1, "step_us_stock": 1000.0, "norm_us_stock": 50.0, "norm_us_patched": 39.0,
      "patched_extra_kernels_us": {"triton_poi_fused_embedding": 1.0}},
     {"batch_tokens": 64, "step_us_stock": 2000.0, "norm_us_stock": 100.0, "norm_us_patched": 80.0},

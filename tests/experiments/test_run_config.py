@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import run as run_cli
+from experiments import cli as run_cli
 from experiments.config import GIB, ConfigError, RunConfig, arm_labels, make_config
 
 REPO = Path(__file__).resolve().parents[2]

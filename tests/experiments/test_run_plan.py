@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import run as run_cli
+from experiments import cli as run_cli
 from experiments.config import ConfigError, make_config
 from experiments.plan import prepare
 from integration.launcher import VllmServer

@@ -46,7 +46,7 @@ KERNEL_RESULTS = RESULTS.parents[1] / "kernels" / "results"
     ("h200-shipped-policy/h200-profile-eager.json", "policy-h200-in-vllm-eager.json"),
 ])
 def test_shipped_in_vllm_tables_rebuild_from_their_committed_profiles(profile: str, table: str) -> None:
-    from integration import ingraph
+    from integration.proof import ingraph
 
     prof = _load(profile)
     path = KERNEL_RESULTS / table

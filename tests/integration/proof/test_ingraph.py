@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from integration import compare, ingraph
+from integration.proof import evidence, ingraph
 from kernels.policy import load_policy
 
-RESULTS = Path(__file__).resolve().parents[2] / "integration" / "results"
+RESULTS = Path(__file__).resolve().parents[3] / "integration" / "results"
 
 
 def _row(n: int, stock: list[float], patched: list[float], kind: str = "decode", extra: float = 0.0,
@@ -91,7 +91,7 @@ def test_committed_profile_rebuilds_with_step_level_verdicts() -> None:
     raw_path = RESULTS / "h200-raw-steps.json"
     if not raw_path.exists():
         pytest.skip(f"{raw_path} not committed")
-    prof = compare.profile_from_raw(json.loads(raw_path.read_text()))
+    prof = evidence.profile_from_raw(json.loads(raw_path.read_text()))
     for row in prof["steps"]:
         s, p = row["samples"]["stock"]["norm_us"], row["samples"]["patched"]["norm_us"]
         extra = sum(row["patched_extra_kernels_us"].values())

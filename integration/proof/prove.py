@@ -1,6 +1,6 @@
 """Prove the fused RMSNorm runs inside vLLM and changes nothing but the kernel; profile decode steps.
 
-    python -m integration.prove --out OUT [--model integration/models/llama-3.1-8b]
+    python -m integration.proof.prove --out OUT [--model integration/models/llama-3.1-8b]
 
 Starts four offline vLLM engines at once, one process each (integration/prove_arm.py): stock and
 patched, compiled (torch.compile + CUDA graphs) and eager. Each greedy-decodes the same seeded
@@ -11,7 +11,7 @@ and prefill size (two rounds each, in the order stock, patched, patched, stock).
 Writes OUT/h200.json (evidence: providers, priorities, plugin log lines, kernels seen in CUDA-graph
 replays, greedy agreement, the command), OUT/h200-profile.json (per batch size: step time, norm time
 and calls, stock vs patched, with raw samples), OUT/raw-steps.json (the compiled engines' raw step
-data, from which `python -m integration.compare --raw ... --out ...` rebuilds the profile) and
+data, from which `python -m integration.proof.evidence --raw ... --out ...` rebuilds the profile) and
 OUT/logs.tar.gz.
 """
 
@@ -29,7 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from integration import choice, compare
+from integration import choice
+from integration.proof import evidence
 from kernels import environment as kernel_env
 from integration.launcher import MODELS_DIR, PLUGIN_NAME
 
@@ -90,7 +91,7 @@ def compile_ranges(a: argparse.Namespace) -> list[int]:
 
 
 def worker_cmd(a: argparse.Namespace, arm: str, mode: str, scratch: Path, ranges: list[int]) -> list[str]:
-    cmd = [sys.executable, "-m", "integration.prove_arm", "--arm", arm, "--mode", mode, "--model", a.model,
+    cmd = [sys.executable, "-m", "integration.proof.prove_arm", "--arm", arm, "--mode", mode, "--model", a.model,
            "--out", str(scratch), "--dtype", a.dtype, "--prompts", str(a.prompts), "--steps", str(a.steps),
            "--batch-sizes", a.batch_sizes, "--prefill-sizes", a.prefill_sizes, "--timed-steps", str(a.timed_steps),
            "--traced-steps", str(a.traced_steps), "--compile-ranges", ",".join(map(str, ranges)),
@@ -187,19 +188,19 @@ def main(argv: list[str] | None = None) -> int:
         with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
             for n in procs:
                 tar.add(scratch / f"{n}.log", arcname=f"{n}.log")
-    command = "python -m integration.prove " + shlex.join(argv if argv is not None else sys.argv[1:])
-    evidence = compare.evidence(results, codes, logs, cmds, ranges, environment(), command, a)
-    evidence["policy"] = policy_source
-    (out / "h200.json").write_text(json.dumps(evidence, indent=1))
+    command = "python -m integration.proof.prove " + shlex.join(argv if argv is not None else sys.argv[1:])
+    doc = evidence.build(results, codes, logs, cmds, ranges, environment(), command, a)
+    doc["policy"] = policy_source
+    (out / "h200.json").write_text(json.dumps(doc, indent=1))
     if profiled:
-        raw = {"model": a.model, "ranges": ranges, "command": command, "environment": evidence["environment"],
+        raw = {"model": a.model, "ranges": ranges, "command": command, "environment": doc["environment"],
                "policy": policy_source,
                "results": {f"{arm}-{m}": results.get(f"{arm}-{m}") for m in profiled for arm in ("stock", "patched")}}
         (out / "raw-steps.json").write_text(json.dumps(raw))
         for m in profiled:
             name = "h200-profile.json" if m == "compiled" else f"h200-profile-{m}.json"
-            (out / name).write_text(json.dumps(compare.profile_from_raw(raw, m), indent=1))
-    print(json.dumps(evidence["summary"], indent=1))
+            (out / name).write_text(json.dumps(evidence.profile_from_raw(raw, m), indent=1))
+    print(json.dumps(doc["summary"], indent=1))
     return 0 if all(c == 0 for c in codes.values()) else 1
 
 

@@ -1,11 +1,11 @@
-"""Turn the four engine results of integration/prove.py into the evidence and profile JSON files."""
+"""Turn the four engine results of integration/proof/prove.py into the evidence and profile JSON files."""
 
 from __future__ import annotations
 
 import statistics
 from typing import Any
 
-from integration import steptrace
+from integration.proof import steptrace
 
 PAIRS = [("stock-compiled", "patched-compiled"), ("stock-eager", "patched-eager"),
          ("stock-compiled", "stock-eager")]  # the last is the baseline: two stock kernels
@@ -70,7 +70,7 @@ def _proof(res: dict | None) -> dict | None:
             "norm_kernel_names": res["proof"]["norm_kernel_names"]}
 
 
-def evidence(results: dict, codes: dict, logs: dict, cmds: dict, ranges: list[int], env: dict,
+def build(results: dict, codes: dict, logs: dict, cmds: dict, ranges: list[int], env: dict,
              command: str, a: Any) -> dict:
     """h200.json: what ran, what the logs say, which kernels the traces saw, and output agreement."""
     arms = {}
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     import json
 
     ap = argparse.ArgumentParser(description=main.__doc__)
-    ap.add_argument("--raw", help="raw-steps.json written by python -m integration.prove")
+    ap.add_argument("--raw", help="raw-steps.json written by python -m integration.proof.prove")
     ap.add_argument("--out", help="profile JSON to write from --raw (e.g. integration/results/h200-profile.json)")
     ap.add_argument("--mode", choices=("compiled", "eager"), default="compiled",
                     help="which pair of engines of --raw to profile (default compiled)")

@@ -1,6 +1,6 @@
 """CPU cost of one fused-norm call outside a CUDA graph, layer by layer of its call path.
 
-    python -m integration.launchcost --out OUT/launch-cost.json
+    python -m integration.proof.launchcost --out OUT/launch-cost.json
 
 Above vLLM's CUDA-graph sizes every norm call of the patched arm runs through Python: the custom
 op (torch.ops.rmsnorm_fused.fused_add_rms_norm), integration.ops (policy answer, counters),
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     from kernels import environment as kernel_env
 
     shapes = [measure(int(r), a.hidden, a.calls, a.batches) for r in a.rows.split(",") if r]
-    doc = {"schema_version": 1, "command": "python -m integration.launchcost " + " ".join(argv or sys.argv[1:]),
+    doc = {"schema_version": 1, "command": "python -m integration.proof.launchcost " + " ".join(argv or sys.argv[1:]),
            "torch": torch.__version__, "gpu": kernel_env.smi("name,driver_version"), "shapes": shapes}
     Path(a.out).write_text(json.dumps(doc, indent=1))
     for s in shapes:

@@ -1,11 +1,11 @@
-"""integration.prove's turn order and integration.launchcost's refusal without a GPU."""
+"""integration.proof.prove's turn order and integration.proof.launchcost's refusal without a GPU."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from integration import launchcost, prove
+from integration.proof import launchcost, prove
 
 
 def test_each_profiled_mode_takes_ab_ba_turns_one_engine_at_a_time() -> None:

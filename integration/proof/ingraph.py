@@ -1,9 +1,9 @@
 """Shape policies from timings inside vLLM: fused only where it beat the stock norm in the real model.
 
-    python -m integration.ingraph --profile OUT/h200-profile.json --out kernels/results/policy-h200-in-graph.json
-    python -m integration.ingraph --profile OUT/h200-profile-eager.json --out kernels/results/policy-h200-in-vllm-eager.json
+    python -m integration.proof.ingraph --profile OUT/h200-profile.json --out kernels/results/policy-h200-in-graph.json
+    python -m integration.proof.ingraph --profile OUT/h200-profile-eager.json --out kernels/results/policy-h200-in-vllm-eager.json
 
-The input is a step profile of `python -m integration.prove` (decode and prefill steps, stock and
+The input is a step profile of `python -m integration.proof.prove` (decode and prefill steps, stock and
 patched engines of one mode; `--all-fused` makes the patched engine run the fused kernel at every
 size). Compiled mode compares against Inductor's norm inside vLLM's graph, eager mode against
 vLLM's CUDA kernel with vLLM's eager dispatch around both. A measured size goes to the fused
@@ -53,7 +53,7 @@ def verdicts(profile: dict) -> dict[int, bool]:
         where = f"steps[{i}] ({row.get('kind', 'decode')} {row.get('batch_tokens')})"
         if "patched_faster_every_step" not in row or "patched_step_not_slower" not in row:
             raise ProfileError(f"{where}: no patched_faster_every_step (rebuild the profile with "
-                               "python -m integration.compare --raw RAW --out PROFILE)")
+                               "python -m integration.proof.evidence --raw RAW --out PROFILE)")
         all_fused = bool(row.get("norm_calls")) and row.get("fused_calls_patched") == row["norm_calls"]
         measured += all_fused
         n = int(row["batch_tokens"])
@@ -63,7 +63,7 @@ def verdicts(profile: dict) -> dict[int, bool]:
         raise ProfileError("the profile has no steps")
     if not measured:
         raise ProfileError("the patched arm ran the fused kernel for every norm call at no size: "
-                           "measure with `integration.prove --all-fused`")
+                           "measure with `integration.proof.prove --all-fused`")
     return dict(sorted(out.items()))
 
 

