@@ -105,16 +105,15 @@ def _per_slo(slo: SLO, measured: pd.DataFrame, cells: pd.DataFrame, labels: list
 
 
 def _policy_override(run: dict, table: Path) -> dict:
-    """choice.policy_record of `table` for the run's model shape."""
-    from integration import choice
+    """arms.policy_record of `table` for the run's model shape."""
+    from integration import arms
 
     model = run.get("model") or {}
-    cfg = model.get("config") or {}
-    dtype = choice.CONFIG_DTYPES.get(str(model.get("dtype")), choice.CONFIG_DTYPES.get(str(cfg.get("torch_dtype"))))
-    if dtype is None or "hidden_size" not in cfg:
-        raise ValueError(f"run.json model {model.get('name')!r}: need dtype and config.hidden_size for --patched-policy")
-    return choice.policy_record(dtype, int(cfg["hidden_size"]), "eager" if model.get("eager") else "compiled",
-                                table=table)
+    try:
+        return arms.policy_record(model.get("config") or {}, model.get("dtype") or "auto",
+                                  "eager" if model.get("eager") else "compiled", table=table)
+    except ValueError as exc:
+        raise ValueError(f"run.json model {model.get('name')!r}: {exc} (needed for --patched-policy)") from None
 
 
 def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: Path | None = None,

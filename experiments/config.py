@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from experiments.slo import SLO
-from integration.launcher import ARMS, MODELS_DIR
+from integration.arms import ARMS
+from integration.launcher import MODELS_DIR
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 GIB = 1 << 30

@@ -53,9 +53,9 @@ def patched_policy(cfg: RunConfig) -> dict | None:
     unsupported, and when no arm is patched)."""
     if cfg.device == "cpu" or "patched" not in cfg.arms:
         return None
-    from integration import choice
+    from integration import arms
 
-    return choice.policy_record(*choice.model_shape(cfg.model_dir, cfg.dtype), "eager" if cfg.eager else "compiled")
+    return arms.policy_record(cfg.model_dir, cfg.dtype, "eager" if cfg.eager else "compiled")
 
 
 def default_name(cfg: RunConfig) -> str:

@@ -15,10 +15,9 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
+from integration.arms import IR_OPS as OPS
+from kernels.checks import DTYPE_NAMES
 
-OPS = ("rms_norm", "fused_add_rms_norm")
-DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 CONFIG_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "half": "fp16",
                  "float": "fp32", "fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}
 MAX_SCAN_ROWS = 1 << 17  # a range reaching past this is declined (no policy scan that long)
@@ -116,15 +115,19 @@ def stock_boundaries(dtype: str, hidden: int, max_rows: int) -> list[int]:
     return sorted(ends)
 
 
-def model_shape(model_dir: str | Path, dtype: str = "auto") -> tuple[str, int]:
-    """(dtype name, hidden size) of a model directory's config.json, `dtype` overriding 'auto'."""
-    path = Path(model_dir) / "config.json"
-    cfg = json.loads(path.read_text())
+def model_shape(model: str | Path | dict, dtype: str = "auto") -> tuple[str, int]:
+    """(dtype name, hidden size) of a model directory's config.json (or of that config as a dict),
+    `dtype` overriding 'auto'."""
+    if isinstance(model, dict):
+        cfg, where = model, "model config"
+    else:
+        where = str(Path(model) / "config.json")
+        cfg = json.loads(Path(where).read_text())
     if "hidden_size" not in cfg:
-        raise ValueError(f"{path}: no hidden_size")
-    name = (cfg.get("torch_dtype") or cfg.get("dtype") or "float32") if dtype == "auto" else dtype
+        raise ValueError(f"{where}: no hidden_size")
+    name = (cfg.get("torch_dtype") or cfg.get("dtype") or "float32") if dtype in ("auto", None) else dtype
     if name not in CONFIG_DTYPES:
-        raise ValueError(f"{path}: dtype {name!r} is not one of {sorted(CONFIG_DTYPES)}")
+        raise ValueError(f"{where}: dtype {name!r} is not one of {sorted(CONFIG_DTYPES)}")
     return CONFIG_DTYPES[name], int(cfg["hidden_size"])
 
 

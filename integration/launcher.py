@@ -1,13 +1,11 @@
 """Start, watch and stop one vLLM OpenAI-compatible server per experiment arm.
 
-An arm is `stock` (plain vLLM: our plugin is kept out of every vLLM process through
-`VLLM_PLUGINS`) or `patched` (the plugin loads and the IR-op priority puts its provider first).
-Everything else about the two arms is identical: same model config, same flags, same KV-cache size.
+What an arm is (plugin on or off, IR-op priority) is defined in integration/arms.py; everything else
+about the servers of a run is identical: same model config, same flags, same KV-cache size.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import signal
@@ -24,11 +22,9 @@ import asyncio
 
 import aiohttp
 
+from integration import arms
+
 MODELS_DIR = Path(__file__).resolve().parent / "models"
-ARMS = ("stock", "patched")
-PLUGIN_NAME = "rmsnorm_fused"  # the entry-point name in pyproject.toml
-PROVIDER = "cupy_fused"  # the IR-op provider the plugin registers
-IR_OPS = ("rms_norm", "fused_add_rms_norm")
 
 
 class ServerDied(RuntimeError):
@@ -54,66 +50,25 @@ class ServerConfig:
     extra_env: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
-        if self.arm not in ARMS:
-            raise ValueError(f"unknown arm {self.arm!r}; expected one of {ARMS}")
+        arms.get(self.arm)  # ValueError naming the known arms
         if not (Path(self.model_dir) / "config.json").is_file():
             raise FileNotFoundError(f"model dir {self.model_dir} has no config.json")
         if self.host != "127.0.0.1":
             raise ValueError("servers listen on 127.0.0.1 only")
 
 
-def arm_args(arm: str, eager: bool = False) -> list[str]:
-    """vLLM flags that select the kernel for an arm (empty for stock).
-
-    Where the provider declines a shape, vLLM takes the next name in the list, which must be what
-    the stock arm runs there: Inductor's code (`native`) when compiled, vLLM's CUDA kernel
-    (`vllm_c`, skipped where unsupported) in eager mode."""
-    if arm == "stock":
-        return []
-    fallback = "vllm_c,native" if eager else "native"
-    return [f"--ir-op-priority.{op}={PROVIDER},{fallback}" for op in IR_OPS]
-
-
-def compile_range_args(cfg: "ServerConfig", max_rows: int = 16384) -> list[str]:
-    """`--compilation-config` for both arms of a compiled CUDA server (empty in eager mode and
-    without CUDA, where the provider is unsupported): compile ranges that end where the policy
-    switches fused/stock (same Inductor code wherever stock runs), and one uncaptured warm-up run
-    per CUDA-graph size, so the fused kernels are built before any capture even when vLLM's
-    compile cache skips the lowering pass."""
+def compile_range_args(cfg: "ServerConfig") -> list[str]:
+    """`--compilation-config` of a compiled CUDA server, the same for every arm (arms.compilation_config);
+    empty in eager mode and without CUDA, where the provider is unsupported."""
     if cfg.eager or not _cuda_available():
         return []
-    return ["--compilation-config", json.dumps(compilation_config(cfg.model_dir, cfg.dtype, max_rows))]
-
-
-def compilation_config(model_dir: Path, dtype: str = "auto", max_rows: int = 16384) -> dict:
-    """The compilation-config both compiled CUDA arms share (see compile_range_args)."""
-    from integration import choice
-
-    dtype_name, hidden = choice.model_shape(model_dir, dtype)
-    cc: dict = {"cudagraph_num_of_warmups": 1}
-    ends = choice.stock_boundaries(dtype_name, hidden, max_rows)
-    if ends:
-        cc["compile_ranges_endpoints"] = ends
-    return cc
+    return ["--compilation-config", json.dumps(arms.compilation_config(cfg.model_dir, cfg.dtype))]
 
 
 def _cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
-
-
-def check_plugin_installed() -> None:
-    """Raise if the `rmsnorm_fused` entry point is not installed, so vLLM could not load it."""
-    found = [e for e in importlib.metadata.entry_points(group="vllm.general_plugins") if e.name == PLUGIN_NAME]
-    if not found:
-        raise RuntimeError(f"the vLLM plugin entry point {PLUGIN_NAME!r} is not installed in "
-                           f"{sys.prefix}; run `pip install -e .` in the project root (patched arm)")
-
-
-def arm_env(arm: str) -> dict[str, str]:
-    """Environment that keeps the plugin out of (stock) or in (patched) every vLLM process."""
-    return {"VLLM_PLUGINS": "" if arm == "stock" else PLUGIN_NAME}
 
 
 def server_command(cfg: ServerConfig) -> list[str]:
@@ -136,7 +91,7 @@ def server_command(cfg: ServerConfig) -> list[str]:
         cmd += ["--max-model-len", str(cfg.max_model_len)]
     if cfg.max_num_seqs is not None:
         cmd += ["--max-num-seqs", str(cfg.max_num_seqs)]
-    return cmd + compile_range_args(cfg) + arm_args(cfg.arm, cfg.eager) + list(cfg.extra_args)
+    return cmd + compile_range_args(cfg) + arms.get(cfg.arm).server_args(cfg.eager) + list(cfg.extra_args)
 
 
 def free_port() -> int:
@@ -158,10 +113,11 @@ class VllmServer:
 
     def start(self) -> None:
         """Launch the server in its own process group (so stop() reaches its workers too)."""
-        if self.config.arm == "patched":
-            check_plugin_installed()
+        arm = arms.get(self.config.arm)
+        if arm.plugin:
+            arms.check_plugin_installed()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **arm_env(self.config.arm), **dict(self.config.extra_env)}
+        env = {**os.environ, **arm.env(), **dict(self.config.extra_env)}
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
         env.setdefault("PYTHONUNBUFFERED", "1")
         log = open(self.log_path, "ab")

@@ -23,9 +23,7 @@ from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from integration import choice
 from integration import ops as fused_ops
-
-PROVIDER = "cupy_fused"
-IR_OPS = ("rms_norm", "fused_add_rms_norm")
+from integration.arms import IR_OPS, PROVIDER
 logger = logging.getLogger("vllm.plugins.rmsnorm_fused")
 _logged: set[tuple] = set()
 

@@ -32,7 +32,8 @@ from pathlib import Path
 from integration import choice
 from integration.proof import evidence
 from kernels import environment as kernel_env
-from integration.launcher import MODELS_DIR, PLUGIN_NAME
+from integration import arms
+from integration.launcher import MODELS_DIR
 
 ARMS = [("stock", "compiled"), ("patched", "compiled"), ("stock", "eager"), ("patched", "eager")]
 LOG_MARKERS = ("rmsnorm_fused", "cupy_fused", "Final IR op priority")
@@ -86,8 +87,7 @@ def select_policy(a: argparse.Namespace, scratch: Path) -> dict:
 
 def compile_ranges(a: argparse.Namespace) -> list[int]:
     """Row counts where the policy switches fused/stock for this model (empty if it never does)."""
-    dtype, hidden = choice.model_shape(a.model, a.dtype)
-    return choice.stock_boundaries(dtype, hidden, a.max_rows)
+    return arms.compilation_config(Path(a.model), a.dtype, a.max_rows).get("compile_ranges_endpoints", [])
 
 
 def worker_cmd(a: argparse.Namespace, arm: str, mode: str, scratch: Path, ranges: list[int]) -> list[str]:
@@ -102,7 +102,7 @@ def worker_cmd(a: argparse.Namespace, arm: str, mode: str, scratch: Path, ranges
 
 
 def start(cmd: list[str], arm: str, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "VLLM_PLUGINS": "" if arm == "stock" else PLUGIN_NAME, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **arms.get(arm).env(), "PYTHONUNBUFFERED": "1"}
     with open(log, "wb") as f:
         f.write(f"$ VLLM_PLUGINS={env['VLLM_PLUGINS']!r} {shlex.join(cmd)}\n".encode())
         f.flush()

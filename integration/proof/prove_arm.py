@@ -28,7 +28,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from integration.proof import steptrace  # noqa: E402
-from integration.launcher import IR_OPS, PROVIDER  # noqa: E402
+from integration import arms  # noqa: E402
+from integration.arms import IR_OPS  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -75,14 +76,10 @@ def build_llm(a: argparse.Namespace):
                   max_model_len=max([2048] + [n + 16 for n in _sizes(a.prefill_sizes)]),
                   max_num_batched_tokens=a.max_num_batched_tokens,
                   max_num_seqs=256, async_scheduling=False, distributed_executor_backend="uni")
-    if a.arm == "patched":
-        fallback = ["native"] if a.mode == "compiled" else ["vllm_c", "native"]
-        kwargs["ir_op_priority"] = {op: [PROVIDER] + fallback for op in IR_OPS}
-    if a.mode == "compiled":  # what launcher.compile_range_args gives both arms of a server
-        cc: dict = {"cudagraph_num_of_warmups": 1}
-        if a.compile_ranges:
-            cc["compile_ranges_endpoints"] = [int(v) for v in a.compile_ranges.split(",")]
-        kwargs["compilation_config"] = cc
+    kwargs.update(arms.get(a.arm).engine_kwargs(eager=a.mode == "eager"))
+    if a.mode == "compiled":  # what every compiled arm of a server gets
+        ends = [int(v) for v in a.compile_ranges.split(",")] if a.compile_ranges else []
+        kwargs["compilation_config"] = arms.compilation_config_for(ends)
     return LLM(**kwargs)
 
 

@@ -7,7 +7,8 @@ import asyncio
 import aiohttp
 import pytest
 
-from integration.launcher import ServerConfig, VllmServer, arm_args, arm_env, server_command
+from integration import arms
+from integration.launcher import ServerConfig, VllmServer, server_command
 from tests.conftest import TINY_MODEL, tiny_server_config
 
 
@@ -15,8 +16,7 @@ def test_arms_differ_only_in_kernel_selection() -> None:
     stock, patched = tiny_server_config("stock", port=8000), tiny_server_config("patched", port=8000)
     s_cmd, p_cmd = server_command(stock), server_command(patched)
     assert p_cmd[: len(s_cmd)] == s_cmd
-    assert p_cmd[len(s_cmd):] == arm_args("patched")
-    assert arm_env("stock") == {"VLLM_PLUGINS": ""}
+    assert p_cmd[len(s_cmd):] == arms.get("patched").server_args(eager=False)
     assert "--host" in s_cmd and s_cmd[s_cmd.index("--host") + 1] == "127.0.0.1"
 
 

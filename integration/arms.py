@@ -1,0 +1,109 @@
+"""The one definition of an experiment arm: what makes a vLLM server or engine "stock" or "patched".
+
+An arm is the plugin on or off (through `VLLM_PLUGINS`, which every vLLM process reads) and the
+IR-op provider put first for vLLM's two norm ops. Everything else (model, flags, KV-cache size,
+compile config) is shared by the arms of a run. The launcher (server flags), the proof tools
+(offline engine keyword arguments) and experiments/ (run records) all read this module.
+
+Where a provider declines a shape, vLLM takes the next name of the priority list, which must be what
+the stock arm runs there: Inductor's code (`native`) under torch.compile, vLLM's CUDA kernel
+(`vllm_c`, skipped where unsupported) in eager mode. vLLM appends its platform defaults after the
+user's list, so in eager mode `vllm_c` is named explicitly before `native`.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+PLUGIN_NAME = "rmsnorm_fused"  # the entry-point name in pyproject.toml
+PROVIDER = "cupy_fused"  # the IR-op provider the plugin registers
+IR_OPS = ("rms_norm", "fused_add_rms_norm")  # the vLLM IR ops the provider implements
+MAX_COMPILE_ROWS = 16384  # compile-range ends are looked for up to this many rows per step
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm: whether vLLM loads the plugin, and which IR-op provider goes first (None: vLLM's own)."""
+
+    name: str
+    plugin: bool = False
+    provider: str | None = None
+
+    def env(self) -> dict[str, str]:
+        """Environment that keeps the plugin out of (plugin False) or in every vLLM process."""
+        return {"VLLM_PLUGINS": PLUGIN_NAME if self.plugin else ""}
+
+    def ir_op_priority(self, eager: bool) -> dict[str, list[str]]:
+        """{op: [provider, fallbacks...]} for each IR op ({} when the arm keeps vLLM's defaults)."""
+        if self.provider is None:
+            return {}
+        order = [self.provider] + [p for p in fallback(eager) if p != self.provider]
+        return {op: order for op in IR_OPS}
+
+    def server_args(self, eager: bool) -> list[str]:
+        """vLLM server flags that select the arm's kernels (empty for stock)."""
+        return [f"--ir-op-priority.{op}={','.join(order)}" for op, order in self.ir_op_priority(eager).items()]
+
+    def engine_kwargs(self, eager: bool) -> dict:
+        """The same choice as keyword arguments of vLLM's offline `LLM(...)`."""
+        priority = self.ir_op_priority(eager)
+        return {"ir_op_priority": priority} if priority else {}
+
+
+ARMS: dict[str, Arm] = {
+    "stock": Arm("stock"),
+    "patched": Arm("patched", plugin=True, provider=PROVIDER),
+}
+
+
+def fallback(eager: bool) -> list[str]:
+    """What stock runs where the provider declines: vLLM's CUDA kernel in eager mode, Inductor's code
+    (`native`) under torch.compile."""
+    return ["vllm_c", "native"] if eager else ["native"]
+
+
+def get(name: str) -> Arm:
+    """The arm called `name`; ValueError naming the known arms otherwise."""
+    if name not in ARMS:
+        raise ValueError(f"unknown arm {name!r}; expected one of {tuple(ARMS)}")
+    return ARMS[name]
+
+
+def check_plugin_installed() -> None:
+    """Raise if the plugin's entry point is not installed, so vLLM could not load it."""
+    found = [e for e in importlib.metadata.entry_points(group="vllm.general_plugins") if e.name == PLUGIN_NAME]
+    if not found:
+        raise RuntimeError(f"the vLLM plugin entry point {PLUGIN_NAME!r} is not installed in "
+                           f"{sys.prefix}; run `pip install -e .` in the project root (patched arm)")
+
+
+def compilation_config(model_dir: Path, dtype: str = "auto", max_rows: int = MAX_COMPILE_ROWS) -> dict:
+    """The `--compilation-config` every compiled arm of a CUDA run shares: compile ranges that end
+    where the policy switches fused/stock (so wherever stock runs, both arms run the same Inductor
+    code), and one uncaptured warm-up run per CUDA-graph size (fused kernels get built before any
+    capture even when vLLM's compile cache skips the lowering pass)."""
+    from integration import choice
+
+    dtype_name, hidden = choice.model_shape(model_dir, dtype)
+    return compilation_config_for(choice.stock_boundaries(dtype_name, hidden, max_rows))
+
+
+def compilation_config_for(range_ends: list[int]) -> dict:
+    """The shared compilation config with the given compile-range ends (none: one range)."""
+    cc: dict = {"cudagraph_num_of_warmups": 1}
+    if range_ends:
+        cc["compile_ranges_endpoints"] = list(range_ends)
+    return cc
+
+
+def policy_record(model: Path | dict, dtype: str = "auto", mode: str = "compiled",
+                  table: str | Path | None = None) -> dict:
+    """What the patched arm's policy picks for a model (a model directory or its config dict), for a
+    run record: see choice.policy_record. `table`: describe this policy file instead of the mode's."""
+    from integration import choice
+
+    dtype_name, hidden = choice.model_shape(model, dtype)
+    return choice.policy_record(dtype_name, hidden, mode, MAX_COMPILE_ROWS, table)

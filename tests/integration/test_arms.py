@@ -1,0 +1,50 @@
+"""integration.arms: the one definition of an arm, as server flags, engine kwargs and environment."""
+
+from __future__ import annotations
+
+import pytest
+
+from integration import arms
+from integration.launcher import MODELS_DIR
+
+
+def test_patched_arm_falls_back_to_what_stock_runs() -> None:
+    patched = arms.get("patched")
+    assert patched.server_args(eager=False) == [
+        "--ir-op-priority.rms_norm=cupy_fused,native", "--ir-op-priority.fused_add_rms_norm=cupy_fused,native"]
+    assert patched.server_args(eager=True) == [
+        "--ir-op-priority.rms_norm=cupy_fused,vllm_c,native",
+        "--ir-op-priority.fused_add_rms_norm=cupy_fused,vllm_c,native"]
+    assert patched.engine_kwargs(eager=True) == {
+        "ir_op_priority": {op: ["cupy_fused", "vllm_c", "native"] for op in arms.IR_OPS}}
+
+
+def test_stock_arm_keeps_vllm_defaults_and_the_plugin_out() -> None:
+    stock = arms.get("stock")
+    assert stock.server_args(eager=True) == [] and stock.engine_kwargs(eager=False) == {}
+    assert stock.env() == {"VLLM_PLUGINS": ""}
+    assert arms.get("patched").env() == {"VLLM_PLUGINS": arms.PLUGIN_NAME}
+
+
+def test_a_provider_named_in_the_fallback_is_not_repeated() -> None:
+    assert arms.Arm("cuda", provider="vllm_c").ir_op_priority(eager=True)["rms_norm"] == ["vllm_c", "native"]
+
+
+def test_unknown_arm_names_the_known_ones() -> None:
+    with pytest.raises(ValueError, match="unknown arm 'fast'.*stock.*patched"):
+        arms.get("fast")
+
+
+def test_compilation_config_has_range_ends_only_where_the_policy_switches() -> None:
+    cc = arms.compilation_config(MODELS_DIR / "llama-3.1-8b", "bfloat16")
+    assert cc["cudagraph_num_of_warmups"] == 1
+    assert arms.compilation_config_for([]) == {"cudagraph_num_of_warmups": 1}
+    assert arms.compilation_config_for([1024, 2048])["compile_ranges_endpoints"] == [1024, 2048]
+    assert cc == arms.compilation_config_for(cc.get("compile_ranges_endpoints", []))
+
+
+def test_plugin_entry_point_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    arms.check_plugin_installed()  # installed editable in this venv
+    monkeypatch.setattr(arms.importlib.metadata, "entry_points", lambda group: [])
+    with pytest.raises(RuntimeError, match="pip install -e"):
+        arms.check_plugin_installed()
