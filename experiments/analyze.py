@@ -9,7 +9,6 @@ Works on partial runs: cells (window x load x arm) that were not completed are l
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,9 +17,11 @@ import pandas as pd
 
 from experiments import attribution, goodput, plots, report
 from experiments.slo import DEFAULT_SLO_FILE, SLO, load_slo_file, parse_slo
+from experiments.runrecord import RUN_SCHEMA_VERSION
+from kernels.environment import gpu_slug
+from kernels.resultfile import read_json
 from loadgen.records import RequestRecord, read_records
 
-SCHEMA_VERSION = 1
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -29,9 +30,7 @@ def load_run(run_dir: Path) -> dict:
     path = run_dir / "run.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no run.json (is {run_dir} an experiments run directory?)")
-    run = json.loads(path.read_text(encoding="utf-8"))
-    if run.get("schema_version") != SCHEMA_VERSION:
-        raise ValueError(f"{path}: schema_version {run.get('schema_version')!r}, this reader knows {SCHEMA_VERSION}")
+    run = read_json(path, RUN_SCHEMA_VERSION, "run record")
     missing = [k for k in ("arms", "arm_labels", "windows", "loads", "schedule", "status") if k not in run]
     if missing:
         raise ValueError(f"{path}: missing keys {missing}")
@@ -140,10 +139,11 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
     per_slo = [_per_slo(s, complete, cells, labels) for s in slos]
     latency = goodput.cell_latency(complete)
     secondary = {m: goodput.paired_relative(latency, m, *labels) for m in ("tpot_p50_ms", "ttft_p90_ms")}
-    attrib = attribution.attribute(run, labels[0], PROJECT_ROOT,
-                                   policy=_policy_override(run, patched_policy) if patched_policy else None)
     env_path = run_dir / "environment.json"
-    env = json.loads(env_path.read_text(encoding="utf-8")) if env_path.is_file() else {}
+    env = read_json(env_path, None, "environment record") if env_path.is_file() else {}
+    gpu = gpu_slug(env["gpu"]) if isinstance(env.get("gpu"), str) else None
+    attrib = attribution.attribute(run, labels[0], PROJECT_ROOT, gpu,
+                                   policy=_policy_override(run, patched_policy) if patched_policy else None)
     analysis = report.Analysis(
         run=run, env=env, slos=slos, per_slo=per_slo, secondary=secondary,
         latency=goodput.latency_table(complete), attribution=attrib, missing=missing,

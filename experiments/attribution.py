@@ -3,11 +3,10 @@
 Inputs:
 - the tokens-per-step histogram the baseline server actually ran (run.json "step_histograms",
   from vLLM's ``vllm:iteration_tokens_total``; per-bucket counts, bucket = upper bound of tokens),
-- the in-model profile of the run's mode (PROFILE_PATHS, written by ``python -m integration.proof.prove``):
-  per decode or prefill step of ``batch_tokens`` tokens, ``step_us_stock``, ``norm_us_stock``,
-  ``norm_us_patched`` and ``patched_extra_kernels_us``,
-- the kernel benchmark ``kernels/results/h200.json`` (DESIGN.md format): per-shape medians of the
-  fused kernel and of the stock kernels,
+- the in-model step profile of the run's GPU and mode (``integration.proof.profiles``: found by
+  ``default_profile``, read by ``load_profile``),
+- the kernel benchmark of the run's GPU, ``kernels/results/<gpu>.json`` (docs/DESIGN.md format):
+  per-shape medians of the fused kernel and of the stock kernels,
 - the policy the patched arm dispatched by (run.json "patched_policy": row ranges per op), so a
   step size the policy left to stock saves nothing; a run.json without it (older runs) is read as
   fused at every size, and the result says so.
@@ -18,20 +17,18 @@ bound on the magnitude since the norm overlaps other work. Negative means faster
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
 
-# the fused kernel at every size, stock vs patched, decode and prefill steps (compiled); eager: the
-# shipped eager policy's profile (fused kernel timed at the sizes that policy sent to it)
-PROFILE_PATHS = {"compiled": Path("integration/results/h200-ingraph-all-fused/h200-profile.json"),
-                 "eager": Path("integration/results/h200-shipped-policy/h200-profile-eager.json")}
+from integration import arms
+from integration.proof import profiles
+from kernels.resultfile import ResultFileError, read_json
+
 POLICY_OP = "fused_add_rms_norm"  # 64 of the 65 norm calls of a Llama step: its answer stands for the step
-KERNEL_PATH = Path("kernels/results/h200.json")
-_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "half": "fp16", "float": "fp32"}
+KERNEL_SCHEMA_VERSION = 1  # kernels/results/<gpu>.json (kernels.suite)
 
 
 def histogram_points(hist: Mapping) -> list[tuple[float, int]]:
@@ -57,28 +54,6 @@ def merge_histograms(per_load: Mapping[str, Mapping]) -> list[tuple[float, int]]
         for tokens, count in histogram_points(hist):
             total[tokens] = total.get(tokens, 0) + count
     return sorted(total.items())
-
-
-def load_profile(path: Path) -> list[dict]:
-    """Profile rows sorted by batch_tokens, each {"batch_tokens","step_us","norm_stock_us","norm_patched_us"}.
-
-    The patched norm time includes `patched_extra_kernels_us` ({kernel: us per step}): work Inductor
-    fused into its norm kernel that the patched step must run separately (the profile's definition)."""
-    data = json.loads(path.read_text(encoding="utf-8"))
-    rows = data.get("steps") if isinstance(data, dict) else None
-    if not isinstance(rows, list) or not rows:
-        raise ValueError(f"{path}: expected a non-empty 'steps' list of per-step rows")
-    out = []
-    for i, row in enumerate(rows):
-        try:
-            out.append({"batch_tokens": float(row["batch_tokens"]), "step_us": float(row["step_us_stock"]),
-                        "norm_stock_us": float(row["norm_us_stock"]),
-                        "norm_patched_us": float(row["norm_us_patched"])
-                        + sum(float(us) for us in row.get("patched_extra_kernels_us", {}).values())})
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{path}: steps[{i}]: need batch_tokens, step_us_stock, norm_us_stock, "
-                             f"norm_us_patched ({exc!r})") from None
-    return sorted(out, key=lambda r: r["batch_tokens"])
 
 
 def _interp(x: float, xs: list[float], ys: list[float]) -> float:
@@ -140,9 +115,9 @@ def predict_from_kernels(points: list[tuple[float, int]], bench: list[dict], mod
     one rms_norm and 2 * num_hidden_layers fused_add_rms_norm calls per forward step."""
     cfg = model.get("config") or {}
     hidden, layers = cfg.get("hidden_size"), cfg.get("num_hidden_layers")
-    dtype = _DTYPES.get(str(model.get("dtype")), None) or _DTYPES.get(str(cfg.get("torch_dtype")), "bf16")
     if not hidden or not layers:
         return {"status": "unavailable", "reason": "model config lacks hidden_size / num_hidden_layers"}
+    dtype, _ = arms.model_shape(cfg, model.get("dtype") or "auto")
     calls = {"rms_norm": 1, "fused_add_rms_norm": 2 * int(layers)}
     per_op = {op: kernel_saving_per_call(bench, op, dtype, int(hidden), eager, fused) for op in calls}
     absent = [op for op, rows in per_op.items() if not rows]
@@ -159,13 +134,11 @@ def predict_from_kernels(points: list[tuple[float, int]], bench: list[dict], mod
             "stock_kernel": "vllm_c" if eager else "inductor"}
 
 
-def _read_json_list(path: Path, key: str) -> list[dict] | None:
-    if not path.is_file():
-        return None
-    data = json.loads(path.read_text(encoding="utf-8"))
-    rows = data.get(key) if isinstance(data, dict) else None
+def _kernel_bench(path: Path) -> list[dict]:
+    """The "bench" rows of a kernel results file (ResultFileError naming the file otherwise)."""
+    rows = read_json(path, KERNEL_SCHEMA_VERSION, "kernel results").get("bench")
     if not isinstance(rows, list):
-        raise ValueError(f"{path}: expected a '{key}' list")
+        raise ResultFileError(f"{path}: expected a 'bench' list")
     return rows
 
 
@@ -187,18 +160,23 @@ def _policy(run: Mapping, override: Mapping | None) -> tuple[Mapping | None, str
     return policy, f"patched arm's policy {policy.get('table', '?')} ({source}); unfused step sizes save nothing"
 
 
-def attribute(run: Mapping, baseline: str, root: Path, profile_path: Path | None = None,
+def attribute(run: Mapping, baseline: str, root: Path, gpu: str | None, profile_path: Path | None = None,
               kernel_path: Path | None = None, policy: Mapping | None = None) -> dict:
     """Predicted step-time change (%) the kernel can explain for this run, with every input named.
 
-    ``root`` is the project root where the default result files live; ``policy`` overrides the
-    run's recorded patched_policy (choice.policy_record format). Never raises for a missing or
-    unreadable input: the result's "status" and "reason" say what is missing.
+    ``root`` is the project root where the default result files live; ``gpu`` the run's GPU (short
+    name, e.g. h200), whose committed profile and kernel results are the defaults; ``policy``
+    overrides the run's recorded patched_policy (arms.policy_record format). Never raises for a
+    missing or unreadable input: the result's "status" and "reason" say what is missing.
     """
     eager = bool((run.get("model") or {}).get("eager"))
-    profile_path = profile_path or root / PROFILE_PATHS["eager" if eager else "compiled"]
-    kernel_path = kernel_path or root / KERNEL_PATH
-    base = {"upper_bound": True, "profile": _shown(profile_path, root), "kernel_results": _shown(kernel_path, root),
+    if profile_path is None:
+        found = profiles.default_profile(gpu, "eager" if eager else "compiled")
+        profile_path = root / found if found else None
+    if kernel_path is None and gpu is not None:
+        kernel_path = root / "kernels" / "results" / f"{gpu}.json"
+    base = {"upper_bound": True, "gpu": gpu, "profile": _shown(profile_path, root) if profile_path else None,
+            "kernel_results": _shown(kernel_path, root) if kernel_path else None,
             "histogram_arm": baseline, "predicted_step_change_pct": None}
     if run.get("device") == "cpu":
         return {**base, "status": "cpu", "predicted_step_change_pct": 0.0,
@@ -216,18 +194,21 @@ def attribute(run: Mapping, baseline: str, root: Path, profile_path: Path | None
         return {**base, "status": "no histogram",
                 "reason": f"run.json has no step-size histogram for arm {baseline!r}: nothing to weight by"}
     result = {**base, "policy_note": policy_note, "histogram": [{"tokens": t, "steps": c} for t, c in points]}
-    try:
-        bench = _read_json_list(kernel_path, "bench")
-        result["kernel_estimate"] = (
-            predict_from_kernels(points, bench, run.get("model") or {}, eager, fused if pol is not None else None)
-            if bench else {"status": "unavailable", "reason": f"no kernel results at {kernel_path}"})
-    except (ValueError, KeyError, TypeError) as exc:
-        result["kernel_estimate"] = {"status": "error", "reason": f"{kernel_path}: {exc}"}
-    if not profile_path.is_file():
+    if kernel_path is None or not kernel_path.is_file():
+        result["kernel_estimate"] = {"status": "unavailable",
+                                     "reason": f"no kernel results for GPU {gpu} ({kernel_path})"}
+    else:
+        try:
+            result["kernel_estimate"] = predict_from_kernels(points, _kernel_bench(kernel_path), run.get("model") or {},
+                                                             eager, fused if pol is not None else None)
+        except (ValueError, KeyError, TypeError) as exc:
+            result["kernel_estimate"] = {"status": "error", "reason": str(exc)}
+    if profile_path is None or not profile_path.is_file():
+        where = profile_path or f"integration/results/profiles.json for GPU {gpu}"
         return {**result, "status": "no profile available",
-                "reason": f"no profile available at {profile_path}: no measured step time to divide by"}
+                "reason": f"no profile available at {where}: no measured step time to divide by"}
     try:
-        profile = load_profile(profile_path)
+        profile = profiles.load_profile(profile_path)
     except ValueError as exc:
         return {**result, "status": "error", "reason": str(exc)}
     overall = predict_from_profile(points, profile, fused)

@@ -26,7 +26,8 @@ from experiments.config import RunConfig
 from experiments.environment import capture_environment, gpu_clocks
 from experiments.metrics_scrape import CumulativeHistogram, difference, scrape
 from experiments.plan import Plan, prepare
-from experiments.runrecord import RunRecord, make_run_dir, write_json
+from experiments.runrecord import RunRecord, make_run_dir
+from kernels.resultfile import write_json
 from experiments.schedule import Step, replay_seed, segments
 from integration.launcher import ServerConfig, VllmServer, free_port
 from loadgen.records import RequestRecord, succeeded

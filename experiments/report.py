@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -12,6 +10,7 @@ from pathlib import Path
 
 from experiments import stats
 from experiments.report_md import render_markdown
+from kernels.resultfile import read_json, write_json, write_text
 from experiments.slo import SLO
 
 REPORT_SCHEMA_VERSION = 1
@@ -148,7 +147,7 @@ def noise_floor(report: Mapping, aa_report: Path | None) -> dict:
     if report["aa"]["is_aa"]:
         source, sd = "this run (A/A)", per_window_sd(report)
     elif aa_report is not None:
-        other = json.loads(Path(aa_report).read_text(encoding="utf-8"))
+        other = read_json(aa_report, REPORT_SCHEMA_VERSION, "A/A report")
         if not (other.get("aa") or {}).get("is_aa"):
             raise ValueError(f"{aa_report}: not the report of an A/A run (aa.is_aa is not true)")
         source, sd = str(aa_report), per_window_sd(other)
@@ -175,9 +174,6 @@ def _clean(x):
 
 
 def write_report(run_dir: Path, report: dict) -> None:
-    """Write report.json and report.md atomically (tmp + os.replace)."""
-    for name, text in (("report.json", json.dumps(_clean(report), indent=1) + "\n"),
-                       ("report.md", render_markdown(report))):
-        tmp = run_dir / f".{name}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, run_dir / name)
+    """Write report.json and report.md atomically (kernels.resultfile)."""
+    write_json(run_dir / "report.json", _clean(report))
+    write_text(run_dir / "report.md", render_markdown(report))

@@ -7,38 +7,23 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from experiments.config import ConfigError, RunConfig
 from experiments.metrics_scrape import accumulate
 from experiments.plan import Plan
 from integration.launcher import VllmServer, server_command
+from kernels.resultfile import write_json
 
-SCHEMA_VERSION = 1
+RUN_SCHEMA_VERSION = 1  # run.json's format; experiments.analyze.load_run checks it
 TOOL_VERSION = "0.1.0"
 CPU_NOTE = ("A/A run: on CPU the patched arm's fused RMSNorm (a CUDA kernel) is not available, so the "
             "patched arm falls back to stock everywhere and both arms run the same kernels; differences "
             "between them measure the noise floor, not the kernel.")
 AA_NOTE = ("A/A run: both arms run stock vLLM, so every difference between them is noise "
            "(the noise floor of this setup).")
-
-
-def write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically: a temporary file in the same directory, then os.replace."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp makes it private; results are for everyone to read
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, allow_nan=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def mode_note(cfg: RunConfig) -> str | None:
@@ -85,7 +70,7 @@ class RunRecord:
         """The initial run.json (status "running"), saved."""
         cfg = plan.cfg
         data = {
-            "schema_version": SCHEMA_VERSION, "tool_version": TOOL_VERSION,
+            "schema_version": RUN_SCHEMA_VERSION, "tool_version": TOOL_VERSION,
             "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "command": list(argv) if argv is not None else None,
             "config": cfg.to_json(),

@@ -14,9 +14,12 @@ user's list, so in eager mode `vllm_c` is named explicitly before `native`.
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from kernels.checks import CONFIG_DTYPES
 
 PLUGIN_NAME = "rmsnorm_fused"  # the entry-point name in pyproject.toml
 PROVIDER = "cupy_fused"  # the IR-op provider the plugin registers
@@ -72,6 +75,22 @@ def get(name: str) -> Arm:
     return ARMS[name]
 
 
+def model_shape(model: str | Path | dict, dtype: str = "auto") -> tuple[str, int]:
+    """(dtype name, hidden size) of a model directory's config.json (or of that config as a dict),
+    `dtype` overriding 'auto'."""
+    if isinstance(model, dict):
+        cfg, where = model, "model config"
+    else:
+        where = str(Path(model) / "config.json")
+        cfg = json.loads(Path(where).read_text())
+    if "hidden_size" not in cfg:
+        raise ValueError(f"{where}: no hidden_size")
+    name = (cfg.get("torch_dtype") or cfg.get("dtype") or "float32") if dtype in ("auto", None) else dtype
+    if name not in CONFIG_DTYPES:
+        raise ValueError(f"{where}: dtype {name!r} is not one of {sorted(CONFIG_DTYPES)}")
+    return CONFIG_DTYPES[name], int(cfg["hidden_size"])
+
+
 def check_plugin_installed() -> None:
     """Raise if the plugin's entry point is not installed, so vLLM could not load it."""
     found = [e for e in importlib.metadata.entry_points(group="vllm.general_plugins") if e.name == PLUGIN_NAME]
@@ -87,7 +106,7 @@ def compilation_config(model_dir: Path, dtype: str = "auto", max_rows: int = MAX
     capture even when vLLM's compile cache skips the lowering pass)."""
     from integration import choice
 
-    dtype_name, hidden = choice.model_shape(model_dir, dtype)
+    dtype_name, hidden = model_shape(model_dir, dtype)
     return compilation_config_for(choice.stock_boundaries(dtype_name, hidden, max_rows))
 
 
@@ -105,5 +124,5 @@ def policy_record(model: Path | dict, dtype: str = "auto", mode: str = "compiled
     run record: see choice.policy_record. `table`: describe this policy file instead of the mode's."""
     from integration import choice
 
-    dtype_name, hidden = choice.model_shape(model, dtype)
+    dtype_name, hidden = model_shape(model, dtype)
     return choice.policy_record(dtype_name, hidden, mode, MAX_COMPILE_ROWS, table)

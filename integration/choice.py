@@ -10,16 +10,14 @@ integration/README.md). Pure Python; kernels/policy.py is imported on first use.
 from __future__ import annotations
 
 import functools
-import json
+import logging
 import os
 from pathlib import Path
 from typing import Any, Callable
 
 from integration.arms import IR_OPS as OPS
-from kernels.checks import DTYPE_NAMES
+from kernels.checks import DTYPE_NAMES  # noqa: F401 (ops.py reads it from here)
 
-CONFIG_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "half": "fp16",
-                 "float": "fp32", "fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}
 MAX_SCAN_ROWS = 1 << 17  # a range reaching past this is declined (no policy scan that long)
 
 
@@ -28,39 +26,71 @@ class PolicyUnavailable(RuntimeError):
 
 
 MODES = ("compiled", "eager")
-POLICY_ENV = "RMSNORM_FUSED_POLICY"  # a policy table for every mode (overrides the defaults below)
+POLICY_ENV = "RMSNORM_FUSED_POLICY"  # a policy table for every mode (overrides the GPU's tables)
 POLICY_ENV_COMPILED = "RMSNORM_FUSED_POLICY_COMPILED"  # a table for the torch.compile path only
-COMPILED_TABLE = "policy-h200-in-graph.json"  # beside kernels' default table: measured in vLLM's graph
-EAGER_TABLE = "policy-h200-in-vllm-eager.json"  # measured in vLLM's eager model
+GPU_ENV = "RMSNORM_FUSED_GPU"  # whose tables to use, e.g. h200 (default: the GPU this process sees)
+# Tables built by integration/proof/ingraph.py from timings inside vLLM, per GPU, beside the kernel
+# results: under torch.compile stock is Inductor's kernel inside vLLM's graph; in eager mode vLLM's
+# CUDA kernel, where the host cost of each call counts too.
+TABLES = {"compiled": "policy-{gpu}-in-graph.json", "eager": "policy-{gpu}-in-vllm-eager.json"}
+MAKE_TABLES = ("python -m kernels.suite --out kernels/results/{gpu}.json, then python -m integration.proof.prove "
+               "--all-fused and python -m integration.proof.ingraph (integration/README.md, 'Policy tables')")
+logger = logging.getLogger("vllm.plugins.rmsnorm_fused")
 
 
-def policy_path(mode: str) -> Path | None:
-    """The table a mode uses (None: kernels' default, best of every stock arm measured in isolation).
+def current_gpu() -> str | None:
+    """Short name of this process's GPU (kernels.environment.gpu_slug), $RMSNORM_FUSED_GPU first;
+    None without one. Asks vLLM's platform (NVML: no CUDA context) where vLLM is importable."""
+    if os.environ.get(GPU_ENV):
+        return os.environ[GPU_ENV]
+    from kernels.environment import gpu_slug
 
-    Each mode prefers the table integration/ingraph.py built from timings inside vLLM when
-    kernels/results has one: under torch.compile the stock arm runs Inductor's kernel inside
-    vLLM's graph (COMPILED_TABLE); in eager mode vLLM's CUDA kernel, where the CPU cost of each
-    call counts too (EAGER_TABLE)."""
+    try:
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cuda():
+            return gpu_slug(current_platform.get_device_name(0))
+        return None
+    except ImportError:
+        import torch
+
+        return gpu_slug(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else None
+
+
+def policy_path(mode: str, gpu: str | None = None) -> Path | None:
+    """The table a mode uses: $RMSNORM_FUSED_POLICY(_COMPILED), else the in-vLLM table of this GPU
+    (TABLES) in kernels/results; None when this GPU has none."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
     if mode == "compiled" and os.environ.get(POLICY_ENV_COMPILED):
         return Path(os.environ[POLICY_ENV_COMPILED])
     if os.environ.get(POLICY_ENV):
         return Path(os.environ[POLICY_ENV])
+    gpu = gpu or current_gpu()
+    if gpu is None:
+        return None
     from kernels.policy import DEFAULT_PATH
 
-    candidate = Path(DEFAULT_PATH).with_name(COMPILED_TABLE if mode == "compiled" else EAGER_TABLE)
+    candidate = Path(DEFAULT_PATH).with_name(TABLES[mode].format(gpu=gpu))
     return candidate if candidate.is_file() else None
 
 
 @functools.cache
 def policy(mode: str = "compiled") -> Any:
-    """The shape policy of a mode, loaded once per process (see policy_path)."""
+    """The shape policy of a mode, loaded once per process (see policy_path). Where this GPU has no
+    table, a policy that declines every call (stock), said once in the log with how to make one."""
     try:
-        from kernels.policy import load_policy
+        from kernels.policy import Policy, load_policy
     except ImportError as exc:
         raise PolicyUnavailable(f"kernels/policy.py is not importable: {exc}") from exc
-    return load_policy(policy_path(mode))
+    path = policy_path(mode)
+    if path is not None:
+        return load_policy(path)
+    gpu = current_gpu() or "no GPU"
+    source = f"none for {gpu} ({mode}): every call declined (stock)"
+    logger.warning("rmsnorm_fused: no %s policy table for GPU %s in kernels/results; cupy_fused declines "
+                   "every call (stock). To make one: %s", mode, gpu, MAKE_TABLES.format(gpu=gpu))
+    return Policy({}, source=source)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -113,22 +143,6 @@ def stock_boundaries(dtype: str, hidden: int, max_rows: int) -> list[int]:
     for op in OPS:
         ends.update(hi for _, hi, _ in segments(op, dtype, hidden, max_rows, "compiled")[:-1])
     return sorted(ends)
-
-
-def model_shape(model: str | Path | dict, dtype: str = "auto") -> tuple[str, int]:
-    """(dtype name, hidden size) of a model directory's config.json (or of that config as a dict),
-    `dtype` overriding 'auto'."""
-    if isinstance(model, dict):
-        cfg, where = model, "model config"
-    else:
-        where = str(Path(model) / "config.json")
-        cfg = json.loads(Path(where).read_text())
-    if "hidden_size" not in cfg:
-        raise ValueError(f"{where}: no hidden_size")
-    name = (cfg.get("torch_dtype") or cfg.get("dtype") or "float32") if dtype in ("auto", None) else dtype
-    if name not in CONFIG_DTYPES:
-        raise ValueError(f"{where}: dtype {name!r} is not one of {sorted(CONFIG_DTYPES)}")
-    return CONFIG_DTYPES[name], int(cfg["hidden_size"])
 
 
 def policy_record(dtype: str, hidden: int, mode: str = "compiled", max_rows: int = 16384,

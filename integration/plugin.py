@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 from integration import choice
 from integration import ops as fused_ops
 from integration.arms import IR_OPS, PROVIDER
+from kernels.checks import DTYPE_NAMES
 logger = logging.getLogger("vllm.plugins.rmsnorm_fused")
 _logged: set[tuple] = set()
 
@@ -89,7 +90,7 @@ def row_span(x: Tensor) -> tuple[int, int] | None:
 
 def _layout_ok(x: Tensor, weight: Tensor | None, residual: Tensor | None) -> bool:
     """What the kernel takes, checked on concrete metadata only (safe on fake, symbolic tensors)."""
-    if weight is None or x.dtype not in choice.DTYPE_NAMES or x.device.type != "cuda" or x.dim() != 2:
+    if weight is None or x.dtype not in DTYPE_NAMES or x.device.type != "cuda" or x.dim() != 2:
         return False
     hidden = x.shape[1]
     if not isinstance(hidden, int) or x.stride(1) != 1 or not isinstance(x.stride(0), int):
@@ -115,13 +116,13 @@ def decide(op: str, x: Tensor, weight: Tensor | None, residual: Tensor | None,
 
     The policy (a cached lookup) is asked before the layout checks, so a declined eager call costs
     the stock arm as little extra CPU time as possible."""
-    if variance_size is not None or weight is None or x.dtype not in choice.DTYPE_NAMES or x.dim() != 2:
+    if variance_size is not None or weight is None or x.dtype not in DTYPE_NAMES or x.dim() != 2:
         return False
     hidden = x.shape[1]
     span = row_span(x) if isinstance(hidden, int) else None
     if span is None:
         return False
-    dtype, eager = choice.DTYPE_NAMES[x.dtype], _eager(x)
+    dtype, eager = DTYPE_NAMES[x.dtype], _eager(x)
     fused = (choice.fused_over(op, dtype, span[0], span[1], hidden, "eager" if eager else "compiled")
              and _layout_ok(x, weight, residual))
     if fused and not eager and not torch.compiler.is_compiling():

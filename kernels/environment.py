@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import re
 import subprocess
 import sys
 
@@ -47,3 +48,10 @@ def describe(vllm_version: str | None) -> dict:
         "cuda": torch.version.cuda, "torch": torch.__version__, "cupy": cupy_version,
         "vllm": vllm_version, "python": sys.version.split()[0], "platform": platform.platform(),
     }
+
+
+def gpu_slug(name: str) -> str:
+    """The short name results files of a GPU carry: 'NVIDIA H200' -> 'h200',
+    'NVIDIA H100 80GB HBM3' -> 'h100-80gb-hbm3'."""
+    words = re.sub(r"^(nvidia|amd)\s+", "", name.strip(), flags=re.IGNORECASE)
+    return re.sub(r"[^a-z0-9]+", "-", words.lower()).strip("-") or "unknown-gpu"

@@ -5,11 +5,12 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from integration.proof import steptrace
+from integration.proof import profiles, steptrace
 
 PAIRS = [("stock-compiled", "patched-compiled"), ("stock-eager", "patched-eager"),
          ("stock-compiled", "stock-eager")]  # the last is the baseline: two stock kernels
 BASELINE = "stock-compiled vs stock-eager"
+EVIDENCE_SCHEMA_VERSION = 1  # the <gpu>.json evidence file
 TOLERANCE_FACTOR = 2.0  # "as close as the two stock norms are to each other", within this factor
 
 
@@ -100,7 +101,7 @@ def build(results: dict, codes: dict, logs: dict, cmds: dict, ranges: list[int],
                                    for n in ("stock-compiled", "stock-eager")),
         "greedy": judge(greedy),
     }
-    return {"schema_version": 1, "command": command, "model": a.model, "dtype": a.dtype, "vllm": versions,
+    return {"schema_version": EVIDENCE_SCHEMA_VERSION, "command": command, "model": a.model, "dtype": a.dtype, "vllm": versions,
             "environment": env, "compile_ranges_endpoints": ranges, "summary": summary,
             "greedy_settings": {"prompts": a.prompts, "steps": a.steps, "temperature": 0.0,
                                 "weights": ("vLLM load_format=dummy (uniform +-1e-3, seed 1234 per parameter)"
@@ -210,7 +211,7 @@ def profile_from_raw(raw: dict, mode: str = "compiled") -> dict:
     stock, patched = keyed(f"stock-{mode}"), keyed(f"patched-{mode}")
     order = sorted(set(stock) & set(patched), key=lambda k: (k[0] != "decode", k[1]))
     steps = [_row(kind, n, stock[kind, n], patched[kind, n]) for kind, n in order]
-    return {"schema_version": 1, "model": raw["model"], "mode": mode, "command": raw["command"],
+    return {"schema_version": profiles.SCHEMA_VERSION, "model": raw["model"], "mode": mode, "command": raw["command"],
             "environment": raw["environment"], "policy": raw.get("policy"),
             "compile_ranges_endpoints": raw["ranges"],
             "definitions": {

@@ -30,7 +30,7 @@ import json
 import sys
 from pathlib import Path
 
-from integration import choice
+from integration import arms, choice
 from integration.launcher import MODELS_DIR
 
 FUSED = "fused:auto"  # the launch shape the --all-fused measurement ran (the kernel's own choice)
@@ -106,7 +106,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     profile = json.loads(Path(a.profile).read_text())
-    dtype, hidden = choice.model_shape(a.model, a.dtype)
+    dtype, hidden = arms.model_shape(a.model, a.dtype)
     try:
         doc = document(profile, dtype, hidden, source=a.profile)
     except ProfileError as exc:

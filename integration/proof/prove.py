@@ -8,8 +8,8 @@ prompts with the same seeded dummy weights and kernel-traces a few decode steps.
 ready, the two compiled ones take turns, alone on the GPU, profiling decode steps per batch size
 and prefill size (two rounds each, in the order stock, patched, patched, stock).
 
-Writes OUT/h200.json (evidence: providers, priorities, plugin log lines, kernels seen in CUDA-graph
-replays, greedy agreement, the command), OUT/h200-profile.json (per batch size: step time, norm time
+Writes OUT/<gpu>.json (e.g. h200.json; evidence: providers, priorities, plugin log lines, kernels seen in CUDA-graph
+replays, greedy agreement, the command), OUT/<gpu>-profile.json (per batch size: step time, norm time
 and calls, stock vs patched, with raw samples), OUT/raw-steps.json (the compiled engines' raw step
 data, from which `python -m integration.proof.evidence --raw ... --out ...` rebuilds the profile) and
 OUT/logs.tar.gz.
@@ -29,11 +29,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from integration import choice
-from integration.proof import evidence
 from kernels import environment as kernel_env
-from integration import arms
+from integration import arms, choice
 from integration.launcher import MODELS_DIR
+from integration.proof import evidence
 
 ARMS = [("stock", "compiled"), ("patched", "compiled"), ("stock", "eager"), ("patched", "eager")]
 LOG_MARKERS = ("rmsnorm_fused", "cupy_fused", "Final IR op priority")
@@ -41,7 +40,7 @@ LOG_MARKERS = ("rmsnorm_fused", "cupy_fused", "Final IR op priority")
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True, help="directory for h200.json, h200-profile.json, logs.tar.gz")
+    p.add_argument("--out", required=True, help="directory for <gpu>.json, <gpu>-profile.json, logs.tar.gz (<gpu>: e.g. h200)")
     p.add_argument("--model", default=str(MODELS_DIR / "llama-3.1-8b"), help="model dir (dummy weights)")
     p.add_argument("--dtype", default="bfloat16", help="model dtype (default bfloat16)")
     p.add_argument("--prompts", type=int, default=4, help="greedy prompts per arm (default 4)")
@@ -55,15 +54,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--modes", default="compiled,eager", help="which modes to run (comma list)")
     p.add_argument("--profile-modes", default="compiled",
                    help="modes whose stock and patched engines profile the batch and prefill sizes "
-                        "(comma list; default compiled; eager writes OUT/h200-profile-eager.json)")
+                        "(comma list; default compiled; eager writes OUT/<gpu>-profile-eager.json)")
     p.add_argument("--weights", choices=("scaled", "dummy"), default="scaled",
                    help="scaled: seeded std-0.02 redraw of the dummy weights (default); dummy: vLLM's own")
     p.add_argument("--max-rows", type=int, default=16384,
                    help="scan the policy up to this many rows for compile-range ends")
     p.add_argument("--timeout", type=float, default=500.0, help="overall deadline in seconds")
     p.add_argument("--policy", default=None,
-                   help="policy table for both modes (default: kernels/results/policy-h200-vs-inductor.json "
-                        "for compiled when present, kernels/results/policy-h200.json otherwise)")
+                   help="policy table for both modes (default: this GPU's in-vLLM tables, "
+                        "kernels/results/policy-<gpu>-in-graph.json and policy-<gpu>-in-vllm-eager.json)")
     p.add_argument("--all-fused", action="store_true",
                    help="use a table that sends every call of this model's shape to the fused kernel "
                         "(its own launch shape): proves the integration where the shipped policy is stock")
@@ -75,7 +74,7 @@ def select_policy(a: argparse.Namespace, scratch: Path) -> dict:
     the table each mode uses."""
     path = a.policy
     if a.all_fused:
-        dtype, hidden = choice.model_shape(a.model, a.dtype)
+        dtype, hidden = arms.model_shape(a.model, a.dtype)
         table = {f"{op}/{dtype}/{hidden}": [[1 << 30, "fused:auto"]] for op in choice.OPS}
         path = str(scratch / "policy-all-fused.json")
         Path(path).write_text(json.dumps({"schema_version": 1, "source": "--all-fused", "table": table}))
@@ -191,14 +190,15 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m integration.proof.prove " + shlex.join(argv if argv is not None else sys.argv[1:])
     doc = evidence.build(results, codes, logs, cmds, ranges, environment(), command, a)
     doc["policy"] = policy_source
-    (out / "h200.json").write_text(json.dumps(doc, indent=1))
+    gpu = choice.current_gpu() or "no-gpu"  # results are named by the GPU they were measured on
+    (out / f"{gpu}.json").write_text(json.dumps(doc, indent=1))
     if profiled:
         raw = {"model": a.model, "ranges": ranges, "command": command, "environment": doc["environment"],
                "policy": policy_source,
                "results": {f"{arm}-{m}": results.get(f"{arm}-{m}") for m in profiled for arm in ("stock", "patched")}}
         (out / "raw-steps.json").write_text(json.dumps(raw))
         for m in profiled:
-            name = "h200-profile.json" if m == "compiled" else f"h200-profile-{m}.json"
+            name = f"{gpu}-profile.json" if m == "compiled" else f"{gpu}-profile-{m}.json"
             (out / name).write_text(json.dumps(evidence.profile_from_raw(raw, m), indent=1))
     print(json.dumps(doc["summary"], indent=1))
     return 0 if all(c == 0 for c in codes.values()) else 1

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import sys
 import tempfile
@@ -30,6 +29,7 @@ import torch  # noqa: E402
 from integration.proof import steptrace  # noqa: E402
 from integration import arms  # noqa: E402
 from integration.arms import IR_OPS  # noqa: E402
+from kernels.resultfile import write_json  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -227,12 +227,6 @@ def prefill_steps(llm, a: argparse.Namespace, length: int, vocab: int, timed: in
             "norm_kernel_names": names}
 
 
-def _write(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
-
-
 def _wait_for(path: Path, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while not path.exists():
@@ -265,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     res["greedy"] = greedy(llm, a, vocab)
     res["proof"] = decode_batch(llm, a, 8, vocab, timed=4, traced=3)
     res["python_calls"] = _python_calls()
-    _write(out / f"{name}.json", res)
+    write_json(out / f"{name}.json", res)
     (out / f"{name}.ready").touch()
     if a.turn_file:
         sizes = [("decode", n) for n in _sizes(a.batch_sizes)] + [("prefill", n) for n in _sizes(a.prefill_sizes)]
@@ -278,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             (out / f"{name}.done{r}").touch()
         res["steps"] = list(rows.values())
         res["python_calls"] = _python_calls()
-        _write(out / f"{name}.json", res)
+        write_json(out / f"{name}.json", res)
         (out / f"{name}.done").touch()
     return 0
 

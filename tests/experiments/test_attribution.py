@@ -5,7 +5,7 @@ import pytest
 from experiments import attribution
 
 HIST = {"buckets": [1, 64, 1024, "+Inf"], "counts": [10, 5, 1, 0]}
-PROFILE = {"steps": [  # the fields integration.proof.prove writes; patched extra kernels count as norm time
+PROFILE = {"schema_version": 1, "steps": [  # the fields integration.proof.prove writes; patched extra kernels count as norm time
     {"batch_tokens": 1, "step_us_stock": 1000.0, "norm_us_stock": 50.0, "norm_us_patched": 39.0,
      "patched_extra_kernels_us": {"triton_poi_fused_embedding": 1.0}},
     {"batch_tokens": 64, "step_us_stock": 2000.0, "norm_us_stock": 100.0, "norm_us_patched": 80.0},
@@ -38,17 +38,19 @@ def run_json(device="cuda", hists=None):
 
 @pytest.fixture
 def files(tmp_path):
-    (tmp_path / "integration/results").mkdir(parents=True)
-    (tmp_path / "kernels/results").mkdir(parents=True)
-    for path in attribution.PROFILE_PATHS.values():
-        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / path).write_text(json.dumps(PROFILE))
-    (tmp_path / attribution.KERNEL_PATH).write_text(json.dumps(BENCH))
+    (tmp_path / "profile.json").write_text(json.dumps(PROFILE))
+    (tmp_path / "bench.json").write_text(json.dumps(BENCH))
     return tmp_path
 
 
+def attribute(run, root, **kw):
+    """attribution.attribute with the test's profile and kernel results as inputs."""
+    return attribution.attribute(run, "stock", root, None, profile_path=root / "profile.json",
+                                 kernel_path=root / "bench.json", **kw)
+
+
 def test_prediction_known_answer(files):
-    a = attribution.attribute(run_json(), "stock", files)
+    a = attribute(run_json(), files)
     assert a["status"] == "predicted" and a["upper_bound"] is True
     # saved 10*10 + 5*20 + 1*50 = 250 us over steps 10*1000 + 5*2000 + 1*10000 = 30000 us
     assert a["predicted_step_change_pct"] == pytest.approx(-100 * 250 / 30000)
@@ -74,7 +76,7 @@ def policy(fused_ranges):
 
 def test_recorded_policy_limits_the_saving_to_fused_step_sizes(files):
     run = {**run_json(), "patched_policy": policy([(2, 64)])}  # 1 and 1024 tokens stay stock
-    a = attribution.attribute(run, "stock", files)
+    a = attribute(run, files)
     assert a["predicted_step_change_pct"] == pytest.approx(-100 * (5 * 20) / 30000)
     assert "recorded in run.json" in a["policy_note"]
     assert [b["fused"] for b in a["profile_detail"]["by_bucket"]] == [False, True, False]
@@ -84,39 +86,39 @@ def test_recorded_policy_limits_the_saving_to_fused_step_sizes(files):
 
 def test_an_all_stock_policy_explains_nothing_and_an_override_wins(files):
     run = {**run_json(), "patched_policy": policy([])}
-    assert attribution.attribute(run, "stock", files)["predicted_step_change_pct"] == 0.0
-    a = attribution.attribute(run, "stock", files, policy=policy([(1, 2048)]))
+    assert attribute(run, files)["predicted_step_change_pct"] == 0.0
+    a = attribute(run, files, policy=policy([(1, 2048)]))
     assert a["predicted_step_change_pct"] == pytest.approx(-100 * 250 / 30000)
     assert "--patched-policy" in a["policy_note"]
-    old = attribution.attribute(run_json(), "stock", files)
+    old = attribute(run_json(), files)
     assert "no patched_policy" in old["policy_note"]
-    bad = attribution.attribute({**run_json(), "patched_policy": {"segments": {}}}, "stock", files)
+    bad = attribute({**run_json(), "patched_policy": {"segments": {}}}, files)
     assert bad["status"] == "error" and "fused_add_rms_norm" in bad["reason"]
 
 
 def test_cpu_run_predicts_exactly_zero(files):
-    a = attribution.attribute(run_json(device="cpu"), "stock", files)
+    a = attribute(run_json(device="cpu"), files)
     assert a["predicted_step_change_pct"] == 0.0 and a["status"] == "cpu"
     assert "stock norm everywhere" in a["reason"]
 
 
 def test_missing_profile_is_said_explicitly(tmp_path):
-    a = attribution.attribute(run_json(), "stock", tmp_path)
+    a = attribute(run_json(), tmp_path)
     assert a["status"] == "no profile available" and a["predicted_step_change_pct"] is None
     assert "no profile available" in a["reason"]
     assert a["kernel_estimate"]["status"] == "unavailable"
 
 
 def test_missing_histogram_and_bad_histogram(files):
-    a = attribution.attribute(run_json(hists={}), "stock", files)
+    a = attribute(run_json(hists={}), files)
     assert a["status"] == "no histogram" and a["predicted_step_change_pct"] is None
-    bad = attribution.attribute(run_json(hists={"1.0": {"buckets": [1, 2], "counts": [1]}}), "stock", files)
+    bad = attribute(run_json(hists={"1.0": {"buckets": [1, 2], "counts": [1]}}), files)
     assert bad["status"] == "error" and "equal-length" in bad["reason"]
 
 
 def test_bad_profile_is_an_error_not_a_number(files):
-    (files / attribution.PROFILE_PATHS["compiled"]).write_text(json.dumps({"steps": [{"batch_tokens": 1}]}))
-    a = attribution.attribute(run_json(), "stock", files)
+    (files / "profile.json").write_text(json.dumps({"schema_version": 1, "steps": [{"batch_tokens": 1}]}))
+    a = attribute(run_json(), files)
     assert a["status"] == "error" and "steps[0]" in a["reason"]
     assert a["predicted_step_change_pct"] is None
 
@@ -125,15 +127,13 @@ def test_histogram_points_inf_bucket_uses_last_finite_bound():
     assert attribution.histogram_points({"buckets": [8, 16, "+Inf"], "counts": [0, 3, 2]}) == [(16.0, 3), (16.0, 2)]
 
 
-def test_committed_h200_profile_is_read_as_written():
-    root = __import__("pathlib").Path(__file__).resolve().parents[2]
-    path = root / attribution.PROFILE_PATHS["compiled"]
-    raw = json.loads(path.read_text())["steps"]
-    rows = attribution.load_profile(path)
-    assert [r["batch_tokens"] for r in rows] == sorted(float(s["batch_tokens"]) for s in raw)
-    for row, step in zip(rows, sorted(raw, key=lambda s: s["batch_tokens"])):
-        extra = sum(step["patched_extra_kernels_us"].values())
-        assert row["norm_patched_us"] == pytest.approx(step["norm_us_patched"] + extra)
-        # the profile's own prediction is the same arithmetic
-        assert 100 * (row["norm_patched_us"] - row["norm_stock_us"]) / row["step_us"] == pytest.approx(
-            step["predicted_step_change_pct"])
+def test_profile_of_another_schema_version_is_refused(files):
+    (files / "profile.json").write_text(json.dumps({**PROFILE, "schema_version": 99}))
+    a = attribute(run_json(), files)
+    assert a["status"] == "error" and "schema_version 99" in a["reason"] and "profile.json" in a["reason"]
+
+
+def test_default_inputs_follow_the_runs_gpu(tmp_path):
+    a = attribution.attribute(run_json(), "stock", tmp_path, "gpu-without-results")
+    assert a["status"] == "no profile available" and "gpu-without-results" in a["reason"]
+    assert a["kernel_results"].endswith("gpu-without-results.json")

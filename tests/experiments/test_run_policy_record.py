@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from types import SimpleNamespace
+
+import pytest
 
 from experiments.runrecord import patched_policy
 from integration import choice
 from integration.launcher import MODELS_DIR
+
+
+@pytest.fixture(autouse=True)
+def h200_tables(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The patched arm's tables are the H200's (this machine has no GPU)."""
+    monkeypatch.setenv(choice.GPU_ENV, "h200")
+    choice.policy.cache_clear()
+    yield
+    choice.policy.cache_clear()
 
 
 def _cfg(**kw) -> SimpleNamespace:
@@ -19,6 +31,7 @@ def test_cuda_ab_run_records_the_table_and_its_row_ranges() -> None:
     rec = patched_policy(_cfg())
     assert rec["mode"] == "compiled" and (rec["dtype"], rec["hidden"]) == ("bf16", 4096)
     assert rec["table"] == str(choice.policy("compiled").source)
+    assert rec["table"].endswith("kernels/results/policy-h200-in-graph.json")
     for op in choice.OPS:
         segs = rec["segments"][op]
         assert segs[0][0] == 1 and segs[-1][1] == 16384

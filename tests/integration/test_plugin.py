@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.library import infer_schema
 
-from integration import choice, plugin
+from integration import arms, choice, plugin
 
 vllm_ir = pytest.importorskip("vllm.ir")
 
@@ -134,11 +134,11 @@ def test_segments_and_compile_range_ends(small_policy) -> None:
 def test_model_shape_reads_config() -> None:
     from integration.launcher import MODELS_DIR
 
-    assert choice.model_shape(MODELS_DIR / "llama-3.1-8b") == ("bf16", 4096)
-    assert choice.model_shape(MODELS_DIR / "tiny-llama") == ("fp32", 256)
-    assert choice.model_shape(MODELS_DIR / "tiny-llama", "bfloat16") == ("bf16", 256)
+    assert arms.model_shape(MODELS_DIR / "llama-3.1-8b") == ("bf16", 4096)
+    assert arms.model_shape(MODELS_DIR / "tiny-llama") == ("fp32", 256)
+    assert arms.model_shape(MODELS_DIR / "tiny-llama", "bfloat16") == ("bf16", 256)
     with pytest.raises(ValueError, match="dtype"):
-        choice.model_shape(MODELS_DIR / "tiny-llama", "int8")
+        arms.model_shape(MODELS_DIR / "tiny-llama", "int8")
 
 
 def test_bad_policy_answer_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -153,15 +153,36 @@ def test_bad_policy_answer_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
     choice.choose.cache_clear()
 
 
-def test_policy_table_per_mode(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+def test_policy_table_per_mode_and_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     monkeypatch.delenv(choice.POLICY_ENV, raising=False)
     monkeypatch.delenv(choice.POLICY_ENV_COMPILED, raising=False)
+    monkeypatch.setenv(choice.GPU_ENV, "h200")
     eager, compiled = choice.policy_path("eager"), choice.policy_path("compiled")
-    assert eager is None or eager.name == choice.EAGER_TABLE  # None: kernels' default table
-    assert compiled is None or compiled.name == choice.COMPILED_TABLE
+    assert (eager.name, compiled.name) == ("policy-h200-in-vllm-eager.json", "policy-h200-in-graph.json")
+    assert eager.is_file() and compiled.is_file()
+    assert choice.policy_path("compiled", gpu="b200") is None  # no tables measured on that GPU
     monkeypatch.setenv(choice.POLICY_ENV_COMPILED, str(tmp_path / "c.json"))
     assert choice.policy_path("compiled") == tmp_path / "c.json" and choice.policy_path("eager") == eager
     monkeypatch.setenv(choice.POLICY_ENV, str(tmp_path / "all.json"))
     assert choice.policy_path("eager") == tmp_path / "all.json"
     with pytest.raises(ValueError, match="mode"):
         choice.policy_path("graph")
+
+
+def test_a_gpu_without_tables_declines_everything_and_says_how_to_measure(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.delenv(choice.POLICY_ENV, raising=False)
+    monkeypatch.delenv(choice.POLICY_ENV_COMPILED, raising=False)
+    monkeypatch.setenv(choice.GPU_ENV, "b200")
+    choice.policy.cache_clear()
+    choice.choose.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger="vllm.plugins.rmsnorm_fused"):
+            pol = choice.policy("compiled")
+            assert all(choice.choose(op, "bf16", rows, 4096) == "stock" for op in choice.OPS for rows in (1, 64, 8192))
+        assert "every call declined" in pol.source
+        (line,) = [r.getMessage() for r in caplog.records]
+        assert "b200" in line and "python -m kernels.suite" in line and "integration.proof.ingraph" in line
+    finally:
+        choice.policy.cache_clear()
+        choice.choose.cache_clear()

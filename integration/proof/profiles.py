@@ -1,0 +1,52 @@
+"""Step profiles measured inside vLLM (`integration.proof.prove`), read back with their version checked.
+
+A profile holds, per decode or prefill step of `batch_tokens` tokens, the stock step time and the
+norm kernels' GPU time per step in the stock and the patched engine. experiments/ reads profiles
+only through `load_profile` and finds the committed ones through `default_profile`, which looks
+them up in integration/results/profiles.json by GPU and mode (data, not code: a new GPU's profiles
+are added there).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kernels.resultfile import ResultFileError, read_json
+
+SCHEMA_VERSION = 1  # written by integration.proof.evidence.profile_from_raw
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
+INDEX = RESULTS_DIR / "profiles.json"  # {"schema_version", "profiles": {gpu: {mode: path}}}, paths from the project root
+PROJECT_ROOT = RESULTS_DIR.parents[1]
+
+
+def load_profile(path: str | Path) -> list[dict]:
+    """Profile rows sorted by batch_tokens, each {"batch_tokens","step_us","norm_stock_us","norm_patched_us"}.
+
+    The patched norm time includes `patched_extra_kernels_us` ({kernel: us per step}): work Inductor
+    fused into its norm kernel that the patched step must run separately (the profile's definition).
+    ResultFileError names the file and what is wrong."""
+    data = read_json(path, SCHEMA_VERSION, "step profile")
+    rows = data.get("steps")
+    if not isinstance(rows, list) or not rows:
+        raise ResultFileError(f"{path}: expected a non-empty 'steps' list of per-step rows")
+    out = []
+    for i, row in enumerate(rows):
+        try:
+            out.append({"batch_tokens": float(row["batch_tokens"]), "step_us": float(row["step_us_stock"]),
+                        "norm_stock_us": float(row["norm_us_stock"]),
+                        "norm_patched_us": float(row["norm_us_patched"])
+                        + sum(float(us) for us in row.get("patched_extra_kernels_us", {}).values())})
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ResultFileError(f"{path}: steps[{i}]: need batch_tokens, step_us_stock, norm_us_stock, "
+                                  f"norm_us_patched ({exc!r})") from None
+    return sorted(out, key=lambda r: r["batch_tokens"])
+
+
+def default_profile(gpu: str | None, mode: str) -> Path | None:
+    """The committed profile the attribution uses for this GPU (short name, e.g. h200) and mode
+    ('compiled' or 'eager'), relative to the project root; None where there is none."""
+    if gpu is None or not INDEX.is_file():
+        return None
+    index = read_json(INDEX, SCHEMA_VERSION, "profile index").get("profiles") or {}
+    path = (index.get(gpu) or {}).get(mode)
+    return Path(path) if path else None

@@ -1,0 +1,69 @@
+"""Results files of the kit: written atomically, read back with their schema version checked.
+
+Every JSON results file (kernel results, policy tables, step profiles, run.json, report.json) carries
+`schema_version`; a reader names the file and the version it knows when they differ, and a file
+that is missing, truncated or not JSON gets one error naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+class ResultFileError(ValueError):
+    """A results file is missing, unreadable, not JSON, or of a schema version this reader does not know."""
+
+
+def write_json(path: str | Path, data: Any) -> None:
+    """Write JSON atomically: a temporary file in the same directory, then os.replace (a crash leaves
+    the old file or the new one, never half of one). NaN and infinities are refused."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o644)  # mkstemp makes it private; results are for everyone to read
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, allow_nan=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """Write a text file atomically (same rule as write_json)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: str | Path, schema_version: int | None, what: str) -> dict:
+    """The JSON object in `path` (a `what`, e.g. "step profile"), its schema_version checked against
+    `schema_version` (None: no check); ResultFileError naming the file otherwise."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ResultFileError(f"{path}: no such {what} file") from None
+    except json.JSONDecodeError as exc:
+        raise ResultFileError(f"{path}:{exc.lineno}: {what} is not valid JSON ({exc.msg}); "
+                              "truncated or corrupt?") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ResultFileError(f"{path}: cannot read {what}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ResultFileError(f"{path}: {what} must be a JSON object, got {type(doc).__name__}")
+    if schema_version is not None and doc.get("schema_version") != schema_version:
+        raise ResultFileError(f"{path}: {what} schema_version {doc.get('schema_version')!r}; this reader "
+                              f"knows {schema_version}")
+    return doc
