@@ -110,7 +110,7 @@ def _layout_ok(x: Tensor, weight: Tensor | None, residual: Tensor | None) -> boo
     return True
 
 
-def decide(op: str, x: Tensor, weight: Tensor | None, residual: Tensor | None,
+def accepts(op: str, x: Tensor, weight: Tensor | None, residual: Tensor | None,
            variance_size: int | None) -> bool:
     """True when cupy_fused takes this call (or, under torch.compile, this whole compile range).
 
@@ -141,13 +141,13 @@ def decide(op: str, x: Tensor, weight: Tensor | None, residual: Tensor | None,
 def rms_norm_supports(x: Tensor, weight: Tensor | None, epsilon: float,
                       variance_size: int | None = None) -> bool:
     """supports_args of rms_norm: the policy picks the fused kernel for this shape (or range)."""
-    return decide("rms_norm", x, weight, None, variance_size)
+    return accepts("rms_norm", x, weight, None, variance_size)
 
 
 def fused_add_supports(x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float,
                        variance_size: int | None = None) -> bool:
     """supports_args of fused_add_rms_norm."""
-    return decide("fused_add_rms_norm", x, weight, x_residual, variance_size)
+    return accepts("fused_add_rms_norm", x, weight, x_residual, variance_size)
 
 
 def _eager(x: Tensor) -> bool:

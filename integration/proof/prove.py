@@ -150,7 +150,8 @@ def log_lines(log: Path) -> list[str]:
             if any(m in ln for m in LOG_MARKERS)][:40]
 
 
-def environment() -> dict:
+def machine_record() -> dict:
+    """Host, Python and nvidia-smi's view of the GPU, for the evidence file."""
     env = {"host": platform.node(), "python": platform.python_version()}
     smi = kernel_env.smi("name,driver_version,clocks.sm,clocks.mem,memory.total")
     env["nvidia_smi"] = ", ".join(smi) if isinstance(smi, list) else smi  # values, or the error text
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             for n in procs:
                 tar.add(scratch / f"{n}.log", arcname=f"{n}.log")
     command = "python -m integration.proof.prove " + shlex.join(argv if argv is not None else sys.argv[1:])
-    doc = evidence.build(results, codes, logs, cmds, ranges, environment(), command, a)
+    doc = evidence.build(results, codes, logs, cmds, ranges, machine_record(), command, a)
     doc["policy"] = policy_source
     gpu = choice.current_gpu() or "no-gpu"  # results are named by the GPU they were measured on
     (out / f"{gpu}.json").write_text(json.dumps(doc, indent=1))

@@ -148,7 +148,7 @@ def _trace_steps(engine, n: int, label: str, before=None) -> tuple[list[dict], d
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{label}.json"
         prof.export_chrome_trace(str(path))
-        events = steptrace.load_trace(path)
+        events = steptrace.load_profiler_trace(path)
     names = {k: steptrace.kernel_names(events, k) for k in ("fused", "vllm_c", "inductor")}
     return steptrace.step_stats(events), names
 

@@ -33,7 +33,7 @@ def base_name(name: str) -> str:
     return re.sub(r"_\d+$", "", name)[:240]
 
 
-def load_trace(path: str | Path) -> list[dict]:
+def load_profiler_trace(path: str | Path) -> list[dict]:
     """The traceEvents of a Chrome trace JSON written by torch.profiler."""
     with open(path) as f:
         data = json.load(f)

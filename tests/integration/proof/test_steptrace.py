@@ -41,7 +41,7 @@ def test_norm_kinds() -> None:
 def test_step_stats_attribute_kernels_to_steps_and_launch_paths(tmp_path) -> None:
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"traceEvents": _trace()}))
-    s0, s1 = steptrace.step_stats(steptrace.load_trace(path))
+    s0, s1 = steptrace.step_stats(steptrace.load_profiler_trace(path))
     assert (s0["kernels"], s0["norm_calls"], s0["fused_from_graph"], s0["fused_direct"]) == (3, 2, 1, 0)
     assert s0["norm_us"] == 5.0 and s0["gpu_busy_us"] == 15.0 and s0["gpu_span_us"] == 17.0
     assert s0["graph_launched_kernels"] == 3
