@@ -1,4 +1,4 @@
-"""report.json (DESIGN.md contract plus detail) and report.md (verdict first) from an analysis."""
+"""report.json (docs/DESIGN.md contract plus detail) and report.md (verdict first) from an analysis."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from kernels.resultfile import read_json, write_json, write_text
 from experiments.slo import SLO
 
 REPORT_SCHEMA_VERSION = 1
-# DESIGN.md: the end-to-end effect to detect is about 0.5% (of TPOT); windows needed for a +-0.5% interval
+# docs/DESIGN.md: the end-to-end effect to detect is about 0.5% (of TPOT); windows needed for a +-0.5% interval
 TARGET_HALF_WIDTH_PCT = 0.5
 
 
@@ -108,7 +108,7 @@ def _design(run: Mapping) -> dict:
 
 
 def build_report(a: Analysis) -> dict:
-    """The report.json dict (DESIGN.md contract keys first)."""
+    """The report.json dict (docs/DESIGN.md contract keys first)."""
     run, labels = a.run, list(a.run["arm_labels"])
     slos = [_slo_entry(item, labels) for item in a.per_slo]
     status = "complete" if run.get("status") == "complete" and not a.missing else "partial"
