@@ -32,7 +32,8 @@ KERNEL_SCHEMA_VERSION = 1  # kernels/results/<gpu>.json (kernels.suite)
 
 
 def histogram_points(hist: Mapping) -> list[tuple[float, int]]:
-    """(representative tokens, step count) per bucket: the bucket's upper bound; +Inf takes the last finite one."""
+    """(representative tokens, step count) per bucket: the bucket's upper bound; +Inf takes the last
+    finite one."""
     buckets, counts = hist.get("buckets"), hist.get("counts")
     if not isinstance(buckets, list) or not isinstance(counts, list) or len(buckets) != len(counts):
         raise ValueError(f"step histogram needs equal-length 'buckets' and 'counts' lists, got {hist!r}")
@@ -69,7 +70,8 @@ def fused_at(policy: Mapping | None) -> Callable[[float], bool]:
     try:
         segs = [(int(lo), int(hi), bool(f)) for lo, hi, f in policy["segments"][POLICY_OP]]
     except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"patched_policy: need segments[{POLICY_OP!r}] as [lo, hi, fused] rows ({exc!r})") from None
+        raise ValueError(f"patched_policy: need segments[{POLICY_OP!r}] as [lo, hi, fused] rows "
+                         f"({exc!r})") from None
     top = max((hi for _, hi, _ in segs), default=0)
     return lambda tokens: any(lo <= min(int(tokens), top) <= hi and f for lo, hi, f in segs)
 
@@ -83,12 +85,15 @@ def predict_from_profile(points: list[tuple[float, int]], profile: list[dict],
     table = []
     for tokens, count in points:
         step = _interp(tokens, xs, [r["step_us"] for r in profile])
-        delta = _interp(tokens, xs, [r["norm_stock_us"] - r["norm_patched_us"] for r in profile]) if fused(tokens) else 0.0
+        saving = [r["norm_stock_us"] - r["norm_patched_us"] for r in profile]
+        delta = _interp(tokens, xs, saving) if fused(tokens) else 0.0
         saved += count * delta
         total += count * step
-        table.append({"tokens": tokens, "steps": count, "step_us": step, "fused": fused(tokens), "norm_saved_us": delta})
+        table.append({"tokens": tokens, "steps": count, "step_us": step, "fused": fused(tokens),
+                      "norm_saved_us": delta})
     return {"predicted_step_change_pct": 0.0 - 100.0 * saved / total if total else None,  # 0.0 - : no "-0"
-            "steps": int(sum(c for _, c in points)), "profiled_tokens": [min(xs), max(xs)], "by_bucket": table}
+            "steps": int(sum(c for _, c in points)), "profiled_tokens": [min(xs), max(xs)],
+            "by_bucket": table}
 
 
 def kernel_saving_per_call(bench: list[dict], op: str, dtype: str, hidden: int, eager: bool,
@@ -122,7 +127,8 @@ def predict_from_kernels(points: list[tuple[float, int]], bench: list[dict], mod
     per_op = {op: kernel_saving_per_call(bench, op, dtype, int(hidden), eager, fused) for op in calls}
     absent = [op for op, rows in per_op.items() if not rows]
     if absent:
-        return {"status": "unavailable", "reason": f"no {dtype} x {hidden} rows for {absent} in kernel results"}
+        return {"status": "unavailable",
+                "reason": f"no {dtype} x {hidden} rows for {absent} in kernel results"}
     saved = 0.0
     for tokens, count in points:
         for op, n_calls in calls.items():
@@ -157,7 +163,8 @@ def _policy(run: Mapping, override: Mapping | None) -> tuple[Mapping | None, str
         return None, ("run.json records no patched_policy (an older run): the fused kernel is assumed at "
                       "every step size")
     source = "given with --patched-policy" if override is not None else "recorded in run.json"
-    return policy, f"patched arm's policy {policy.get('table', '?')} ({source}); unfused step sizes save nothing"
+    return policy, (f"patched arm's policy {policy.get('table', '?')} ({source}); unfused step sizes "
+                    "save nothing")
 
 
 def attribute(run: Mapping, baseline: str, root: Path, gpu: str | None, profile_path: Path | None = None,
@@ -199,8 +206,9 @@ def attribute(run: Mapping, baseline: str, root: Path, gpu: str | None, profile_
                                      "reason": f"no kernel results for GPU {gpu} ({kernel_path})"}
     else:
         try:
-            result["kernel_estimate"] = predict_from_kernels(points, _kernel_bench(kernel_path), run.get("model") or {},
-                                                             eager, fused if pol is not None else None)
+            result["kernel_estimate"] = predict_from_kernels(
+                points, _kernel_bench(kernel_path), run.get("model") or {}, eager,
+                fused if pol is not None else None)
         except (ValueError, KeyError, TypeError) as exc:
             result["kernel_estimate"] = {"status": "error", "reason": str(exc)}
     if profile_path is None or not profile_path.is_file():

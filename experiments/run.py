@@ -1,4 +1,6 @@
-"""Run the stock-vs-patched (or A/A) goodput experiment: `python experiments/run.py --trace traces/chat.jsonl`.
+"""Run the stock-vs-patched (or A/A) goodput experiment:
+
+    python experiments/run.py --trace traces/chat.jsonl
 
 The command line lives in experiments/cli.py (also installed as `rmsnorm-experiment`); this file only
 calls it, so the command in the README works from a checkout where the project is installed.

@@ -48,7 +48,8 @@ class Arm:
 
     def server_args(self, eager: bool) -> list[str]:
         """vLLM server flags that select the arm's kernels (empty for stock)."""
-        return [f"--ir-op-priority.{op}={','.join(order)}" for op, order in self.ir_op_priority(eager).items()]
+        priority = self.ir_op_priority(eager)
+        return [f"--ir-op-priority.{op}={','.join(order)}" for op, order in priority.items()]
 
     def engine_kwargs(self, eager: bool) -> dict:
         """The same choice as keyword arguments of vLLM's offline `LLM(...)`."""
@@ -93,7 +94,8 @@ def model_shape(model: str | Path | dict, dtype: str = "auto") -> tuple[str, int
 
 def check_plugin_installed() -> None:
     """Raise if the plugin's entry point is not installed, so vLLM could not load it."""
-    found = [e for e in importlib.metadata.entry_points(group="vllm.general_plugins") if e.name == PLUGIN_NAME]
+    plugins = importlib.metadata.entry_points(group="vllm.general_plugins")
+    found = [e for e in plugins if e.name == PLUGIN_NAME]
     if not found:
         raise RuntimeError(f"the vLLM plugin entry point {PLUGIN_NAME!r} is not installed in "
                            f"{sys.prefix}; run `pip install -e .` in the project root (patched arm)")

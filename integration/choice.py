@@ -33,8 +33,9 @@ GPU_ENV = "RMSNORM_FUSED_GPU"  # whose tables to use, e.g. h200 (default: the GP
 # results: under torch.compile stock is Inductor's kernel inside vLLM's graph; in eager mode vLLM's
 # CUDA kernel, where the host cost of each call counts too.
 TABLES = {"compiled": "policy-{gpu}-in-graph.json", "eager": "policy-{gpu}-in-vllm-eager.json"}
-MAKE_TABLES = ("python -m kernels.suite --out kernels/results/{gpu}.json, then python -m integration.proof.prove "
-               "--all-fused and python -m integration.proof.ingraph (integration/README.md, 'Policy tables')")
+MAKE_TABLES = ("python -m kernels.suite --out kernels/results/{gpu}.json, then "
+               "python -m integration.proof.prove --all-fused and python -m integration.proof.ingraph "
+               "(integration/README.md, 'Policy')")
 logger = logging.getLogger("vllm.plugins.rmsnorm_fused")
 
 

@@ -1,7 +1,9 @@
 """Shape policies from timings inside vLLM: fused only where it beat the stock norm in the real model.
 
-    python -m integration.proof.ingraph --profile OUT/h200-profile.json --out kernels/results/policy-h200-in-graph.json
-    python -m integration.proof.ingraph --profile OUT/h200-profile-eager.json --out kernels/results/policy-h200-in-vllm-eager.json
+    python -m integration.proof.ingraph --profile OUT/h200-profile.json \
+        --out kernels/results/policy-h200-in-graph.json
+    python -m integration.proof.ingraph --profile OUT/h200-profile-eager.json \
+        --out kernels/results/policy-h200-in-vllm-eager.json
 
 The input is a step profile of `python -m integration.proof.prove` (decode and prefill steps, stock and
 patched engines of one mode; `--all-fused` makes the patched engine run the fused kernel at every
@@ -83,7 +85,8 @@ def document(profile: dict, dtype: str, hidden: int, source: str) -> dict:
     entries = table_entries(sizes)
     evidence = [{k: row.get(k) for k in ("kind", "batch_tokens", "norm_calls", "fused_calls_patched",
                                          "norm_us_stock", "norm_us_patched",
-                                         "patched_extra_kernels_us", "norm_speedup", "patched_faster_every_step",
+                                         "patched_extra_kernels_us", "norm_speedup",
+                                         "patched_faster_every_step",
                                          "step_us_stock", "step_us_patched", "patched_step_not_slower")}
                 for row in profile["steps"]]
     mode = profile.get("mode", "compiled")
@@ -96,7 +99,8 @@ def document(profile: dict, dtype: str, hidden: int, source: str) -> dict:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", required=True, help="h200-profile.json of an --all-fused prove run")
-    p.add_argument("--out", required=True, help="policy table to write (e.g. kernels/results/policy-h200-in-graph.json)")
+    p.add_argument("--out", required=True,
+                   help="policy table to write (e.g. kernels/results/policy-h200-in-graph.json)")
     p.add_argument("--model", default=str(MODELS_DIR / "llama-3.1-8b"),
                    help="model directory the profile ran (its hidden size keys the table)")
     p.add_argument("--dtype", default="bfloat16", help="model dtype the profile ran (default bfloat16)")

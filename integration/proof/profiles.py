@@ -15,7 +15,8 @@ from kernels.resultfile import ResultFileError, read_json
 
 SCHEMA_VERSION = 1  # written by integration.proof.evidence.profile_from_raw
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
-INDEX = RESULTS_DIR / "profiles.json"  # {"schema_version", "profiles": {gpu: {mode: path}}}, paths from the project root
+# {"schema_version", "profiles": {gpu: {mode: path}}}, paths from the project root
+INDEX = RESULTS_DIR / "profiles.json"
 PROJECT_ROOT = RESULTS_DIR.parents[1]
 
 

@@ -5,7 +5,8 @@ import pytest
 from experiments import attribution
 
 HIST = {"buckets": [1, 64, 1024, "+Inf"], "counts": [10, 5, 1, 0]}
-PROFILE = {"schema_version": 1, "steps": [  # the fields integration.proof.prove writes; patched extra kernels count as norm time
+# the fields integration.proof.prove writes; patched extra kernels count as norm time
+PROFILE = {"schema_version": 1, "steps": [
     {"batch_tokens": 1, "step_us_stock": 1000.0, "norm_us_stock": 50.0, "norm_us_patched": 39.0,
      "patched_extra_kernels_us": {"triton_poi_fused_embedding": 1.0}},
     {"batch_tokens": 64, "step_us_stock": 2000.0, "norm_us_stock": 100.0, "norm_us_patched": 80.0},
@@ -124,7 +125,8 @@ def test_bad_profile_is_an_error_not_a_number(files):
 
 
 def test_histogram_points_inf_bucket_uses_last_finite_bound():
-    assert attribution.histogram_points({"buckets": [8, 16, "+Inf"], "counts": [0, 3, 2]}) == [(16.0, 3), (16.0, 2)]
+    points = attribution.histogram_points({"buckets": [8, 16, "+Inf"], "counts": [0, 3, 2]})
+    assert points == [(16.0, 3), (16.0, 2)]
 
 
 def test_profile_of_another_schema_version_is_refused(files):

@@ -11,7 +11,8 @@ from integration.launcher import MODELS_DIR
 def test_patched_arm_falls_back_to_what_stock_runs() -> None:
     patched = arms.get("patched")
     assert patched.server_args(eager=False) == [
-        "--ir-op-priority.rms_norm=cupy_fused,native", "--ir-op-priority.fused_add_rms_norm=cupy_fused,native"]
+        "--ir-op-priority.rms_norm=cupy_fused,native",
+        "--ir-op-priority.fused_add_rms_norm=cupy_fused,native"]
     assert patched.server_args(eager=True) == [
         "--ir-op-priority.rms_norm=cupy_fused,vllm_c,native",
         "--ir-op-priority.fused_add_rms_norm=cupy_fused,vllm_c,native"]

@@ -13,7 +13,8 @@ from tests.conftest import tiny_server_config
 
 @pytest.mark.parametrize("module", ["integration.proof.prove", "integration.proof.prove_arm"])
 def test_help(module: str) -> None:
-    out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True,
+                         timeout=120)
     assert out.returncode == 0, out.stderr
     for flag in ("--out", "--model", "--steps", "--batch-sizes"):
         assert flag in out.stdout

@@ -179,7 +179,8 @@ def test_a_gpu_without_tables_declines_everything_and_says_how_to_measure(
     try:
         with caplog.at_level("WARNING", logger="vllm.plugins.rmsnorm_fused"):
             pol = choice.policy("compiled")
-            assert all(choice.choose(op, "bf16", rows, 4096) == "stock" for op in choice.OPS for rows in (1, 64, 8192))
+            answers = {choice.choose(op, "bf16", rows, 4096) for op in choice.OPS for rows in (1, 64, 8192)}
+            assert answers == {"stock"}
         assert "every call declined" in pol.source
         (line,) = [r.getMessage() for r in caplog.records]
         assert "b200" in line and "python -m kernels.suite" in line and "integration.proof.ingraph" in line
