@@ -15,29 +15,36 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from kernels.checks import CONFIG_DTYPES
 
-PLUGIN_NAME = "rmsnorm_fused"  # the entry-point name in pyproject.toml
+PLUGIN_NAME = "rmsnorm_fused"  # the entry-point name in pyproject.toml (integration/plugin.py)
 PROVIDER = "cupy_fused"  # the IR-op provider the plugin registers
+PLANTED_PLUGIN = "rmsnorm_planted"  # the positive control's plugin (integration/planted.py)
+PLANTED_PROVIDER = "planted_delay"  # its provider: stock norm + a known GPU delay per call
+PLANTED_NS_ENV = "RMSNORM_PLANTED_NS"  # the delay per norm call, in ns, for every vLLM process
 IR_OPS = ("rms_norm", "fused_add_rms_norm")  # the vLLM IR ops the provider implements
 MAX_COMPILE_ROWS = 16384  # compile-range ends are looked for up to this many rows per step
 
 
 @dataclass(frozen=True)
 class Arm:
-    """One arm: whether vLLM loads the plugin, and which IR-op provider goes first (None: vLLM's own)."""
+    """One arm: the kit's vLLM plugins it loads (none: vLLM as shipped), which IR-op provider goes
+    first (None: vLLM's own choice), and environment variables for every vLLM process."""
 
     name: str
-    plugin: bool = False
+    plugins: tuple[str, ...] = ()
     provider: str | None = None
+    extra_env: tuple[tuple[str, str], ...] = ()
 
     def env(self) -> dict[str, str]:
-        """Environment that keeps the plugin out of (plugin False) or in every vLLM process."""
-        return {"VLLM_PLUGINS": PLUGIN_NAME if self.plugin else ""}
+        """Environment that keeps every other plugin out of each vLLM process (VLLM_PLUGINS) and
+        sets the arm's own variables."""
+        return {"VLLM_PLUGINS": ",".join(self.plugins), **dict(self.extra_env)}
 
     def ir_op_priority(self, eager: bool) -> dict[str, list[str]]:
         """{op: [provider, fallbacks...]} for each IR op ({} when the arm keeps vLLM's defaults)."""
@@ -59,8 +66,21 @@ class Arm:
 
 ARMS: dict[str, Arm] = {
     "stock": Arm("stock"),
-    "patched": Arm("patched", plugin=True, provider=PROVIDER),
+    "patched": Arm("patched", plugins=(PLUGIN_NAME,), provider=PROVIDER),
 }
+PLANTED_DEFAULT_NS = 2000  # `planted` alone: 2 us per norm call
+_PLANTED = re.compile(r"^planted(?::(\d+(?:\.\d+)?)(ns|us))?$")
+
+
+def planted(ns: int) -> Arm:
+    """The positive control: stock kernels plus a planted GPU delay of `ns` per norm call. Its
+    graphs are compiled afresh (vLLM's compile cache keys on the provider's source, not on `ns`)."""
+    from kernels.planted import check_ns
+
+    check_ns(ns)
+    name = f"planted:{ns / 1000:g}us" if ns % 100 == 0 else f"planted:{ns}ns"
+    return Arm(name, plugins=(PLANTED_PLUGIN,), provider=PLANTED_PROVIDER,
+               extra_env=((PLANTED_NS_ENV, str(ns)), ("VLLM_DISABLE_COMPILE_CACHE", "1")))
 
 
 def fallback(eager: bool) -> list[str]:
@@ -70,10 +90,16 @@ def fallback(eager: bool) -> list[str]:
 
 
 def get(name: str) -> Arm:
-    """The arm called `name`; ValueError naming the known arms otherwise."""
-    if name not in ARMS:
-        raise ValueError(f"unknown arm {name!r}; expected one of {tuple(ARMS)}")
-    return ARMS[name]
+    """The arm called `name` (`planted:<N>us` or `planted:<N>ns` for the positive control);
+    ValueError naming the known arms otherwise."""
+    if name in ARMS:
+        return ARMS[name]
+    m = _PLANTED.match(name)
+    if m is None:
+        raise ValueError(f"unknown arm {name!r}; expected one of {tuple(ARMS)} or planted:<N>us")
+    value, unit = m.groups()
+    ns = PLANTED_DEFAULT_NS if value is None else round(float(value) * (1000 if unit == "us" else 1))
+    return planted(ns)
 
 
 def model_shape(model: str | Path | dict, dtype: str = "auto") -> tuple[str, int]:
@@ -92,13 +118,13 @@ def model_shape(model: str | Path | dict, dtype: str = "auto") -> tuple[str, int
     return CONFIG_DTYPES[name], int(cfg["hidden_size"])
 
 
-def check_plugin_installed() -> None:
-    """Raise if the plugin's entry point is not installed, so vLLM could not load it."""
-    plugins = importlib.metadata.entry_points(group="vllm.general_plugins")
-    found = [e for e in plugins if e.name == PLUGIN_NAME]
-    if not found:
-        raise RuntimeError(f"the vLLM plugin entry point {PLUGIN_NAME!r} is not installed in "
-                           f"{sys.prefix}; run `pip install -e .` in the project root (patched arm)")
+def check_plugin_installed(arm: Arm) -> None:
+    """Raise if an entry point the arm loads is not installed, so vLLM could not load it."""
+    installed = {e.name for e in importlib.metadata.entry_points(group="vllm.general_plugins")}
+    missing = [name for name in arm.plugins if name not in installed]
+    if missing:
+        raise RuntimeError(f"the vLLM plugin entry point(s) {missing} of arm {arm.name!r} are not "
+                           f"installed in {sys.prefix}; run `pip install -e .` in the project root")
 
 
 def compilation_config(model_dir: Path, dtype: str = "auto", max_rows: int = MAX_COMPILE_ROWS) -> dict:

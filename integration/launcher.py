@@ -114,8 +114,7 @@ class VllmServer:
     def start(self) -> None:
         """Launch the server in its own process group (so stop() reaches its workers too)."""
         arm = arms.get(self.config.arm)
-        if arm.plugin:
-            arms.check_plugin_installed()
+        arms.check_plugin_installed(arm)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **arm.env(), **dict(self.config.extra_env)}
         env.setdefault("VLLM_NO_USAGE_STATS", "1")

