@@ -17,6 +17,7 @@ import importlib.metadata
 import json
 import re
 import sys
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,20 +32,41 @@ IR_OPS = ("rms_norm", "fused_add_rms_norm")  # the vLLM IR ops the provider impl
 MAX_COMPILE_ROWS = 16384  # compile-range ends are looked for up to this many rows per step
 
 
+# vLLM flags every arm of a run shares (the run sets them); an arm that sets one differs in more
+# than its kernel, which a run refuses unless told to allow it
+SHARED_FLAGS = ("--model", "--served-model-name", "--dtype", "--kv-cache-memory-bytes",
+                "--gpu-memory-utilization", "--enforce-eager", "-O", "--compilation-config",
+                "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--seed", "--host",
+                "--port", "--load-format", "--tensor-parallel-size", "--quantization", "--tokenizer")
+ARM_FIELDS = ("name", "description", "plugins", "provider", "server_args", "env")
+
+
 @dataclass(frozen=True)
 class Arm:
     """One arm: the kit's vLLM plugins it loads (none: vLLM as shipped), which IR-op provider goes
-    first (None: vLLM's own choice), and environment variables for every vLLM process."""
+    first (None: vLLM's own choice), its own server flags and environment for every vLLM process."""
 
     name: str
     plugins: tuple[str, ...] = ()
     provider: str | None = None
     extra_env: tuple[tuple[str, str], ...] = ()
+    extra_args: tuple[str, ...] = ()
+    description: str = ""
 
     def env(self) -> dict[str, str]:
         """Environment that keeps every other plugin out of each vLLM process (VLLM_PLUGINS) and
         sets the arm's own variables."""
         return {"VLLM_PLUGINS": ",".join(self.plugins), **dict(self.extra_env)}
+
+    def shared_flags_set(self) -> list[str]:
+        """The SHARED_FLAGS this arm's own server flags set (empty: it differs only in its kernel)."""
+        return [a for a in self.extra_args if a.split("=", 1)[0] in SHARED_FLAGS]
+
+    def difference(self) -> list[str]:
+        """What this arm sets beyond vLLM as shipped, one item each (for the report)."""
+        items = [f"VLLM_PLUGINS={','.join(self.plugins)}"] if self.plugins else []
+        items += [f"--ir-op-priority.{op}={self.provider},..." for op in IR_OPS] if self.provider else []
+        return items + list(self.extra_args) + [f"{k}={v}" for k, v in self.extra_env]
 
     def ir_op_priority(self, eager: bool) -> dict[str, list[str]]:
         """{op: [provider, fallbacks...]} for each IR op ({} when the arm keeps vLLM's defaults)."""
@@ -54,9 +76,10 @@ class Arm:
         return {op: order for op in IR_OPS}
 
     def server_args(self, eager: bool) -> list[str]:
-        """vLLM server flags that select the arm's kernels (empty for stock)."""
+        """vLLM server flags that select the arm's kernels, then its own flags (empty for stock)."""
         priority = self.ir_op_priority(eager)
-        return [f"--ir-op-priority.{op}={','.join(order)}" for op, order in priority.items()]
+        return [f"--ir-op-priority.{op}={','.join(order)}" for op, order in priority.items()] + list(
+            self.extra_args)
 
     def engine_kwargs(self, eager: bool) -> dict:
         """The same choice as keyword arguments of vLLM's offline `LLM(...)`."""
@@ -64,10 +87,54 @@ class Arm:
         return {"ir_op_priority": priority} if priority else {}
 
 
-ARMS: dict[str, Arm] = {
-    "stock": Arm("stock"),
-    "patched": Arm("patched", plugins=(PLUGIN_NAME,), provider=PROVIDER),
-}
+BUILTIN_FILE = Path(__file__).with_name("arms.toml")
+
+
+def _text_list(value: object, where: str, key: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{where}: {key} must be a list of strings, got {value!r}")
+    return tuple(value)
+
+
+def _arm_from_table(table: dict, where: str) -> Arm:
+    unknown = sorted(set(table) - set(ARM_FIELDS))
+    if unknown or not isinstance(table.get("name"), str) or not table["name"]:
+        raise ValueError(f"{where}: needs a name and only the keys {ARM_FIELDS}; unknown {unknown}")
+    env = table.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        raise ValueError(f"{where}: env must be a table of strings, got {env!r}")
+    provider = table.get("provider")
+    if provider is not None and not isinstance(provider, str):
+        raise ValueError(f"{where}: provider must be a string, got {provider!r}")
+    return Arm(table["name"], plugins=_text_list(table.get("plugins", []), where, "plugins"),
+               provider=provider, extra_env=tuple(sorted(env.items())),
+               extra_args=_text_list(table.get("server_args", []), where, "server_args"),
+               description=str(table.get("description", "")))
+
+
+def load_arm_file(path: str | Path) -> dict[str, Arm]:
+    """The [[arm]] tables of a TOML arm file (format: integration/arms.toml), by name; ValueError
+    naming the file and the table otherwise."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the arm file: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: not valid TOML: {exc}") from None
+    tables = data.get("arm")
+    if not isinstance(tables, list) or not tables or set(data) != {"arm"}:
+        raise ValueError(f"{path}: expected one or more [[arm]] tables and nothing else")
+    found: dict[str, Arm] = {}
+    for i, table in enumerate(tables, start=1):
+        arm = _arm_from_table(table, f"{path}: [[arm]] #{i}")
+        if arm.name in found or _PLANTED.match(arm.name):
+            raise ValueError(f"{path}: [[arm]] #{i}: name {arm.name!r} is taken")
+        found[arm.name] = arm
+    return found
+
+
+ARMS: dict[str, Arm] = {}  # the built-in arms (BUILTIN_FILE), filled below
 PLANTED_DEFAULT_NS = 2000  # `planted` alone: 2 us per norm call
 _PLANTED = re.compile(r"^planted(?::(\d+(?:\.\d+)?)(ns|us))?$")
 
@@ -80,7 +147,11 @@ def planted(ns: int) -> Arm:
     check_ns(ns)
     name = f"planted:{ns / 1000:g}us" if ns % 100 == 0 else f"planted:{ns}ns"
     return Arm(name, plugins=(PLANTED_PLUGIN,), provider=PLANTED_PROVIDER,
-               extra_env=((PLANTED_NS_ENV, str(ns)), ("VLLM_DISABLE_COMPILE_CACHE", "1")))
+               extra_env=((PLANTED_NS_ENV, str(ns)), ("VLLM_DISABLE_COMPILE_CACHE", "1")),
+               description=f"positive control: stock kernels plus {ns} ns of GPU delay per norm call")
+
+
+ARMS.update(load_arm_file(BUILTIN_FILE))
 
 
 def fallback(eager: bool) -> list[str]:
@@ -89,14 +160,15 @@ def fallback(eager: bool) -> list[str]:
     return ["vllm_c", "native"] if eager else ["native"]
 
 
-def get(name: str) -> Arm:
-    """The arm called `name` (`planted:<N>us` or `planted:<N>ns` for the positive control);
-    ValueError naming the known arms otherwise."""
-    if name in ARMS:
-        return ARMS[name]
+def get(name: str, extra: dict[str, Arm] | None = None) -> Arm:
+    """The arm called `name`: built in, in `extra` (an arm file's arms), or `planted:<N>us` /
+    `planted:<N>ns` (the positive control); ValueError naming the known arms otherwise."""
+    known = {**ARMS, **(extra or {})}
+    if name in known:
+        return known[name]
     m = _PLANTED.match(name)
     if m is None:
-        raise ValueError(f"unknown arm {name!r}; expected one of {tuple(ARMS)} or planted:<N>us")
+        raise ValueError(f"unknown arm {name!r}; expected one of {tuple(known)} or planted:<N>us")
     value, unit = m.groups()
     ns = PLANTED_DEFAULT_NS if value is None else round(float(value) * (1000 if unit == "us" else 1))
     return planted(ns)

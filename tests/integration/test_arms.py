@@ -70,3 +70,48 @@ def test_planted_arm_is_stock_plus_a_known_delay(spec: str, ns: int, name: str) 
 def test_bad_planted_specs_are_refused(spec: str) -> None:
     with pytest.raises(ValueError, match="planted"):
         arms.get(spec)
+
+
+def test_builtin_arms_come_from_the_shipped_file() -> None:
+    assert set(arms.load_arm_file(arms.BUILTIN_FILE)) == {"stock", "patched", "vllm_c"} == set(arms.ARMS)
+    assert arms.get("vllm_c").server_args(eager=False) == [
+        "--ir-op-priority.rms_norm=vllm_c,native", "--ir-op-priority.fused_add_rms_norm=vllm_c,native"]
+    assert arms.get("vllm_c").env() == {"VLLM_PLUGINS": ""}
+    assert all(arm.description for arm in arms.ARMS.values())
+
+
+def test_a_user_arm_file_adds_arms_with_their_own_flags_and_env(tmp_path) -> None:
+    path = tmp_path / "arms.toml"
+    path.write_text('[[arm]]\nname = "no-custom-ar"\nserver_args = ["--disable-custom-all-reduce"]\n'
+                    'env = { VLLM_FOO = "1" }\n\n[[arm]]\nname = "bigger-kv"\n'
+                    'server_args = ["--kv-cache-memory-bytes=1000"]\n')
+    found = arms.load_arm_file(path)
+    mine = arms.get("no-custom-ar", found)
+    assert mine.server_args(eager=True) == ["--disable-custom-all-reduce"]
+    assert mine.env() == {"VLLM_PLUGINS": "", "VLLM_FOO": "1"}
+    assert mine.difference() == ["--disable-custom-all-reduce", "VLLM_FOO=1"]
+    assert mine.shared_flags_set() == []
+    assert found["bigger-kv"].shared_flags_set() == ["--kv-cache-memory-bytes=1000"]
+    assert arms.get("stock", found) is arms.ARMS["stock"]
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[[arm]]\nname = 'x'\nflags = []\n", r"#1: needs a name and only the keys.*unknown \['flags'\]"),
+    ("[[arm]]\nname = 'x'\nserver_args = '--a'\n", "server_args must be a list of strings"),
+    ("[[arm]]\nname = 'x'\nenv = { A = 1 }\n", "env must be a table of strings"),
+    ("[[arm]]\nname = 'stock'\n\n[[arm]]\nname = 'stock'\n", "#2: name 'stock' is taken"),
+    ("[[arm]]\nname = 'planted:1us'\n", "is taken"),
+    ("[arm]\nname = 'x'\n", r"expected one or more \[\[arm\]\] tables"),
+    ("[[arm]\n", "not valid TOML"),
+])
+def test_bad_arm_files_name_the_file_and_the_table(tmp_path, text: str, message: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message) as exc:
+        arms.load_arm_file(path)
+    assert "bad.toml" in str(exc.value)
+
+
+def test_a_missing_arm_file_is_one_clear_error(tmp_path) -> None:
+    with pytest.raises(ValueError, match="nope.toml: cannot read the arm file"):
+        arms.load_arm_file(tmp_path / "nope.toml")
