@@ -71,6 +71,27 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+WEIGHT_FILES = ("*.safetensors", "*.bin")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+
+
+def has_weights(model_dir: Path) -> bool:
+    """Whether a model directory holds weights (Hugging Face format); without them, random weights."""
+    return any(next(Path(model_dir).glob(pattern), None) is not None for pattern in WEIGHT_FILES)
+
+
+def has_tokenizer(model_dir: Path) -> bool:
+    """Whether a model directory holds a tokenizer (then prompts can be text)."""
+    return any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES)
+
+
+def model_load_args(model_dir: Path) -> list[str]:
+    """How vLLM loads the model: its weights where the directory has them, else random weights
+    (`--load-format dummy`); without a tokenizer, prompts are token ids (`--skip-tokenizer-init`)."""
+    args = [] if has_weights(model_dir) else ["--load-format", "dummy"]
+    return args + ([] if has_tokenizer(model_dir) else ["--skip-tokenizer-init"])
+
+
 def server_command(cfg: ServerConfig) -> list[str]:
     """The full command line of the vLLM OpenAI server for `cfg`."""
     cmd = [
@@ -78,7 +99,7 @@ def server_command(cfg: ServerConfig) -> list[str]:
         "--model", str(cfg.model_dir),
         "--served-model-name", Path(cfg.model_dir).name,
         "--host", cfg.host, "--port", str(cfg.port),
-        "--load-format", "dummy", "--skip-tokenizer-init",
+        *model_load_args(cfg.model_dir),
         "--dtype", cfg.dtype, "--seed", str(cfg.seed),
     ]
     if cfg.eager:

@@ -50,3 +50,15 @@ def test_stock_server_serves_exact_lengths(stock_server: VllmServer) -> None:
     reply = asyncio.run(ask())
     assert reply["usage"]["completion_tokens"] == 7
     assert reply["usage"]["prompt_tokens"] == 4
+
+
+def test_model_directory_decides_how_vllm_loads_it(tmp_path) -> None:
+    from integration.launcher import model_load_args
+
+    (tmp_path / "config.json").write_text("{}")
+    assert model_load_args(tmp_path) == ["--load-format", "dummy", "--skip-tokenizer-init"]  # random weights
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    assert model_load_args(tmp_path) == ["--skip-tokenizer-init"]  # its weights, token-id prompts
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert model_load_args(tmp_path) == []  # weights and tokenizer: a real model
+    assert model_load_args(TINY_MODEL) == ["--load-format", "dummy", "--skip-tokenizer-init"]
