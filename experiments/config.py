@@ -20,7 +20,8 @@ from integration.launcher import MODELS_DIR
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 GIB = 1 << 30
 DEVICES = ("cpu", "cuda")
-ARM_CHOICES = (("stock", "patched"), ("stock", "stock"))
+MAX_ARMS = 4
+AA_ARM = "stock"  # the arm whose second server gives the interleaved A/A comparison (--aa interleaved)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -38,10 +39,11 @@ DEVICE_DEFAULTS: dict[str, dict] = {
                 warmup_s=5.0, loads=(1.0, 4.0, 8.0), max_input_tokens=1024, max_output_tokens=32,
                 kv_cache_memory_bytes=1 * GIB, gpu_memory_utilization=None, max_model_len=2048),
     # 8 windows x 30 s at 1x, 2x, 4x: ~14 min of replay per run on an H200. KV cache 20 GiB each
-    # (163,840 tokens of the 8B shape) at 0.42 of the GPU each: the setting whose A/A run was unbiased.
+    # (163,840 tokens of the 8B shape) at 0.3 of the GPU each, so that three resident servers (stock,
+    # patched and the interleaved A/A stock) fit, as the H200 A/A run of three servers did.
     "cuda": dict(model="llama-3.1-8b", dtype="bfloat16", eager=False, windows=8, window_s=30.0,
                  warmup_s=30.0, loads=(1.0, 2.0, 4.0), max_input_tokens=None, max_output_tokens=None,
-                 kv_cache_memory_bytes=20 * GIB, gpu_memory_utilization=0.42, max_model_len=None),
+                 kv_cache_memory_bytes=20 * GIB, gpu_memory_utilization=0.3, max_model_len=None),
 }
 
 
@@ -60,7 +62,7 @@ class RunConfig:
     loads: tuple[float, ...]
     kv_cache_memory_bytes: int
     start_s: float | None = None  # None: right after the warm-up stretch (= warmup_s)
-    arms: tuple[str, str] = ("stock", "patched")
+    arms: tuple[str, ...] = ("stock", "patched")  # the first is the baseline of every comparison
     name: str | None = None
     results_dir: Path = RESULTS_DIR
     one_at_a_time: bool = False
@@ -82,8 +84,8 @@ class RunConfig:
         _validate(self)
 
     @property
-    def labels(self) -> tuple[str, str]:
-        """Unique arm labels used in tags: ("stock", "patched") or ("stock-a", "stock-b") for A/A."""
+    def labels(self) -> tuple[str, ...]:
+        """Unique arm labels used in tags, one per arm (see arm_labels)."""
         return arm_labels(self.arms)
 
     @property
@@ -108,10 +110,18 @@ class RunConfig:
         return d
 
 
-def arm_labels(arms: tuple[str, str]) -> tuple[str, str]:
-    """Labels for the two arms: the arm names, or "<arm>-a"/"<arm>-b" when both are the same."""
-    a, b = arms
-    return (f"{a}-a", f"{b}-b") if a == b else (a, b)
+def arm_labels(arms: tuple[str, ...]) -> tuple[str, ...]:
+    """Labels for the arms: the arm names; "<arm>-a"/"<arm>-b" when every arm is the same (A/A), else
+    a repeated arm's later servers "<arm>-b", "<arm>-c" (("stock", "patched", "stock") gives
+    ("stock", "patched", "stock-b"))."""
+    if len(set(arms)) == 1:
+        return tuple(f"{a}-{chr(ord('a') + i)}" for i, a in enumerate(arms))
+    seen: dict[str, int] = {}
+    out = []
+    for a in arms:
+        seen[a] = seen.get(a, 0) + 1
+        out.append(a if seen[a] == 1 else f"{a}-{chr(ord('a') + seen[a] - 1)}")
+    return tuple(out)
 
 
 def resolve_model(model: str) -> Path:
@@ -138,8 +148,9 @@ def _validate(c: RunConfig) -> None:
     """Raise ConfigError naming the first bad setting."""
     _check(c.device in DEVICES, f"--device must be one of {DEVICES}, got {c.device!r}")
     _check(Path(c.trace).is_file(), f"--trace {c.trace}: no such file")
-    _check(tuple(c.arms) in ARM_CHOICES and all(a in ARMS for a in c.arms),
-           f"--arms must be 'stock,patched' or 'stock,stock' (A/A), got {','.join(c.arms)!r}")
+    _check(2 <= len(c.arms) <= MAX_ARMS and c.arms[0] == "stock" and all(a in ARMS for a in c.arms),
+           f"--arms must be 2 to {MAX_ARMS} of {sorted(ARMS)}, stock first (the baseline), "
+           f"got {','.join(c.arms)!r}")
     _check(isinstance(c.windows, int) and c.windows >= 1, f"--windows must be an int >= 1, got {c.windows!r}")
     _check(_finite_positive(c.window_s), f"--window-s must be a finite number > 0, got {c.window_s!r}")
     _check(isinstance(c.warmup_s, (int, float)) and math.isfinite(c.warmup_s) and c.warmup_s >= 0,
@@ -160,9 +171,9 @@ def _validate(c: RunConfig) -> None:
     if c.gpu_memory_utilization is not None:
         _check(0 < c.gpu_memory_utilization <= 1,
                f"--gpu-memory-utilization must be in (0, 1], got {c.gpu_memory_utilization}")
-        _check(c.one_at_a_time or c.gpu_memory_utilization <= 0.5,
-               f"--gpu-memory-utilization {c.gpu_memory_utilization} for each of two resident servers "
-               "exceeds the GPU; use <= 0.5 or --one-at-a-time")
+        _check(c.one_at_a_time or c.gpu_memory_utilization * len(c.arms) <= 1.0,
+               f"--gpu-memory-utilization {c.gpu_memory_utilization} for each of {len(c.arms)} resident servers "
+               f"exceeds the GPU; use <= {1 / len(c.arms):.3g} or --one-at-a-time")
     for flag, v in (("--max-model-len", c.max_model_len), ("--max-num-seqs", c.max_num_seqs),
                     ("--max-input-tokens", c.max_input_tokens), ("--max-output-tokens", c.max_output_tokens)):
         _check(v is None or (isinstance(v, int) and v >= 1), f"{flag} must be an int >= 1, got {v!r}")

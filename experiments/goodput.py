@@ -1,8 +1,11 @@
 """Attainment and goodput per (arm, window, load, SLO), paired differences, and capacity at an SLO.
 
 Input is a DataFrame of measured records (one row per request; see ``records_frame``). Goodput of a
-cell is the number of requests meeting the SLO over the wall duration of that window at that load
-(window duration_s / load). Errors and wrong output lengths count as misses, never as dropped rows.
+cell is attainment x offered rate: requests meeting the SLO over the nominal length of that window
+at that load (window duration_s / load). The replay's real duration (t0 to the end of its last
+request, longer than nominal when the server falls behind) is kept beside it as ``replay_s``, with
+``achieved_goodput_rps`` = met / replay_s. Errors and wrong output lengths count as misses, never as
+dropped rows.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from loadgen.records import RequestRecord, e2e_ms, lateness_ms, succeeded, tpot_
 
 CELL = ["arm", "window", "load"]
 REQUIRED_TAGS = ("arm", "window", "load", "phase")
+MEASURE = "measure"  # the phase of the replays that are compared; "warmup" and "burnin" are not
 ATTAINMENT_TARGET = 0.9
 
 
@@ -37,49 +41,70 @@ def records_frame(records: Sequence[RequestRecord], slos: Sequence[SLO]) -> pd.D
         row = {
             "arm": str(r.tags["arm"]), "window": int(r.tags["window"]), "load": float(r.tags["load"]),
             "phase": str(r.tags["phase"]), "index": r.index, "ok": succeeded(r), "error": r.error,
-            "output_tokens": r.output_tokens, "completion_tokens": r.completion_tokens,
+            "due_ms": r.due_ns / 1e6, "end_ms": None if r.end_ns is None else r.end_ns / 1e6,
+            "input_tokens": r.input_tokens, "output_tokens": r.output_tokens,
+            "completion_tokens": r.completion_tokens,
             "ttft_ms": ttft_ms(r), "tpot_ms": tpot_ms(r), "e2e_ms": e2e_ms(r), "lateness_ms": lateness_ms(r),
         }
         row.update({met_column(s): meets(r, s) for s in slos})
         rows.append(row)
-    columns = [*REQUIRED_TAGS, "index", "ok", "error", "output_tokens", "completion_tokens",
-               "ttft_ms", "tpot_ms", "e2e_ms", "lateness_ms", *(met_column(s) for s in slos)]
+    columns = [*REQUIRED_TAGS, "index", "ok", "error", "due_ms", "end_ms", "input_tokens", "output_tokens",
+               "completion_tokens", "ttft_ms", "tpot_ms", "e2e_ms", "lateness_ms", *(met_column(s) for s in slos)]
     df = pd.DataFrame(rows, columns=columns)
-    for col in ("ttft_ms", "tpot_ms", "e2e_ms", "lateness_ms"):
+    for col in ("end_ms", "ttft_ms", "tpot_ms", "e2e_ms", "lateness_ms"):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
     return df
 
 
-def split_warmup(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
-    """(rows whose phase is not "warmup", number of warm-up rows excluded)."""
-    warm = df["phase"] == "warmup"
-    return df[~warm].copy(), int(warm.sum())
+def split_phases(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, int]]:
+    """(rows of the measured phase, {other phase: rows excluded}); warm-up and burn-in are not compared."""
+    measured = df["phase"] == MEASURE
+    excluded = df.loc[~measured, "phase"].value_counts().to_dict()
+    return df[measured].copy(), {str(k): int(v) for k, v in sorted(excluded.items())}
 
 
 def cell_table(df: pd.DataFrame, slos: Sequence[SLO], window_durations: Mapping[int, float]) -> pd.DataFrame:
-    """Per (arm, window, load, slo): n, n_ok, n_met, attainment, duration_s, goodput_rps."""
+    """Per (arm, window, load, slo): n, n_ok, n_met, attainment, duration_s (nominal), goodput_rps
+    (attainment x offered rate), replay_s (t0 to the last request's end) and achieved_goodput_rps."""
     unknown = sorted(set(df["window"]) - set(window_durations))
     if unknown:
         raise ValueError(f"records name windows {unknown} that run.json does not list")
     out = []
     for (arm, window, load), g in df.groupby(CELL, sort=True):
         duration = window_durations[window] / load
+        ends = g["end_ms"].dropna()
+        replay = max(float(ends.max()) / 1e3, duration) if len(ends) else math.nan
         for s in slos:
             n_met = int(g[met_column(s)].sum())
             out.append({"arm": arm, "window": window, "load": load, "slo": s.name, "n": len(g),
                         "n_ok": int(g["ok"].sum()), "n_met": n_met, "attainment": n_met / len(g),
-                        "duration_s": duration, "goodput_rps": n_met / duration})
+                        "duration_s": duration, "goodput_rps": n_met / duration, "replay_s": replay,
+                        "achieved_goodput_rps": n_met / replay})
     return pd.DataFrame(out, columns=[*CELL, "slo", "n", "n_ok", "n_met", "attainment", "duration_s",
-                                      "goodput_rps"])
+                                      "goodput_rps", "replay_s", "achieved_goodput_rps"])
 
 
 def per_load_attainment(cells: pd.DataFrame, slo: str) -> pd.DataFrame:
-    """Pooled over windows per (arm, load): n, n_met, attainment, goodput_rps (total met / total time)."""
+    """Pooled over windows per (arm, load): n, n_met, attainment, goodput_rps (total met / total
+    nominal time) and achieved_goodput_rps (total met / total replay time).
+
+    Pass only cells every compared arm completed (paired_cells), or arms are pooled over different
+    windows.
+    """
     c = cells[cells["slo"] == slo]
-    g = c.groupby(["arm", "load"], sort=True)[["n", "n_met", "duration_s"]].sum().reset_index()
+    g = c.groupby(["arm", "load"], sort=True)[["n", "n_met", "duration_s", "replay_s"]].sum().reset_index()
     g["attainment"] = g["n_met"] / g["n"]
     g["goodput_rps"] = g["n_met"] / g["duration_s"]
+    g["achieved_goodput_rps"] = g["n_met"] / g["replay_s"]
     return g
+
+
+def paired_cells(frame: pd.DataFrame, arms: Sequence[str]) -> pd.DataFrame:
+    """Rows of ``frame`` (columns arm, window, load, ...) whose (window, load) every arm in ``arms`` has."""
+    have = [set(zip(frame.loc[frame["arm"] == a, "window"], frame.loc[frame["arm"] == a, "load"])) for a in arms]
+    common = set.intersection(*have) if have else set()
+    keep = [(a in arms) and ((w, ld) in common) for a, w, ld in zip(frame["arm"], frame["window"], frame["load"])]
+    return frame[pd.Series(keep, index=frame.index, dtype=bool)]
 
 
 def paired_relative(cell_values: pd.DataFrame, value: str, baseline: str, treatment: str) -> dict:

@@ -1,5 +1,10 @@
 """One A/B (or A/A) run: cut the trace, start the arms, replay every window at every load, record.
 
+After each server start the runner warms the server up (phase "warmup", at the highest load) and
+then replays one burn-in cell on the freshly started arms (phase "burnin": recorded, shown in the
+report, never compared). Every replay's start, wall time and, where a GPU exists, its clocks and
+temperature right after it are appended to run.json's "replays".
+
     run_dir = run_experiment(make_config("traces/chat.jsonl"))
 
 Everything that can be checked is checked before a server starts (flags, trace, windows, output
@@ -15,6 +20,7 @@ import logging
 import shutil
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,13 +29,13 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from experiments.config import RunConfig
-from experiments.environment import capture_environment, gpu_clocks
+from experiments.environment import capture_environment, gpu_clocks, gpus
 from experiments.metrics_scrape import CumulativeHistogram, difference, scrape
 from experiments.plan import Plan, prepare
 from experiments.runrecord import RunRecord, make_run_dir
-from kernels.resultfile import write_json
-from experiments.schedule import Step, replay_seed, segments
+from experiments.schedule import Step, burnin_seed, burnin_step, replay_seed, segments
 from integration.launcher import ServerConfig, VllmServer, free_port
+from kernels.resultfile import write_json
 from loadgen.records import RequestRecord, succeeded
 from loadgen.replay import replay_sync
 from traces.trace import scale_rate
@@ -67,7 +73,7 @@ def start_arm(cfg: RunConfig, label: str, arm: str, run_dir: Path) -> VllmServer
 
 
 def start_arms(cfg: RunConfig, run_dir: Path) -> dict[str, VllmServer]:
-    """Both arms' servers, started in turn (the second only once the first is healthy)."""
+    """Every arm's server, started in turn (each only once the one before is healthy)."""
     servers: dict[str, VllmServer] = {}
     try:
         for label, arm in zip(cfg.labels, cfg.arms):
@@ -89,7 +95,13 @@ class Runner:
         self.owned: set[str] = set()  # servers this runner started (and must stop)
         self.before_replay = before_replay
         self.where = "before the first replay"
-        self.bar = tqdm(total=2 * len(plan.steps), unit="replay", desc="run", disable=not self.cfg.progress,
+        self.t_start = time.time()
+        self.burned: set[str] = set()  # arms burnt in since their server (re)started
+        self.record.data.setdefault("replays", [])
+        self.record.data.setdefault("burnin", [])
+        self.record.data["order"] = {"method": "randomised balanced per load (experiments.schedule)",
+                                     "seed": self.cfg.seed}
+        self.bar = tqdm(total=len(self.cfg.labels) * len(plan.steps), unit="replay", desc="run", disable=not self.cfg.progress,
                         position=0, leave=True)
 
     def execute(self) -> None:
@@ -114,6 +126,7 @@ class Runner:
             log.info("stopping %s server (one at a time)", label)
             self.servers[label].stop()
             self.owned.discard(label)
+            self.burned.discard(label)
         arm_of = dict(zip(self.cfg.labels, self.cfg.arms))
         new = [lab for lab in arms if lab not in self.servers or not self.servers[lab].is_alive()]
         for label in new:  # in turn: each waits for health before the next starts
@@ -127,6 +140,9 @@ class Runner:
         for label in arms:
             if label in new or not self.record.warmed(label):
                 self._warm_up(label)
+        fresh = tuple(lab for lab in arms if lab in new or lab not in self.burned)
+        if fresh:
+            self._burn_in(fresh)
 
     def _warm_up(self, label: str) -> None:
         plan = self.plan
@@ -141,6 +157,34 @@ class Runner:
         self._replay(label, reqs, tags, replay_seed(self.cfg.seed, -1, 0), "the warm-up")
         self.record.mark_warmed(label)
 
+    def _burn_in(self, fresh: tuple[str, ...]) -> None:
+        """One burn-in cell on the freshly started arms: measured and kept, never compared."""
+        step = burnin_step(self.plan.steps, self.cfg.loads, fresh)
+        n = len(self.record.data["burnin"])
+        entry = {"burnin": n, "window": step.window, "load": step.load, "order": list(step.order), "done": []}
+        self.record.data["burnin"].append(entry)
+        window = self.plan.windows[step.window]
+        for label in step.order:
+            what = f"the burn-in at load {step.load:g}"
+            self.where = f"in {what} on {label}"
+            log.info("burn-in on %s: window %d at load %g", label, step.window, step.load)
+            tags = {"arm": label, "window": step.window, "load": step.load, "phase": "burnin", "burnin": n}
+            self._timed_replay(label, step, "burnin", scale_rate(window.requests, step.load), tags,
+                               burnin_seed(self.cfg.seed, n), what)
+            entry["done"].append(label)
+            self.burned.add(label)
+            self.record.save()
+
+    def _timed_replay(self, label: str, step: Step, phase: str, reqs: Sequence, tags: dict, seed: int,
+                      what: str) -> None:
+        """_replay, with its start, wall time and the GPU's clocks after it appended to run.json."""
+        started = time.time()
+        self._replay(label, reqs, tags, seed, what)
+        self.record.data["replays"].append({
+            "arm": label, "window": step.window, "load": step.load, "phase": phase,
+            "started_s": round(started - self.t_start, 3), "wall_s": round(time.time() - started, 3),
+            "gpu": gpu_state()})
+
     def _replay_step(self, step: Step, label: str) -> None:
         window = self.plan.windows[step.window]
         what = f"window {step.window} at load {step.load:g}"
@@ -152,7 +196,8 @@ class Runner:
         tags = {"arm": label, "window": step.window, "load": step.load, "phase": "measure"}
         before = self._scrape(label)
         reqs = scale_rate(window.requests, step.load)
-        self._replay(label, reqs, tags, replay_seed(self.cfg.seed, step.window, step.load_index), what)
+        self._timed_replay(label, step, "measure", reqs, tags,
+                           replay_seed(self.cfg.seed, step.window, step.load_index), what)
         after = self._scrape(label)
         if before is not None and after is not None:
             try:
@@ -192,6 +237,14 @@ class Runner:
             return None
 
 
+def gpu_state() -> dict | None:
+    """Clocks, temperature and power of the first GPU now (nvidia-smi), None without one."""
+    found = gpus()
+    if not found:
+        return None
+    return {k: v for k, v in found[0].items() if k.startswith(("clocks", "temperature", "power"))}
+
+
 def compress(path: Path) -> Path | None:
     """gzip `path` to `path`.gz and remove it; None when there is nothing to compress."""
     if not path.is_file():
@@ -208,21 +261,21 @@ def run_experiment(cfg: RunConfig, *, argv: Sequence[str] | None = None,
                    before_replay: BeforeReplay | None = None, analyze: bool = True) -> Path:
     """Run the experiment `cfg` describes; return its run directory (run.json, records, report).
 
-    `servers`: already-healthy servers by label (resident mode only); they are used and left
-    running. `before_replay` is called before every measured replay (a hook for tests and tools).
+    `servers`: already-healthy servers for every label (resident mode only); they are used and left
+    running (each is warmed up and burnt in first, like a server the run starts). `before_replay` is called before every measured replay (a hook for tests and tools).
     Raises ConfigError/TraceError before any server starts; never raises for a failed run
     (status "partial" with stopped_reason in run.json).
     """
     plan = prepare(cfg)
     if servers is not None and (cfg.one_at_a_time or set(servers) != set(cfg.labels)):
-        raise ValueError(f"servers must map both labels {cfg.labels} and the run must be resident")
+        raise ValueError(f"servers must map every label {cfg.labels} and the run must be resident")
     run_dir = make_run_dir(cfg)
     record = RunRecord.create(run_dir, plan, argv)
     write_json(run_dir / "environment.json", capture_environment(cfg.trace, cfg.model_dir))
     for label, server in (servers or {}).items():
         record.add_server(label, server)
-    log.info("run %s: %d windows x %d loads x 2 arms, %s", run_dir, len(plan.windows), len(cfg.loads),
-             record.data["mode_note"] or "A/B")
+    log.info("run %s: %d windows x %d loads x %d arms, %s", run_dir, len(plan.windows), len(cfg.loads),
+             len(cfg.labels), record.data["mode_note"] or "A/B")
     runner = Runner(plan, record, servers, before_replay)
     with logging_redirect_tqdm(), sigterm_as_interrupt():
         try:

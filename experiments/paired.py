@@ -155,7 +155,7 @@ def compare_metric(df: pd.DataFrame, baseline: str, treatment: str, metric: str,
     cells["gap"] = order_gaps(cells, orders, baseline, treatment)
     cells["change_pct"] = pct(cells["median_log_ratio"].to_numpy())
     out: dict = {"metric": metric, "baseline": baseline, "treatment": treatment, "summary": "median",
-                 "n_requests": int(len(pairs)), "n_cells": int(len(cells)),
+                 "n_requests": len(pairs), "n_cells": len(cells),
                  "cells": cells.to_dict(orient="records"), "estimate_pct": None, "ci95_pct": None,
                  "bootstrap_ci95_pct": None, "position_pct": None, "position_ci95_pct": None,
                  "df": None, "sd_cell_pct": None, "mde_pct": None, "significant": None, "reason": None,
@@ -180,7 +180,7 @@ def compare_metric(df: pd.DataFrame, baseline: str, treatment: str, metric: str,
         out["position_reason"] = "order term not fitted (no variation in arm order or fewer than " \
                                  f"{MIN_CELLS_FOR_ORDER_TERM} cells)"
     for load, c in cells.groupby("load", sort=True):
-        entry = {"n_cells": int(len(c)), "estimate_pct": pct(float(c["median_log_ratio"].mean())), "ci95_pct": None}
+        entry = {"n_cells": len(c), "estimate_pct": pct(float(c["median_log_ratio"].mean())), "ci95_pct": None}
         if len(c) >= 2 and np.ptp(c["median_log_ratio"]) > 0:
             f = order_adjusted_t(c["median_log_ratio"].to_numpy(), c["gap"].to_numpy())
             entry.update(estimate_pct=pct(f["mu"]), ci95_pct=[pct(f["lo"]), pct(f["hi"])])

@@ -4,7 +4,7 @@ Windows are consecutive stretches of trace time: window i covers
 [start_s + i * window_s, start_s + (i + 1) * window_s). At load k the same requests are replayed k
 times faster (the replay lasts window_s / k). The warm-up is the warmup_s of trace just before the
 first window when there is room (start_s >= warmup_s), else the warmup_s just after the last one,
-replayed at the first --loads factor.
+replayed at the highest --loads factor.
 """
 
 from __future__ import annotations
@@ -102,8 +102,8 @@ def prepare(cfg: RunConfig) -> Plan:
     changed = sum(a != b for a, b in zip(original, reqs) if any(lo <= a.timestamp < hi for lo, hi in spans))
     return Plan(
         cfg=cfg, trace_requests=len(original), trace_sha256=file_sha256(cfg.trace), windows=tuple(windows),
-        warmup=warmup, warmup_start_s=warm_start, warmup_duration_s=cfg.warmup_s, warmup_load=cfg.loads[0],
-        steps=build_schedule(cfg.windows, cfg.loads, cfg.labels, cfg.one_at_a_time, cfg.blocks),
+        warmup=warmup, warmup_start_s=warm_start, warmup_duration_s=cfg.warmup_s, warmup_load=max(cfg.loads),
+        steps=build_schedule(cfg.windows, cfg.loads, cfg.labels, cfg.one_at_a_time, cfg.blocks, cfg.seed),
         model_config=json.loads((Path(cfg.model_dir) / "config.json").read_text()),
         clipped_requests=changed,
     )

@@ -1,4 +1,5 @@
-"""PNG plots of a run: attainment vs load, latency CDFs, per-window paired differences (Agg backend)."""
+"""PNG plots of a run: attainment vs load, latency CDFs, per-window paired differences, and a forest
+plot of every comparison with its A/A band (Agg backend)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-COLORS = ("tab:blue", "tab:orange")
+COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple")
+_METRIC_NAMES = {"tpot_ms": "TPOT", "ttft_ms": "TTFT", "e2e_ms": "E2E"}
 
 
 def attainment_vs_load(path: Path, per_slo: Sequence[dict], labels: Sequence[str]) -> None:
@@ -82,17 +84,68 @@ def paired_differences(path: Path, series: Sequence[tuple[str, str, dict]], nois
     plt.close(fig)
 
 
-def write_plots(run_dir: Path, df: pd.DataFrame, per_slo: Sequence[dict], secondary: dict,
-                labels: Sequence[str], noise_sd: dict | None = None) -> list[str]:
-    """Write attainment.png, latency_cdf.png and paired_diffs.png; return their file names.
+def forest_rows(report: dict) -> list[dict]:
+    """One row per compared metric of the primary comparison: label, estimate, 95% t interval (None
+    when there is none) and the A/A band (the floor's interval, None when not known)."""
+    treat = report["comparison"][1]
+    bands = (report.get("noise_floor") or {}).get("band_pct") or {}
+    rows = []
+    for m, c in ((report.get("paired_latency") or {}).get(treat) or {}).items():
+        rows.append({"label": f"{_METRIC_NAMES.get(m, m)} paired per request", "estimate": c.get("estimate_pct"),
+                     "ci": c.get("ci95_pct"), "band": bands.get(f"paired:{m}")})
+    for m, sec in report["secondary"].items():
+        c = sec["comparison"]
+        rows.append({"label": f"{m} per window", "estimate": c.get("mean"), "ci": c.get("t_ci95"),
+                     "band": bands.get(m)})
+    for s in report["slos"]:
+        rows.append({"label": f"goodput {s['name']}", "estimate": s["delta_goodput_pct"], "ci": s["ci95_pct"],
+                     "band": bands.get(f"goodput:{s['name']}")})
+    return rows
 
-    ``noise_sd`` maps "goodput:<slo>" or a secondary metric name to the sd (%) of its A/A per-window
-    differences, when known.
+
+def forest(path: Path, report: dict) -> None:
+    """Estimate and 95% interval per metric (% change of the treatment vs the baseline), over the A/A
+    band of the same metric; rows without an interval are marked."""
+    rows = forest_rows(report)
+    fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(rows) + 1.4))
+    for i, row in enumerate(reversed(rows)):
+        if row["band"]:
+            ax.fill_betweenx([i - 0.35, i + 0.35], *row["band"], color="grey", alpha=0.3, lw=0,
+                             label="A/A 95% band" if not any(r["band"] for r in list(reversed(rows))[:i]) else None)
+        if row["estimate"] is None:
+            ax.text(0, i, "no comparison", va="center", fontsize=7, color="grey")
+        elif row["ci"] is None:
+            ax.plot(row["estimate"], i, "o", mfc="white", color="tab:red")
+            ax.text(row["estimate"], i + 0.25, "no interval", fontsize=6, color="grey", ha="center")
+        else:
+            ax.errorbar(row["estimate"], i, xerr=[[row["estimate"] - row["ci"][0]], [row["ci"][1] - row["estimate"]]],
+                        fmt="o", color="tab:red", capsize=3)
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_yticks(range(len(rows)), [r["label"] for r in reversed(rows)], fontsize=8)
+    base, treat = report["comparison"]
+    ax.set(xlabel=f"{treat} vs {base} (%), 95% interval", title="Every comparison, with the A/A band")
+    ax.title.set_fontsize(9)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_plots(run_dir: Path, df: pd.DataFrame, per_slo: Sequence[dict], secondary: dict,
+                labels: Sequence[str], report: dict) -> list[str]:
+    """Write attainment.png, latency_cdf.png, paired_diffs.png and forest.png; return their names.
+
+    ``report`` is the report dict with its noise_floor: the A/A per-cell sd is drawn on the paired
+    differences and the A/A bands on the forest plot when the floor applies to this run.
     """
-    attainment_vs_load(run_dir / "attainment.png", per_slo, labels)
+    nf = report.get("noise_floor") or {}
+    noise_sd = nf.get("sd_pct") if nf.get("applied") else None
+    attainment_vs_load(run_dir / "attainment.png", per_slo, report["comparison"])
     latency_cdfs(run_dir / "latency_cdf.png", df, labels)
     series = [(f"goodput:{item['slo'].name}", f"goodput {item['slo'].name} (% of baseline mean)", item["paired"])
               for item in per_slo]
     series += [(m, f"{m} per window (% of baseline mean)", p) for m, p in secondary.items()]
     paired_differences(run_dir / "paired_diffs.png", series, noise_sd)
-    return ["attainment.png", "latency_cdf.png", "paired_diffs.png"]
+    forest(run_dir / "forest.png", report)
+    return ["forest.png", "attainment.png", "latency_cdf.png", "paired_diffs.png"]

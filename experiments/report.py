@@ -8,14 +8,13 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from experiments import stats
+from experiments import comparisons, stats
 from experiments.report_md import render_markdown
-from kernels.resultfile import read_json, write_json, write_text
 from experiments.slo import SLO
+from kernels.resultfile import write_json, write_text
 
 REPORT_SCHEMA_VERSION = 1
-# docs/DESIGN.md: the end-to-end effect to detect is about 0.5% (of TPOT); windows needed for a +-0.5% interval
-TARGET_HALF_WIDTH_PCT = 0.5
+NEAR_BOUND = 0.1  # a request is near an SLO bound when its TTFT or TPOT is within 10% of it
 
 
 @dataclass
@@ -25,24 +24,29 @@ class Analysis:
     run: dict
     env: dict
     slos: list[SLO]
-    per_slo: list[dict]  # from analyze._per_slo
-    secondary: dict  # metric -> goodput.paired_relative result
+    per_slo: list[dict]  # from analyze._per_slo, for the primary pair
+    secondary: dict  # metric -> goodput.paired_relative result, primary pair
     latency: list[dict]
     attribution: dict
     missing: list[dict]
     warnings: list[dict]
-    n_warmup: int
+    excluded: dict[str, int]  # phase -> records not compared (warmup, burnin)
     n_records: int
     source: str | None
+    pair: list[str]  # [baseline, primary treatment]
+    paired_latency: dict  # treatment label -> metric -> experiments.paired.compare_metric result
+    in_run_floor: dict | None  # the interleaved A/A pair's goodput and per-window comparisons
+    burnin: list[dict]
+    drift: dict
 
 
 def aa_reason(run: Mapping) -> str | None:
-    """Why this run is A/A (both arms the same kernel), or None for an A/B run."""
+    """Why this run is A/A (every arm the same kernel), or None for an A/B run."""
     arms = list(run.get("arms") or [])
     if run.get("mode_note"):
         return str(run["mode_note"])
-    if len(arms) == 2 and arms[0] == arms[1]:
-        return f"both arms are {arms[0]!r}"
+    if len(arms) >= 2 and len(set(arms)) == 1:
+        return f"every arm is {arms[0]!r}"
     return None
 
 
@@ -59,14 +63,16 @@ def verdict(entry: Mapping) -> str:
     if entry["delta_goodput_pct"] is None:
         return head + f"no goodput comparison of {t} vs {b} — {entry['reason'] or 'no paired windows'}"
     text = head + f"{t} goodput {_fmt_pct(entry['delta_goodput_pct'])} vs {b}"
+    if not entry.get("stressed", True):
+        every = (" and every request met it" if entry[b]["attainment"] == 1.0 and entry[t]["attainment"] == 1.0
+                 else "")
+        return text + (f" — never stressed at these loads ({entry.get('n_near_bound')} of "
+                       f"{entry.get('n_requests')} requests within {100 * NEAR_BOUND:.0f}% of a bound{every}): "
+                       "no interval and no window count")
     if entry["ci95_pct"] is None:
         return text + f" over {n} paired window{'s' * (n != 1)} — no interval or verdict ({entry['reason']})"
     lo, hi = entry["ci95_pct"]
-    text += f", 95% CI [{lo:+.1f}, {hi:+.1f}]% over {n} paired windows"
-    if entry["sd_diff_pct"] == 0.0:
-        if entry[b]["attainment"] == 1.0 and entry[t]["attainment"] == 1.0:
-            return text + " — every request met this SLO in both arms: these loads do not reach its limit"
-        return text + " — the same difference in every window (no spread, so no MDE)"
+    text += f", 95% t CI [{lo:+.1f}, {hi:+.1f}]% over {n} paired windows"
     mde = f"MDE {_fmt_pct(entry['mde_pct'], signed=False)}"
     if entry["significant"]:
         direction = "higher" if entry["delta_goodput_pct"] > 0 else "lower"
@@ -74,16 +80,21 @@ def verdict(entry: Mapping) -> str:
     return text + f" — no detectable difference ({mde})"
 
 
-def _slo_entry(item: Mapping, labels: list[str]) -> dict:
+def _slo_entry(item: Mapping, pair: list[str]) -> dict:
     slo: SLO = item["slo"]
     comp = item["paired"]["comparison"]
-    entry = {**slo.to_json(), "bounds": slo.describe(), "baseline": labels[0], "treatment": labels[1]}
-    for arm in labels:
+    entry = {**slo.to_json(), "bounds": slo.describe(), "baseline": pair[0], "treatment": pair[1]}
+    for arm in pair:
         entry[arm] = item["arms"][arm]
+    sd = comp["sd"]
     entry.update({
         "delta_goodput_pct": comp["mean"], "ci95_pct": comp["t_ci95"], "bootstrap_ci95_pct": comp["bootstrap_ci95"],
-        "median_diff_pct": comp["median"], "sd_diff_pct": comp["sd"], "n_paired": comp["n"],
+        "median_diff_pct": comp["median"], "sd_diff_pct": sd, "n_paired": comp["n"],
         "significant": comp["significant"], "mde_pct": comp["mde"], "reason": comp["reason"],
+        "n_requests": item["n_requests"], "n_near_bound": item["n_near_bound"],
+        "stressed": bool(item["n_near_bound"] > 0 or (sd is not None and sd > 0)),
+        "goodput_definition": "attainment x offered rate (met requests over the nominal window at that "
+                              "load); achieved_goodput_rps divides by the replays' real duration",
         "per_window": item["paired"]["diffs"], "unpaired": item["paired"]["unpaired"],
         "undefined": item["paired"]["undefined"], "per_load": item["per_load"],
         "by_load": {str(load): stats.compare_paired([d["diff_pct"] for d in item["paired"]["diffs"]
@@ -91,73 +102,74 @@ def _slo_entry(item: Mapping, labels: list[str]) -> dict:
                     for load in sorted({d["load"] for d in item["paired"]["diffs"]})},
     })
     if comp["n"] == 0 and item["paired"]["undefined"]:
-        entry["reason"] = (f"{labels[0]} goodput is 0 in all {len(item['paired']['undefined'])} paired windows, "
+        entry["reason"] = (f"{pair[0]} goodput is 0 in all {len(item['paired']['undefined'])} paired windows, "
                            "so a relative change is undefined")
+    if not entry["stressed"] and comp["n"] > 0:
+        entry.update(ci95_pct=None, bootstrap_ci95_pct=None, mde_pct=None, significant=None,
+                     reason="never stressed at these loads: no request near a bound and no spread")
     entry["verdict"] = verdict(entry)
     return entry
 
 
-def _design(run: Mapping) -> dict:
+def _design(run: Mapping, pair: list[str]) -> dict:
     return {
         "windows": run["windows"], "loads": run["loads"], "warmup": run.get("warmup"),
-        "clipping": run.get("clipping"),
+        "clipping": run.get("clipping"), "order_method": (run.get("order") or {}).get(
+            "method", "alternating AB/BA (runs before the randomised order)"),
         "order": [{"window": e["window"], "load": e["load"], "order": e.get("order")} for e in run["schedule"]],
-        "pairing": "per (window, load): both arms replay the same requests; differences in % of the "
-                   "baseline's mean at that load; 95% CI is Student-t over paired windows",
+        "burnin": run.get("burnin") or [],
+        "fingerprint": comparisons.fingerprint(run),
+        "pairing": f"per (window, load) cell: every arm replays the same requests; {pair[1]} is compared "
+                   f"with {pair[0]} request by request (log ratio, median per cell, order-adjusted t over "
+                   "cells: the primary interval) and per cell (goodput, per-window medians: % of the "
+                   "baseline's mean at that load, Student-t over paired cells)",
     }
+
+
+def _floor_comparisons(a: Analysis) -> dict | None:
+    """The interleaved A/A pair's comparisons, as the report keeps them."""
+    f = a.in_run_floor
+    if f is None:
+        return None
+    ctrl = f["pair"][1]
+    return {"pair": f["pair"], "paired_latency": a.paired_latency.get(ctrl),
+            "goodput": {name: p["comparison"] for name, p in f["goodput"].items()},
+            "secondary": {m: p["comparison"] for m, p in f["secondary"].items()}}
 
 
 def build_report(a: Analysis) -> dict:
     """The report.json dict (docs/DESIGN.md contract keys first)."""
     run, labels = a.run, list(a.run["arm_labels"])
-    slos = [_slo_entry(item, labels) for item in a.per_slo]
+    slos = [_slo_entry(item, a.pair) for item in a.per_slo]
     status = "complete" if run.get("status") == "complete" and not a.missing else "partial"
     aa = aa_reason(run)
     secondary = {m: {"comparison": r["comparison"], "per_window": r["diffs"], "unpaired": r["unpaired"]}
                  for m, r in a.secondary.items()}
+    primary = a.paired_latency.get(a.pair[1]) or {}
     return {
         "trace": run.get("trace"), "model": {k: v for k, v in (run.get("model") or {}).items() if k != "config"},
         "gpu": a.env.get("gpu") or a.env.get("GPU") or run.get("device"), "arms": run["arms"], "arm_labels": labels,
-        "design": _design(run), "slos": slos,
+        "comparison": a.pair, "design": _design(run, a.pair), "slos": slos,
         "attribution": {**a.attribution, "measured_tpot_p50_change_pct": secondary.get(
-            "tpot_p50_ms", {}).get("comparison", {}).get("mean")},
+            "tpot_p50_ms", {}).get("comparison", {}).get("mean"),
+            "measured_tpot_paired_change_pct": (primary.get("tpot_ms") or {}).get("estimate_pct"),
+            "measured_tpot_paired_ci95_pct": (primary.get("tpot_ms") or {}).get("ci95_pct")},
         "schema_version": REPORT_SCHEMA_VERSION, "tool_version": run.get("tool_version"),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "device": run.get("device"), "aa": {"is_aa": aa is not None, "why": aa},
+        "device": run.get("device"), "aa": {"is_aa": aa is not None, "why": aa, "controls": [
+            lab for lab in labels[1:] if a.in_run_floor and lab == a.in_run_floor["pair"][1]]},
         "status": status, "run_status": run.get("status"), "stopped_reason": run.get("stopped_reason"),
         "missing": a.missing, "warnings": a.warnings,
-        "records": {"file": a.source, "total": a.n_records, "warmup_excluded": a.n_warmup},
+        "records": {"file": a.source, "total": a.n_records, "warmup_excluded": a.excluded.get("warmup", 0),
+                    "burnin_excluded": a.excluded.get("burnin", 0)},
+        "paired_latency": a.paired_latency, "aa_in_run": _floor_comparisons(a),
+        "burnin": a.burnin, "drift": a.drift,
         "latency": a.latency, "secondary": secondary,
-        "mde_pct": {"goodput": {s["name"]: s["mde_pct"] for s in slos},
+        "mde_pct": {"paired": {m: c.get("mde_pct") for m, c in primary.items()},
+                    "goodput": {s["name"]: s["mde_pct"] for s in slos},
                     **{m: r["comparison"]["mde"] for m, r in a.secondary.items()}},
         "command": run.get("command"),
     }
-
-
-def per_window_sd(report: Mapping) -> dict[str, float | None]:
-    """sd (%) of the per-window paired differences of each compared metric, keyed like the plots."""
-    out: dict[str, float | None] = {f"goodput:{s['name']}": s["sd_diff_pct"] for s in report["slos"]}
-    out.update({m: sec["comparison"]["sd"] for m, sec in report["secondary"].items()})
-    return out
-
-
-def noise_floor(report: Mapping, aa_report: Path | None) -> dict:
-    """A/A per-window sd per metric (from this run when it is A/A, else from ``aa_report``), and the
-    paired windows a +-TARGET_HALF_WIDTH_PCT interval needs at that sd."""
-    if report["aa"]["is_aa"]:
-        source, sd = "this run (A/A)", per_window_sd(report)
-    elif aa_report is not None:
-        other = read_json(aa_report, REPORT_SCHEMA_VERSION, "A/A report")
-        if not (other.get("aa") or {}).get("is_aa"):
-            raise ValueError(f"{aa_report}: not the report of an A/A run (aa.is_aa is not true)")
-        source, sd = str(aa_report), per_window_sd(other)
-    else:
-        return {"source": None, "sd_pct": {}, "windows_needed": {},
-                "reason": "A/B run and no A/A report given (--aa-report)"}
-    needed = {k: stats.windows_needed(v, TARGET_HALF_WIDTH_PCT) for k, v in sd.items()
-              if v is not None and math.isfinite(v)}
-    return {"source": source, "sd_pct": sd, "target_half_width_pct": TARGET_HALF_WIDTH_PCT,
-            "windows_needed": needed}
 
 
 def _clean(x):

@@ -19,7 +19,8 @@ def _cap(c: Mapping) -> str:
 
 
 def headline(r: Mapping) -> list[str]:
-    """The first lines: A/A notice, partial-run notice, one verdict per SLO."""
+    """The first lines: notices (A/A, CPU, partial), the paired latency changes with the A/A floor of
+    the same run, one goodput verdict per SLO, then the per-window medians (secondary)."""
     lines = []
     if r["aa"]["is_aa"]:
         why = str(r["aa"]["why"])
@@ -27,29 +28,74 @@ def headline(r: Mapping) -> list[str]:
             why = why[len("a/a run"):].lstrip(" :")
         tail = "" if "noise" in why else " Every difference below is noise: it shows the noise floor."
         lines.append(f"**A/A run** — {why}{tail}  ")  # trailing spaces: markdown line break
+    if r.get("device") == "cpu":
+        lines.append("**CPU run** — it checks the pipeline (servers, open-loop replay, pairing, statistics, "
+                     "report), not the kernel.  ")
     if r["status"] != "complete":
         why = (r.get("stopped_reason") or f"run status is {r.get('run_status')!r}").splitlines()[0]
         lines.append(f"**PARTIAL RUN** — {len(r['missing'])} arm-window cells missing (listed under Missing); "
                      f"reason: {why}.  ")
+    lines += paired_lines(r)
     lines += [f"- {s['verdict']}" for s in r["slos"]]
     return lines + latency_lines(r)
 
 
+def _ci(ci, digits: int = 2) -> str:
+    return "n/a" if ci is None else f"[{ci[0]:+.{digits}f}, {ci[1]:+.{digits}f}]%"
+
+
+def paired_lines(r: Mapping) -> list[str]:
+    """Per latency metric: the paired per-request change of the primary comparison, its intervals and
+    MDE, and the A/A floor's interval from the same run; then the position effect."""
+    base, treat = r["comparison"]
+    lat = (r.get("paired_latency") or {}).get(treat) or {}
+    floor = ((r.get("aa_in_run") or {}).get("paired_latency")) or {}
+    nf = r.get("noise_floor") or {}
+    out = []
+    for m, c in lat.items():
+        name = METRIC_NAMES.get(m, m)
+        if c.get("estimate_pct") is None:
+            out.append(f"- {name}, paired per request: no comparison ({c.get('reason')})")
+            continue
+        if c.get("ci95_pct") is None:
+            out.append(f"- {name}, paired per request: {treat} {c['estimate_pct']:+.2f}% vs {base} over "
+                       f"{c['n_cells']} cells — no interval ({c.get('reason')})")
+            continue
+        text = (f"- {name}, paired per request: {treat} {c['estimate_pct']:+.2f}% vs {base}, 95% CI "
+                f"{_ci(c['ci95_pct'])} (order-adjusted t over {c['n_cells']} cells, primary; window-block "
+                f"bootstrap {_ci(c['bootstrap_ci95_pct'])}); MDE {c['mde_pct']:.2f}%")
+        f = floor.get(m)
+        if f and f.get("ci95_pct"):
+            ctrl = r["aa_in_run"]["pair"][1]
+            text += f"; A/A floor ({ctrl} vs {base}, this run) {f['estimate_pct']:+.2f}% {_ci(f['ci95_pct'])}"
+        elif nf.get("applied") and nf.get("source") and (nf.get("band_pct") or {}).get(f"paired:{m}"):
+            text += f"; A/A floor ({nf['source']}) +-{nf['band_pct'][f'paired:{m}'][1]:.2f}%"
+        out.append(text)
+    tpot = lat.get("tpot_ms") or {}
+    if tpot.get("position_pct") is not None:
+        out.append(f"- position effect on TPOT (each later place in a cell's order vs an earlier one): "
+                   f"{tpot['position_pct']:+.2f}% {_ci(tpot['position_ci95_pct'])}, removed from the estimate")
+    return out
+
+
 _SECONDARY_NAMES = {"tpot_p50_ms": "median TPOT", "ttft_p90_ms": "p90 TTFT"}
+METRIC_NAMES = {"tpot_ms": "TPOT", "ttft_ms": "TTFT", "e2e_ms": "E2E"}
 
 
 def latency_lines(r: Mapping) -> list[str]:
-    """One line per per-window latency metric: paired change, both intervals, and the sign count."""
-    labels, out = r["arm_labels"], []
+    """One line per per-window latency metric (secondary): paired change, t interval (primary) and
+    the percentile bootstrap (narrower than t over few windows), and the sign count."""
+    base, treat = r["comparison"]
+    out = []
     for metric, sec in r["secondary"].items():
         c, diffs = sec["comparison"], [d["diff_pct"] for d in sec["per_window"]]
         if c.get("mean") is None:
             continue
         t, b = c.get("t_ci95"), c.get("bootstrap_ci95")
         ci = "n/a" if t is None else f"[{t[0]:+.1f}, {t[1]:+.1f}]%"
-        boot = "" if b is None else f", bootstrap [{b[0]:+.1f}, {b[1]:+.1f}]%"
-        out.append(f"- {_SECONDARY_NAMES.get(metric, metric)} per window: {labels[1]} {c['mean']:+.1f}% vs "
-                   f"{labels[0]}, 95% t CI {ci}{boot}; higher in {sum(d > 0 for d in diffs)} of "
+        boot = "" if b is None else f"; percentile bootstrap [{b[0]:+.1f}, {b[1]:+.1f}]%, optimistic over few windows"
+        out.append(f"- {_SECONDARY_NAMES.get(metric, metric)} per window (secondary): {treat} {c['mean']:+.1f}% "
+                   f"vs {base}, 95% t CI {ci}{boot}; higher in {sum(d > 0 for d in diffs)} of "
                    f"{len(diffs)} paired windows")
     return out
 
@@ -59,13 +105,17 @@ def _slo_tables(r: Mapping) -> list[str]:
     out = ["## Attainment and goodput per load (pooled over windows)", ""]
     for s in r["slos"]:
         out += [f"### {s['name']} ({s['bounds']})", "",
-                "| arm | load | requests | met | attainment | goodput (req/s) |", "|---|---|---|---|---|---|"]
+                ("| arm | load | requests | met | attainment | goodput (attainment x offered rate, req/s) "
+                 "| achieved (met / real replay time, req/s) |"), "|---|---|---|---|---|---|---|"]
         rows = sorted(s["per_load"], key=lambda p: (labels.index(p["arm"]), p["load"]))
         out += [f"| {p['arm']} | {p['load']:g}x | {p['n']} | {p['n_met']} | {p['attainment']:.3f} | "
-                f"{p['goodput_rps']:.3f} |" for p in rows]
-        out += ["", "| arm | highest load >= 90% attainment | same from p90 latency curves |", "|---|---|---|"]
+                f"{p['goodput_rps']:.3f} | {_num(p.get('achieved_goodput_rps'), '{:.3f}')} |" for p in rows]
+        out += ["", ("Only cells both arms completed are pooled. Goodput is attainment x offered rate; the "
+                     "achieved column divides by the replays' real duration (longer when the server falls "
+                     "behind)."),
+                "", "| arm | highest load >= 90% attainment | same from p90 latency curves |", "|---|---|---|"]
         out += [f"| {a} | {_cap(s[a]['capacity_by_attainment'])} | {_cap(s[a]['capacity_by_latency'])} |"
-                for a in labels]
+                for a in (s["baseline"], s["treatment"])]
         out.append("")
         for load, c in s["by_load"].items():
             ci = "n/a" if c["t_ci95"] is None else f"[{c['t_ci95'][0]:+.1f}, {c['t_ci95'][1]:+.1f}]%"
@@ -99,26 +149,68 @@ def _power_and_attribution(r: Mapping) -> list[str]:
         ci = "n/a" if c["t_ci95"] is None else f"[{c['t_ci95'][0]:+.2f}, {c['t_ci95'][1]:+.2f}]%"
         out.append(f"- {m} per window: mean change {_num(c['mean'], '{:+.2f}%')}, 95% CI {ci}, "
                    f"MDE {_num(c['mde'], '{:.2f}%')} over {c['n']} windows")
-    nf = r.get("noise_floor") or {}
-    if nf.get("source"):
-        out += ["", f"A/A noise floor ({nf['source']}): per-window sd "
-                + ", ".join(f"{k} {_num(v, '{:.2f}%')}" for k, v in nf["sd_pct"].items())
-                + f"; paired windows for a +-{nf['target_half_width_pct']:g}% interval: "
-                + ", ".join(f"{k} {v}" for k, v in nf["windows_needed"].items())]
-    else:
-        out += ["", f"A/A noise floor: not known ({nf.get('reason')})."]
+    out += ["", *noise_floor_lines(r.get("noise_floor") or {})]
     a = r["attribution"]
-    tpot = r["secondary"].get("tpot_p50_ms", {}).get("comparison", {})
+    lat = ((r.get("paired_latency") or {}).get(r["comparison"][1]) or {}).get("tpot_ms") or {}
+    tpot = ({"mean": lat.get("estimate_pct"), "t_ci95": lat.get("ci95_pct")} if lat.get("ci95_pct")
+            else r["secondary"].get("tpot_p50_ms", {}).get("comparison", {}))
     out += ["", "## Attribution: what the kernel can explain", "",
             f"- predicted step-time change (upper bound): {_num(a.get('predicted_step_change_pct'), '{:+.3f}%')} "
             f"— {a.get('status')}: {a.get('reason')}",
             *([f"- policy: {a['policy_note']}"] if a.get("policy_note") else []),
-            f"- measured median TPOT change: {_num(tpot.get('mean'), '{:+.2f}%')}", *_explained(a, tpot)]
+            (f"- measured TPOT change (paired per request where there is an interval, else per-window "
+             f"median): {_num(tpot.get('mean'), '{:+.2f}%')}"), *_explained(a, tpot)]
     k = a.get("kernel_estimate")
     if k:
         out.append(f"- kernel benchmark estimate: {k.get('status')}: "
                    f"{_num(k.get('norm_saved_us_per_step'), '{:.2f}')} us of norm time saved per step"
                    + (f" ({k['reason']})" if k.get("reason") else ""))
+    return out + [""]
+
+
+def noise_floor_lines(nf: Mapping) -> list[str]:
+    """Where the A/A floor comes from, whether it applies, its spread and the windows it implies."""
+    if not nf.get("source"):
+        return [f"A/A noise floor: not known ({nf.get('reason')})."]
+    out = [f"A/A noise floor ({nf['source']}): per-cell sd "
+           + ", ".join(f"{k} {_num(v, '{:.2f}%')}" for k, v in nf["sd_pct"].items()) + "."]
+    if not nf.get("applied", True):
+        diffs = "; ".join(f"{d['key']}: this run {d['this']}, floor {d['floor']}" if d["key"] else d["floor"]
+                          for d in nf["design_differences"])
+        out.append(f"**Not comparable, not applied**: the A/A run's design differs from this run's ({diffs}).")
+        return out
+    need = []
+    for k, v in nf["windows_needed"].items():
+        if v.get("windows") is None:
+            need.append(f"{k} n/a ({v.get('reason')})")
+        else:
+            need.append(f"{k} {v['windows']} (range {v['range'][0]}-{v['range'][1]} from the sd's 95% "
+                        f"interval over {v['sd_from_n']} cells)")
+    out.append(f"Paired cells for a +-{nf['target_half_width_pct']:g}% interval: " + ", ".join(need) + ".")
+    return out
+
+
+def design_lines(r: Mapping) -> list[str]:
+    """Burn-in replays against the measured ones, and the drift check."""
+    out = ["## Burn-in and drift", ""]
+    if r.get("burnin"):
+        out += ["Burn-in after each server start (phase 'burnin', recorded, not compared): ", "",
+                "| arm | load | n | median TPOT (ms) | vs measured | p90 TTFT (ms) | vs measured |",
+                "|---|---|---|---|---|---|---|"]
+        out += [f"| {b['arm']} | {b['load']:g}x | {b['n']} | {_num(b['tpot_p50_ms'], '{:.2f}')} | "
+                f"{_num(b['tpot_p50_ms_vs_measured_pct'], '{:+.1f}%')} | {_num(b['ttft_p90_ms'], '{:.1f}')} | "
+                f"{_num(b['ttft_p90_ms_vs_measured_pct'], '{:+.1f}%')} |" for b in r["burnin"]]
+    else:
+        out.append("No burn-in replays in this run (it predates them, or handed-in servers were used).")
+    d = r.get("drift") or {}
+    for key, what in (("baseline", f"{d.get('baseline_arm')} per-cell median TPOT (% of its load's mean)"),
+                      ("paired", "paired TPOT log ratio (%) of " + " vs ".join(reversed(d.get("paired_arms") or [])))):
+        t = d.get(key) or {}
+        if t.get("slope") is None:
+            out.append(f"- drift of {what}: not estimated ({t.get('reason')})")
+        else:
+            out.append(f"- drift of {what}: {t['slope']:+.3f} points {d['unit']}, 95% CI [{t['ci95'][0]:+.3f}, {t['ci95'][1]:+.3f}]"
+                       f"{' — drifting' if t['significant'] else ''}")
     return out + [""]
 
 
@@ -153,10 +245,11 @@ def render_markdown(r: Mapping) -> str:
                            f"- trace {t.get('path')} (sha256 {str(t.get('sha256'))[:12]}..., "
                            f"{t.get('requests')} requests)",
                            f"- design: {len(d['windows'])} windows of {durations} s x loads "
-                           f"{', '.join(f'{x:g}x' for x in d['loads'])}, alternating arm order; warm-up "
-                           f"{d['warmup']}",
-                           f"- records: {rec['total']} in {rec['file']}, {rec['warmup_excluded']} warm-up "
-                           "records excluded from goodput", *_clipping_line(d.get("clipping")), ""]
+                           f"{', '.join(f'{x:g}x' for x in d['loads'])}, arm order {d.get('order_method')}; "
+                           f"warm-up {d['warmup']}",
+                           f"- records: {rec['total']} in {rec['file']}; {rec['warmup_excluded']} warm-up and "
+                           f"{rec.get('burnin_excluded', 0)} burn-in records are not compared",
+                           *_clipping_line(d.get("clipping")), ""]
     if r["missing"]:
         lines += ["## Missing", ""] + [f"- {m['arm']} window {m['window']} load {m['load']:g}x: {m['reason']}"
                                        for m in r["missing"]] + [""]
@@ -164,7 +257,7 @@ def render_markdown(r: Mapping) -> str:
         lines += ["## Why the run stopped", "", "```", r["stopped_reason"].rstrip(), "```", ""]
     if r["warnings"]:
         lines += ["## Warnings", ""] + [f"- {w}" for w in r["warnings"]] + [""]
-    lines += _slo_tables(r) + _latency_table(r) + _power_and_attribution(r)
+    lines += _slo_tables(r) + _latency_table(r) + design_lines(r) + _power_and_attribution(r)
     lines += ["## Plots", ""] + [f"![{p}]({p})" for p in r.get("plots", [])] + [""]
     if cmd and str(cmd[0]).endswith(".py"):
         cmd = ["python", *cmd]

@@ -143,6 +143,25 @@ def windows_needed(sd: float, half_width: float, confidence: float = 0.95) -> in
     return max(2, math.ceil(z * z * sd * sd / (half_width * half_width)))
 
 
+def sd_interval(sd: float, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Chi-square interval of a normal sample's sd from n values: sd * sqrt((n-1) / chi2_{q, n-1})."""
+    if n < 2:
+        raise ValueError(f"an sd interval needs n >= 2, got {n}")
+    df, a = n - 1, (1 - confidence) / 2
+    return (float(sd * math.sqrt(df / sps.chi2.ppf(1 - a, df))),
+            float(sd * math.sqrt(df / sps.chi2.ppf(a, df))))
+
+
+def windows_needed_range(sd: float, n: int, half_width: float, confidence: float = 0.95) -> dict:
+    """windows_needed at the sd measured over n windows and at both ends of that sd's 95% interval.
+
+    An sd from few windows is itself uncertain (7 windows: 0.64x to 2.2x); the range says so.
+    """
+    lo, hi = sd_interval(sd, n, confidence)
+    return {"windows": windows_needed(sd, half_width, confidence), "range": [windows_needed(lo, half_width, confidence),
+            windows_needed(hi, half_width, confidence)], "sd_ci95": [lo, hi], "sd_from_n": n}
+
+
 @dataclass(frozen=True)
 class Comparison:
     """Paired comparison of n window differences; fields None with ``reason`` when not computable."""
@@ -166,7 +185,13 @@ class Comparison:
 
 
 def compare_paired(diffs: Sequence[float], seed: int = 0) -> Comparison:
-    """Mean, t and bootstrap 95% intervals, MDE and verdict (t interval excludes 0) of paired differences."""
+    """Mean, t and bootstrap 95% intervals, MDE and verdict (t interval excludes 0) of paired differences.
+
+    The t interval is the primary one; the percentile bootstrap over few windows is narrower than t
+    (it ignores the uncertainty of the sd) and is kept as a check. The same difference in every
+    window (sd 0) gives no interval, MDE or verdict: a zero-width interval would call any constant
+    difference significant.
+    """
     arr = np.asarray(diffs, dtype=float)
     n = int(arr.size)
     if n == 0:
@@ -178,6 +203,9 @@ def compare_paired(diffs: Sequence[float], seed: int = 0) -> Comparison:
         return Comparison(n, mean, median, None, None, None, None, None,
                           "one paired window: no interval or verdict")
     sd = float(arr.std(ddof=1))
+    if sd == 0.0:
+        return Comparison(n, mean, median, 0.0, None, None, None, None,
+                          f"the same difference in all {n} paired windows: no spread, no interval or verdict")
     ci = t_ci(arr)
     return Comparison(n, mean, median, sd, ci, bootstrap_ci(arr, seed=seed), mde(sd, n),
                       is_significant(ci), None)

@@ -3,6 +3,7 @@ import math
 
 import pytest
 
+from experiments import stats
 from experiments.analyze import analyze_run, main
 from experiments.slo import SLO
 from tests.experiments.synthetic_run import write_run
@@ -44,7 +45,9 @@ def test_ab_report_json_and_markdown(tmp_path):
     assert s["n_paired"] == 12 and s["significant"] is True and s["ci95_pct"][0] > 0
     assert s["delta_goodput_pct"] == pytest.approx(100 * 2 / (stock_met / 12))
     assert r["records"]["warmup_excluded"] == 6 and on_disk["aa"]["is_aa"] is False
-    first = (run_dir / "report.md").read_text().splitlines()[0]
+    lines = (run_dir / "report.md").read_text().splitlines()
+    assert lines[0].startswith("- TPOT, paired per request: patched +0.00% vs stock over 12 cells")
+    first = next(x for x in lines if x.startswith("- chat"))
     assert first.startswith("- chat (TTFT<=2000 ms, TPOT<=100 ms): patched goodput +")
     assert "over 12 paired windows" in first and "MDE" in first
     for png in r["plots"]:
@@ -58,8 +61,10 @@ def test_aa_run_says_so_first(tmp_path):
     r = analyze_run(run_dir, [CHAT])
     lines = (run_dir / "report.md").read_text().splitlines()
     assert lines[0].startswith("**A/A run**") and note in lines[0]
-    assert lines[1].startswith("- chat (TTFT<=2000 ms, TPOT<=100 ms): stock-b goodput")
-    assert r["aa"] == {"is_aa": True, "why": note}
+    assert lines[1].startswith("**CPU run** — it checks the pipeline") and "not the kernel" in lines[1]
+    assert next(x for x in lines if x.startswith("- chat")).startswith(
+        "- chat (TTFT<=2000 ms, TPOT<=100 ms): stock-b goodput")
+    assert r["aa"] == {"is_aa": True, "why": note, "controls": []}
     assert r["attribution"]["predicted_step_change_pct"] == 0.0
     assert r["slos"][0]["significant"] is False
     assert r["latency"][0]["failed"] == 6  # one HTTP 500 per window counted, not dropped
@@ -74,6 +79,9 @@ def test_partial_run_lists_what_is_missing(tmp_path):
     assert {(m["arm"], m["window"], m["load"]) for m in r["missing"]} == skip
     assert r["slos"][0]["unpaired"] == [{"window": 4, "load": 2.0, "arm": "stock"}]
     assert r["slos"][0]["n_paired"] == 9
+    # per-load attainment pools only the cells both arms completed: stock's window 4 at 2x is left out
+    per_load = {(p["arm"], p["load"]): p["n"] for p in r["slos"][0]["per_load"]}
+    assert per_load[("stock", 2.0)] == per_load[("patched", 2.0)] == 4 * 40
     md = (run_dir / "report.md").read_text().splitlines()
     assert md[0].startswith("**PARTIAL RUN**") and reason in md[0] and "5 arm-window cells missing" in md[0]
 
@@ -103,12 +111,57 @@ def test_noise_floor_from_an_aa_report(tmp_path):
     assert aa["noise_floor"]["source"] == "this run (A/A)"
     sd = aa["slos"][0]["sd_diff_pct"]
     assert aa["noise_floor"]["sd_pct"]["goodput:chat"] == sd
-    # windows for +-0.5%: ceil(1.96^2 sd^2 / 0.25)
-    assert aa["noise_floor"]["windows_needed"]["goodput:chat"] == max(2, math.ceil((1.959963985 * sd) ** 2 / 0.25))
+    # windows for +-0.25%: ceil(1.96^2 sd^2 / 0.25^2), and the range from the sd's chi-square interval
+    need = aa["noise_floor"]["windows_needed"]["goodput:chat"]
+    assert need["windows"] == math.ceil((1.959963985 * sd) ** 2 / 0.0625)
+    lo, hi = stats.sd_interval(sd, 12)
+    assert need["range"] == [stats.windows_needed(lo, 0.25), stats.windows_needed(hi, 0.25)]
+    assert need["range"][0] < need["windows"] < need["range"][1]
     ab_dir = write_run(tmp_path / "ab", ab_cell)
     ab = analyze_run(ab_dir, [CHAT], aa_report=aa_dir / "report.json")
-    assert ab["noise_floor"]["source"] == str(aa_dir / "report.json")
+    assert ab["noise_floor"]["source"] == str(aa_dir / "report.json") and ab["noise_floor"]["applied"]
     assert "A/A noise floor (" in (ab_dir / "report.md").read_text()
     with pytest.raises(ValueError, match="not the report of an A/A run"):
         analyze_run(write_run(tmp_path / "ab2", ab_cell), [CHAT], aa_report=ab_dir / "report.json")
     assert analyze_run(ab_dir, [CHAT])["noise_floor"]["source"] is None
+
+
+def test_an_aa_floor_of_another_design_is_flagged_and_not_applied(tmp_path):
+    aa_dir = write_run(tmp_path / "aa", aa_cell, labels=("stock-a", "stock-b"), arms=("stock", "stock"),
+                       loads=(1.0, 4.0), seed=4)
+    analyze_run(aa_dir, [CHAT])
+    ab = analyze_run(write_run(tmp_path / "ab", ab_cell), [CHAT], aa_report=aa_dir / "report.json")
+    nf = ab["noise_floor"]
+    assert nf["applied"] is False and nf["band_pct"] == {}
+    assert [d["key"] for d in nf["design_differences"]] == ["loads"]
+    assert "**Not comparable, not applied**" in (tmp_path / "ab" / "report.md").read_text()
+
+
+def test_an_slo_never_stressed_gets_no_interval_and_no_window_count(tmp_path):
+    run_dir = write_run(tmp_path / "run", ab_cell)
+    loose = SLO("loose", 60_000.0, 10_000.0)  # every request meets it, none comes near
+    r = analyze_run(run_dir, [CHAT, loose])
+    s = r["slos"][1]
+    assert s["stressed"] is False and s["n_near_bound"] == 0 and s["sd_diff_pct"] == 0.0
+    assert s["ci95_pct"] is None and s["significant"] is None and s["mde_pct"] is None
+    assert "never stressed at these loads (0 of 960 requests within 10% of a bound and every request met it)" \
+        in s["verdict"]
+    assert r["slos"][0]["stressed"] is True
+
+
+def test_interleaved_aa_arm_is_the_noise_floor_of_the_same_run(tmp_path):
+    def cell(arm, win, load, rng):  # patched TPOT +2%, the second stock server the same as the first
+        tpot = 20.0 * (1.02 if arm == "patched" else 1.0) * (1 + 0.001 * ((win * 7 + int(load)) % 5))
+        return [(100.0 + i, tpot * (1 + 0.01 * (i % 7)), None) for i in range(40)]
+
+    run_dir = write_run(tmp_path / "run", cell, labels=("stock", "patched", "stock-b"),
+                        arms=("stock", "patched", "stock"))
+    r = analyze_run(run_dir, [CHAT])
+    assert r["comparison"] == ["stock", "patched"] and r["aa"]["controls"] == ["stock-b"]
+    tpot = r["paired_latency"]["patched"]["tpot_ms"]
+    assert tpot["estimate_pct"] == pytest.approx(2.0, abs=0.01)
+    assert r["noise_floor"]["source"] == "this run: stock-b vs stock (interleaved)"
+    assert r["aa_in_run"]["paired_latency"]["tpot_ms"]["estimate_pct"] == pytest.approx(0.0, abs=1e-6)
+    first = (run_dir / "report.md").read_text().splitlines()[0]
+    assert first.startswith("- TPOT, paired per request: patched +2.00% vs stock")
+    assert "forest.png" in r["plots"]

@@ -28,8 +28,8 @@ def hand_made():
 
 
 def test_cells_attainment_and_goodput():
-    df, n_warm = goodput.split_warmup(goodput.records_frame(hand_made(), [CHAT]))
-    assert n_warm == 1
+    df, excluded = goodput.split_phases(goodput.records_frame(hand_made(), [CHAT]))
+    assert excluded == {"warmup": 1}
     cells = goodput.cell_table(df, [CHAT], {0: 10.0}).set_index(["arm", "load"])
     assert cells.loc[("stock", 1.0), "attainment"] == 0.75
     assert cells.loc[("stock", 1.0), "goodput_rps"] == 0.3  # 3 / 10 s
@@ -48,7 +48,7 @@ def test_unknown_window_and_missing_tags_are_errors():
 
 
 def test_paired_relative_known_answer():
-    df, _ = goodput.split_warmup(goodput.records_frame(hand_made(), [CHAT]))
+    df, _ = goodput.split_phases(goodput.records_frame(hand_made(), [CHAT]))
     cells = goodput.cell_table(df, [CHAT], {0: 10.0})
     p = goodput.paired_relative(cells, "goodput_rps", "stock", "patched")
     by_load = {d["load"]: d["diff_pct"] for d in p["diffs"]}
@@ -59,7 +59,7 @@ def test_paired_relative_known_answer():
 
 def test_paired_relative_lists_unpaired_cells():
     recs = hand_made() + [record(100.0, 10.0, tags=tags("stock", 1, 1.0))]
-    df, _ = goodput.split_warmup(goodput.records_frame(recs, [CHAT]))
+    df, _ = goodput.split_phases(goodput.records_frame(recs, [CHAT]))
     cells = goodput.cell_table(df, [CHAT], {0: 10.0, 1: 10.0})
     p = goodput.paired_relative(cells, "goodput_rps", "stock", "patched")
     assert p["unpaired"] == [{"window": 1, "load": 1.0, "arm": "stock"}]
@@ -116,3 +116,24 @@ def test_latency_table_send_lateness_covers_every_sent_request():
     row = goodput.latency_table(goodput.records_frame(recs, [CHAT]))[0]
     assert row["lateness_max_ms"] == pytest.approx(50.0)
     assert row["lateness_p99_ms"] == pytest.approx(46.0)  # linear: 10 + 0.9 * (50 - 10) over 11 values
+
+
+def test_goodput_is_attainment_times_offered_rate_and_the_real_replay_time_is_kept_beside_it():
+    # window 0 at load 1 is 10 s nominal; the last request ends 30 s after t0 (the server fell behind)
+    recs = [record(100.0, 10.0, tags=tags("stock", 0, 1.0), due_ms=1000.0 * i) for i in range(3)]
+    recs.append(record(25_000.0, 10.0, tags=tags("stock", 0, 1.0), due_ms=4000.0, out=10))
+    cells = goodput.cell_table(goodput.records_frame(recs, [CHAT]), [CHAT], {0: 10.0})
+    row = cells.iloc[0]
+    assert row["goodput_rps"] == 0.3 and row["attainment"] == 0.75  # 3 met over the nominal 10 s
+    assert row["replay_s"] == pytest.approx(29.09)  # due 4 s + TTFT 25 s + 9 x 10 ms
+    assert row["achieved_goodput_rps"] == pytest.approx(3 / 29.09)
+    per_load = goodput.per_load_attainment(cells, "chat")
+    assert per_load["achieved_goodput_rps"].iloc[0] == pytest.approx(3 / 29.09)
+
+
+def test_paired_cells_keep_only_cells_every_arm_has():
+    df = goodput.records_frame(hand_made(), [CHAT])
+    cells = goodput.cell_table(df[df["phase"] == "measure"], [CHAT], {0: 10.0})
+    cells = cells[~((cells["arm"] == "patched") & (cells["load"] == 2.0))]
+    kept = goodput.paired_cells(cells, ["stock", "patched"])
+    assert sorted(set(zip(kept["arm"], kept["load"]))) == [("patched", 1.0), ("stock", 1.0)]

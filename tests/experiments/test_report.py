@@ -12,7 +12,7 @@ def entry(**kw):
 
 def test_verdict_no_detectable_difference():
     assert verdict(entry()) == ("chat (TTFT<=2000 ms, TPOT<=100 ms): patched goodput +0.4% vs stock, "
-                                "95% CI [-1.2, +2.0]% over 6 paired windows — no detectable difference (MDE 2.1%)")
+                                "95% t CI [-1.2, +2.0]% over 6 paired windows — no detectable difference (MDE 2.1%)")
 
 
 def test_verdict_significant_direction():
@@ -28,14 +28,17 @@ def test_verdict_without_interval_or_pairs():
 
 
 def test_verdict_saturated_slo_is_not_an_mde_claim():
-    v = verdict(entry(delta_goodput_pct=0.0, ci95_pct=[0.0, 0.0], sd_diff_pct=0.0, mde_pct=0.0,
-                      stock={"attainment": 1.0}, patched={"attainment": 1.0}))
-    assert "every request met this SLO in both arms" in v and "MDE" not in v
+    v = verdict(entry(delta_goodput_pct=0.0, ci95_pct=None, sd_diff_pct=0.0, mde_pct=None, stressed=False,
+                      n_near_bound=0, n_requests=480, stock={"attainment": 1.0}, patched={"attainment": 1.0}))
+    assert v.endswith("never stressed at these loads (0 of 480 requests within 10% of a bound and every "
+                      "request met it): no interval and no window count")
+    assert "MDE" not in v
 
 
 def test_aa_reason():
     assert aa_reason({"arms": ["stock", "patched"], "mode_note": None}) is None
-    assert aa_reason({"arms": ["stock", "stock"], "mode_note": None}) == "both arms are 'stock'"
+    assert aa_reason({"arms": ["stock", "stock"], "mode_note": None}) == "every arm is 'stock'"
+    assert aa_reason({"arms": ["stock", "patched", "stock"], "mode_note": None}) is None
     assert aa_reason({"arms": ["stock", "patched"], "mode_note": "cpu fallback"}) == "cpu fallback"
 
 
@@ -50,11 +53,12 @@ def test_clipping_is_stated_beside_the_design():
 def test_latency_lines_give_change_intervals_and_sign_count():
     from experiments.report_md import latency_lines
 
-    r = {"arm_labels": ["stock", "patched"], "secondary": {"tpot_p50_ms": {
+    r = {"comparison": ["stock", "patched"], "secondary": {"tpot_p50_ms": {
         "comparison": {"mean": 12.16, "t_ci95": [-0.04, 24.35], "bootstrap_ci95": [3.7, 22.6]},
         "per_window": [{"diff_pct": d} for d in (2.6, 7.4, 10.4, -0.3)]}}}
-    assert latency_lines(r) == ["- median TPOT per window: patched +12.2% vs stock, 95% t CI [-0.0, +24.4]%, "
-                                "bootstrap [+3.7, +22.6]%; higher in 3 of 4 paired windows"]
+    assert latency_lines(r) == ["- median TPOT per window (secondary): patched +12.2% vs stock, 95% t CI "
+                                "[-0.0, +24.4]%; percentile bootstrap [+3.7, +22.6]%, optimistic over few "
+                                "windows; higher in 3 of 4 paired windows"]
 
 
 def test_attribution_says_what_part_of_the_measured_change_it_explains():
@@ -67,3 +71,19 @@ def test_attribution_says_what_part_of_the_measured_change_it_explains():
     assert _explained(a, {"mean": 0.2, "t_ci95": [-0.5, 0.9]}) == [
         "- the prediction accounts for 50% of the measured change and lies inside its 95% interval"]
     assert _explained({"predicted_step_change_pct": None}, {"mean": 1.0, "t_ci95": [0, 2]}) == []
+
+
+def test_paired_lines_lead_with_the_change_its_intervals_and_the_floor_of_the_same_run():
+    from experiments.report_md import paired_lines
+
+    c = {"estimate_pct": 0.41, "ci95_pct": [0.12, 0.70], "bootstrap_ci95_pct": [0.2, 0.6], "mde_pct": 0.3,
+         "n_cells": 16, "position_pct": -1.1, "position_ci95_pct": [-1.4, -0.8]}
+    f = {"estimate_pct": 0.02, "ci95_pct": [-0.2, 0.24]}
+    r = {"comparison": ["stock", "patched"], "paired_latency": {"patched": {"tpot_ms": c}},
+         "aa_in_run": {"pair": ["stock", "stock-b"], "paired_latency": {"tpot_ms": f}}}
+    assert paired_lines(r) == [
+        "- TPOT, paired per request: patched +0.41% vs stock, 95% CI [+0.12, +0.70]% (order-adjusted t over "
+        "16 cells, primary; window-block bootstrap [+0.20, +0.60]%); MDE 0.30%; A/A floor (stock-b vs stock, "
+        "this run) +0.02% [-0.20, +0.24]%",
+        "- position effect on TPOT (each later place in a cell's order vs an earlier one): -1.10% "
+        "[-1.40, -0.80]%, removed from the estimate"]

@@ -36,6 +36,18 @@ def test_to_json_is_plain_json(cpu_cfg: RunConfig) -> None:
 def test_aa_labels_are_unique() -> None:
     assert arm_labels(("stock", "stock")) == ("stock-a", "stock-b")
     assert arm_labels(("stock", "patched")) == ("stock", "patched")
+    assert arm_labels(("stock", "patched", "stock")) == ("stock", "patched", "stock-b")
+
+
+def test_interleaved_aa_is_the_default_for_resident_servers() -> None:
+    assert _parse("--device", "cpu").arms == ("stock", "patched", "stock")
+    assert _parse("--device", "cpu").labels == ("stock", "patched", "stock-b")
+    assert _parse("--device", "cpu", "--aa", "none").arms == ("stock", "patched")
+    assert _parse("--device", "cpu", "--one-at-a-time").arms == ("stock", "patched")
+    assert _parse("--device", "cpu", "--one-at-a-time", "--aa", "interleaved").arms == ("stock", "patched", "stock")
+    assert _parse("--device", "cpu", "--arms", "stock,stock").labels == ("stock-a", "stock-b")
+    with pytest.raises(ConfigError, match="already holds two stock servers"):
+        _parse("--device", "cpu", "--arms", "stock,stock", "--aa", "interleaved")
 
 
 @pytest.mark.parametrize("change, message", [
@@ -70,9 +82,11 @@ def test_cuda_without_a_gpu_is_refused() -> None:
         make_config(TRACE, "cuda")
 
 
-def test_cuda_memory_share_must_leave_room_for_two_servers(cpu_cfg: RunConfig) -> None:
-    with pytest.raises(ConfigError, match="two resident servers"):
+def test_cuda_memory_share_must_leave_room_for_every_resident_server(cpu_cfg: RunConfig) -> None:
+    with pytest.raises(ConfigError, match="for each of 2 resident servers exceeds the GPU; use <= 0.5"):
         dataclasses.replace(cpu_cfg, device="cuda", gpu_memory_utilization=0.9)
+    with pytest.raises(ConfigError, match="3 resident servers exceeds the GPU; use <= 0.333"):
+        dataclasses.replace(cpu_cfg, device="cuda", gpu_memory_utilization=0.4, arms=("stock", "patched", "stock"))
     ok = dataclasses.replace(cpu_cfg, device="cuda", gpu_memory_utilization=0.9, one_at_a_time=True)
     assert ok.one_at_a_time
 
@@ -93,7 +107,7 @@ def test_cli_flags_reach_the_config() -> None:
 
 
 @pytest.mark.parametrize("argv", [
-    ["--loads", "1,two"], ["--arms", "patched,patched"], ["--kv-cache-memory-bytes", "20 gigs"],
+    ["--loads", "1,two"], ["--arms", "stock"], ["--kv-cache-memory-bytes", "20 gigs"],
     ["--windows", "three"], ["--device", "tpu"],
 ])
 def test_cli_rejects_malformed_values(argv: list[str], capsys: pytest.CaptureFixture) -> None:
@@ -105,6 +119,7 @@ def test_cli_rejects_malformed_values(argv: list[str], capsys: pytest.CaptureFix
 
 @pytest.mark.parametrize("argv, message", [
     (["--windows", "0"], "--windows must be"),
+    (["--arms", "patched,patched"], "stock first"),
     (["--slo", "bad:1"], "bad SLO"),
     (["--windows", "500", "--window-s", "60"], "ends at"),
 ])

@@ -10,11 +10,12 @@ import dataclasses
 import json
 import os
 import signal
-import threading
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -83,15 +84,40 @@ def test_complete_run_records_every_replay(cfg: RunConfig, fakes: dict[str, Vllm
     run = _run(run_experiment(cfg, servers=fakes, before_replay=watch))
     assert run["status"] == "complete"
     assert [(w, ld, lab) for w, ld, lab, _ in seen] == [
-        (0, 1.0, "stock"), (0, 1.0, "patched"), (0, 4.0, "patched"), (0, 4.0, "stock"),
-        (1, 1.0, "patched"), (1, 1.0, "stock"), (1, 4.0, "stock"), (1, 4.0, "patched")]
-    assert seen[3][3] == [["stock", "patched"], ["patched"], [], []]  # run.json saved after each replay
+        (e["window"], e["load"], lab) for e in run["schedule"] for lab in e["order"]]
+    assert Counter(tuple(e["order"]) for e in run["schedule"] if e["load"] == 1.0) == {
+        ("stock", "patched"): 1, ("patched", "stock"): 1}  # balanced at each load
+    assert seen[3][3][:2] == [run["schedule"][0]["order"], run["schedule"][1]["order"][:1]]  # saved after each
+    assert run["order"] == {"method": "randomised balanced per load (experiments.schedule)", "seed": 0}
     assert run["step_histograms"] == {}
     assert any("/metrics" in w for w in run["warnings"])
+    # burn-in: window 0 at the highest load on both (handed-in, not yet burnt-in) servers, then measured
+    assert [(b["window"], b["load"], sorted(b["done"])) for b in run["burnin"]] == [(0, 4.0, ["patched", "stock"])]
+    assert [r["phase"] for r in run["replays"]] == ["burnin"] * 2 + ["measure"] * 8
+    assert all(r["gpu"] is None and r["wall_s"] > 0 for r in run["replays"])  # no GPU here
     records = read_records(cfg.results_dir / "run" / "requests.jsonl.gz")
-    assert len(records) == 2 * (2 + 2 * (4 + 4))  # per arm: warm-up 2, two windows of 4 at two loads
+    phases = Counter(r.tags["phase"] for r in records)
+    assert phases == {"warmup": 2 * 2, "burnin": 2 * 4, "measure": 2 * 2 * (4 + 4)}
+    assert {r.tags["load"] for r in records if r.tags["phase"] == "warmup"} == {4.0}  # the highest load
     assert all(fakes[s].is_alive() for s in fakes)  # servers handed in are left running
-    assert (cfg.results_dir / "run" / "report.md").is_file()
+    report = json.loads((cfg.results_dir / "run" / "report.json").read_text())
+    assert report["records"]["burnin_excluded"] == 8 and report["burnin"][0]["load"] == 4.0
+
+
+def test_interleaved_aa_arm_runs_in_the_same_schedule(cfg: RunConfig, fakes: dict[str, VllmServer],
+                                                      tmp_path: Path) -> None:
+    three = dataclasses.replace(cfg, arms=("stock", "patched", "stock"), windows=2)
+    servers = {**fakes, "stock-b": _fake_server(tmp_path / "fake-stock-b.log")}
+    try:
+        run = _run(run_experiment(three, servers=servers))
+    finally:
+        servers["stock-b"].stop()
+    assert run["status"] == "complete" and run["arm_labels"] == ["stock", "patched", "stock-b"]
+    assert all(sorted(e["done"]) == ["patched", "stock", "stock-b"] for e in run["schedule"])
+    report = json.loads((cfg.results_dir / "run" / "report.json").read_text())
+    assert report["comparison"] == ["stock", "patched"]
+    assert report["noise_floor"]["source"] == "this run: stock-b vs stock (interleaved)"
+    assert set(report["paired_latency"]) == {"patched", "stock-b"}
 
 
 def _ctrl_c() -> None:
@@ -136,7 +162,7 @@ def test_window_whose_requests_all_fail_stops_the_run(cfg: RunConfig, tmp_path: 
 
 
 def test_handed_in_servers_need_both_labels(cfg: RunConfig, fakes: dict[str, VllmServer]) -> None:
-    with pytest.raises(ValueError, match="both labels"):
+    with pytest.raises(ValueError, match="every label"):
         run_experiment(cfg, servers={"stock": fakes["stock"]})
     assert not (cfg.results_dir / "run").exists()
 

@@ -1,4 +1,5 @@
-"""AB/BA ordering of (window, load) replays, blocks for one-server-at-a-time runs, prompt seeds."""
+"""Randomised balanced arm order of (window, load) replays, blocks for one-server-at-a-time runs,
+the burn-in cell, prompt seeds."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from experiments.schedule import build_schedule, replay_seed, segments, split_blocks
+from experiments.schedule import build_schedule, burnin_seed, burnin_step, replay_seed, segments, split_blocks
 
 LABELS = ("stock", "patched")
 
@@ -18,35 +19,53 @@ def test_resident_schedule_covers_every_pair_once_with_both_arms() -> None:
     assert [s.load_index for s in steps[:3]] == [0, 1, 2]
 
 
-def test_order_alternates_window_to_window_at_every_load() -> None:
-    steps = build_schedule(4, (1.0, 2.0), LABELS)
+def test_order_is_balanced_at_every_load_and_seeded() -> None:
+    steps = build_schedule(8, (1.0, 2.0), LABELS, seed=3)
     for load in (1.0, 2.0):
         orders = [s.order for s in steps if s.load == load]
-        assert orders[0] != orders[1] and orders[1] != orders[2] and orders[2] != orders[3]
-        assert Counter(orders) == {("stock", "patched"): 2, ("patched", "stock"): 2}
-    assert steps[0].order == ("stock", "patched") and steps[1].order == ("patched", "stock")
+        assert Counter(orders) == {("stock", "patched"): 4, ("patched", "stock"): 4}
+    assert [s.order for s in steps] == [s.order for s in build_schedule(8, (1.0, 2.0), LABELS, seed=3)]
+    others = {tuple(s.order for s in build_schedule(8, (1.0, 2.0), LABELS, seed=k)) for k in range(6)}
+    assert len(others) > 1  # randomised: not one fixed AB/BA pattern
 
 
-def test_single_load_is_plain_ab_ba() -> None:
-    orders = [s.order for s in build_schedule(3, (1.0,), ("stock-a", "stock-b"))]
-    assert orders == [("stock-a", "stock-b"), ("stock-b", "stock-a"), ("stock-a", "stock-b")]
+def test_three_arms_take_every_position_equally_often() -> None:
+    labels = ("stock", "patched", "stock-b")
+    steps = build_schedule(6, (1.0,), labels, seed=1)
+    assert len({s.order for s in steps}) == 6  # one cycle through every permutation
+    for pos in range(3):
+        assert Counter(s.order[pos] for s in steps) == {lab: 2 for lab in labels}
+    with pytest.raises(ValueError, match="distinct arm labels"):
+        build_schedule(2, (1.0,), ("stock", "stock"))
+
+
+def test_burnin_cell_is_window_zero_at_the_highest_load_with_its_own_prompts() -> None:
+    steps = build_schedule(4, (1.0, 8.0, 4.0), LABELS, seed=2)
+    b = burnin_step(steps, (1.0, 8.0, 4.0), ("patched",))
+    assert (b.window, b.load, b.load_index, b.order) == (0, 8.0, 1, ("patched",))
+    both = burnin_step(steps, (1.0, 8.0, 4.0), LABELS)
+    assert both.order == steps[1].order
+    seeds = {replay_seed(5, w, j) for w in range(-1, 50) for j in range(5)}
+    assert not seeds & {burnin_seed(5, n) for n in range(10)}
 
 
 def test_split_blocks_is_contiguous_and_near_equal() -> None:
-    assert split_blocks(5, 2) == [range(0, 3), range(3, 5)]
-    assert split_blocks(4, 4) == [range(0, 1), range(1, 2), range(2, 3), range(3, 4)]
+    assert split_blocks(5, 2) == [range(3), range(3, 5)]
+    assert split_blocks(4, 4) == [range(1), range(1, 2), range(2, 3), range(3, 4)]
     with pytest.raises(ValueError, match="blocks must be in"):
         split_blocks(2, 3)
 
 
-def test_one_at_a_time_runs_blocks_ab_then_ba() -> None:
-    steps = build_schedule(4, (1.0, 2.0), LABELS, one_at_a_time=True, blocks=2)
-    assert [s.block for s in steps] == [0, 0, 0, 0, 1, 1, 1, 1]
-    assert {s.order for s in steps if s.block == 0} == {("stock", "patched")}
-    assert {s.order for s in steps if s.block == 1} == {("patched", "stock")}
-    segs = segments(steps, one_at_a_time=True)
-    assert [seg.arms for seg in segs] == [("stock",), ("patched",), ("patched",), ("stock",)]
-    assert [{s.window for s in seg.steps} for seg in segs] == [{0, 1}, {0, 1}, {2, 3}, {2, 3}]
+def test_one_at_a_time_blocks_take_both_orders() -> None:
+    for seed in range(4):
+        steps = build_schedule(4, (1.0, 2.0), LABELS, one_at_a_time=True, blocks=2, seed=seed)
+        assert [s.block for s in steps] == [0, 0, 0, 0, 1, 1, 1, 1]
+        first, second = ({s.order for s in steps if s.block == b} for b in (0, 1))
+        assert len(first) == len(second) == 1 and first | second == {LABELS, LABELS[::-1]}
+        segs = segments(steps, one_at_a_time=True)
+        order0, order1 = first.pop(), second.pop()
+        assert [seg.arms for seg in segs] == [(order0[0],), (order0[1],), (order1[0],), (order1[1],)]
+        assert [{s.window for s in seg.steps} for seg in segs] == [{0, 1}, {0, 1}, {2, 3}, {2, 3}]
 
 
 def test_resident_mode_is_one_segment_with_both_arms() -> None:

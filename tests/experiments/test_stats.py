@@ -100,3 +100,18 @@ def test_errors_are_never_verdicts():
 def test_bootstrap_is_seeded():
     d = [0.5, -0.2, 1.1, 0.3, 0.9, -0.4]
     assert stats.bootstrap_ci(d, seed=5) == stats.bootstrap_ci(d, seed=5)
+
+
+def test_the_same_difference_in_every_window_is_no_interval_and_no_verdict():
+    c = stats.compare_paired([1.5, 1.5, 1.5, 1.5])
+    assert c.t_ci95 is None and c.significant is None and c.mde is None and c.sd == 0.0
+    assert "no spread" in c.reason
+
+
+def test_windows_needed_comes_with_the_range_of_its_sds_uncertainty():
+    lo, hi = stats.sd_interval(1.0, 7)
+    # chi-square quantiles with 6 dof: 14.449 (0.975) and 1.2373 (0.025)
+    assert (lo, hi) == pytest.approx((math.sqrt(6 / 14.44938), math.sqrt(6 / 1.237344)), rel=1e-5)
+    r = stats.windows_needed_range(1.0, 7, 0.5)
+    assert r["windows"] == 16 and r["range"] == [stats.windows_needed(lo, 0.5), stats.windows_needed(hi, 0.5)]
+    assert r["range"][0] < 16 < r["range"][1]
