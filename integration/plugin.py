@@ -13,8 +13,10 @@ kernels/ the provider registers as unsupported and vLLM skips it; a log line say
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
+import re
 
 import torch
 from torch import Tensor
@@ -25,6 +27,7 @@ from integration import choice
 from integration import ops as fused_ops
 from integration.arms import IR_OPS, PROVIDER
 from kernels.checks import DTYPE_NAMES
+
 logger = logging.getLogger("vllm.plugins.rmsnorm_fused")
 _logged: set[tuple] = set()
 
@@ -70,71 +73,186 @@ def _compile_range() -> tuple[int, int] | None:
     return int(rng.start), int(rng.end)
 
 
-def row_span(x: Tensor) -> tuple[int, int] | None:
-    """Smallest and largest row count this call can have: exact for a concrete shape; for a symbolic
-    one (torch.compile), the rows expression evaluated at the ends of the current compile range."""
-    rows = x.shape[0]
-    if isinstance(rows, int):
-        return rows, rows
+def _expr(n: object) -> object:
+    """The sympy expression of a size or stride (an int stays an int); None if it has none."""
+    return n if isinstance(n, int) else getattr(getattr(n, "node", None), "expr", None)
+
+
+def _concrete(n: object, sym: object, value: int) -> int:
+    """A size or stride at sym = value; TypeError where it stays symbolic."""
+    e = _expr(n)
+    if e is None:
+        raise TypeError(f"{n!r} has no expression")
+    if isinstance(e, int):
+        return e
+    return int(e.subs(sym, value) if sym is not None else e)
+
+
+def _symbol(x: Tensor) -> tuple[object, tuple[int, int]] | None:
+    """(the one free symbol of x's leading dims, the compile range's ends); None if not exactly one."""
+    syms: set = set()
+    for n in x.shape[:-1]:
+        e = _expr(n)
+        if e is None:
+            return None
+        if not isinstance(e, int):
+            syms |= e.free_symbols
     rng = _compile_range()
-    expr = getattr(getattr(rows, "node", None), "expr", None)
-    if rng is None or expr is None or len(expr.free_symbols) != 1:
+    if len(syms) != 1 or rng is None:
         return None
-    (sym,) = expr.free_symbols
+    return next(iter(syms)), rng
+
+
+def row_range(x: Tensor) -> tuple[int, int, int] | None:
+    """(first, last, step) of the row counts (product of the leading dims) this call can have: exact for
+    a concrete shape; for a symbolic one (torch.compile), evaluated over the current compile range, as
+    first + k * step (a [tokens, heads, head_dim] view steps by heads). None where that is unknown."""
+    if all(isinstance(n, int) for n in x.shape[:-1]):
+        rows = 1
+        for n in x.shape[:-1]:
+            rows *= n
+        return rows, rows, 1
+    found = _symbol(x)
+    if found is None:
+        return None
+    sym, (lo, hi) = found
     try:
-        lo, hi = int(expr.subs(sym, rng[0])), int(expr.subs(sym, rng[1]))
+        at = [_rows_at(x, sym, t) for t in (lo, min(lo + 1, hi), hi)]
     except TypeError:
         return None
-    return (lo, hi) if lo <= hi else None
+    step = at[1] - at[0] if hi > lo else 1
+    if step < 1 or at[2] != at[0] + step * (hi - lo):
+        return None  # not linear in the tokens: no claim
+    return at[0], at[2], step
 
 
-def _layout_ok(x: Tensor, weight: Tensor | None, residual: Tensor | None) -> bool:
-    """What the kernel takes, checked on concrete metadata only (safe on fake, symbolic tensors)."""
-    if weight is None or x.dtype not in DTYPE_NAMES or x.device.type != "cuda" or x.dim() != 2:
+def _rows_at(x: Tensor, sym: object, value: int) -> int:
+    rows = 1
+    for n in x.shape[:-1]:
+        rows *= _concrete(n, sym, value)
+    return rows
+
+
+def row_span(x: Tensor) -> tuple[int, int] | None:
+    """Smallest and largest row count this call can have (see row_range)."""
+    rows = row_range(x)
+    return None if rows is None else (rows[0], rows[1])
+
+
+@functools.lru_cache(maxsize=4096)
+def _fused_rows(op: str, dtype: str, rows: tuple[int, int, int], width: int, mode: str) -> bool:
+    """The policy picks the fused kernel at every row count first, first + step, ..., last."""
+    first, last, step = rows
+    if step == 1:
+        return choice.fused_over(op, dtype, first, last, width, mode)
+    if first < 1 or (last - first) // step + 1 > choice.MAX_SCAN_ROWS:
         return False
-    hidden = x.shape[1]
-    if not isinstance(hidden, int) or x.stride(1) != 1 or not isinstance(x.stride(0), int):
-        return False
-    if weight.dtype != x.dtype or weight.device != x.device or tuple(weight.shape) != (hidden,):
-        return False
-    if weight.stride(0) != 1:
-        return False
-    if not isinstance(x, FakeTensor) and any(
-            t is not None and t.data_ptr() % 16 for t in (x, weight, residual)):
-        return False  # the policy was measured with 128-bit accesses
-    if residual is not None:
-        if residual.dtype != x.dtype or residual.dim() != 2 or residual.shape[1] != hidden:
-            return False
-        if residual.stride(1) != 1 or not isinstance(residual.stride(0), int):
-            return False
-    return True
+    return all(choice.choose(op, dtype, r, width, mode) != "stock" for r in range(first, last + 1, step))
+
+
+def _quick_reason(x: Tensor, weight: Tensor | None, variance_size: int | None) -> tuple | None:
+    """Why the kernel cannot take this call, from cheap checks (a short key; see _REASONS)."""
+    if weight is None:
+        return ("no weight",)
+    if variance_size is not None:
+        return ("variance_size",)
+    if x.dtype not in DTYPE_NAMES:
+        return ("x dtype", x.dtype)
+    if weight.dtype != x.dtype:
+        return ("weight dtype", weight.dtype, x.dtype)
+    if x.dim() == 0 or not isinstance(x.shape[-1], int):
+        return ("width",)
+    return None
+
+
+_REASONS = {
+    "no weight": "no weight (the kernel always multiplies by one)",
+    "variance_size": "variance_size is set (the kernel takes the variance over the whole row)",
+    "x dtype": "x dtype {} is not one of bfloat16, float16, float32",
+    "weight dtype": "weight dtype {} on {} activations (the kernel reads the weight in x's dtype)",
+    "width": "the row width is not a fixed size",
+}
+
+
+def _stand_in(t: Tensor | None, sym: object, value: int) -> Tensor | None:
+    """A meta tensor with t's dtype, sizes, strides and offset at sym = value (concrete metadata)."""
+    if t is None:
+        return None
+    sizes = [_concrete(n, sym, value) for n in t.shape]
+    strides = [_concrete(s, sym, value) for s in t.stride()]
+    offset = _concrete(t.storage_offset(), sym, value)
+    return torch.empty_strided(sizes, strides, dtype=t.dtype, device="meta").as_strided(sizes, strides, offset)
+
+
+def layout_reason(x: Tensor, weight: Tensor, residual: Tensor | None) -> str | None:
+    """None when the fused kernel takes these tensors, else why not, as the kernel's own checks say
+    (kernels.policy.unsupported_reason for real tensors; kernels.checks on meta stand-ins for fake,
+    symbolic ones, at the compile range's first, second and last token count). Fake tensors have no
+    address: their 16-byte alignment is read from the storage offset (vLLM's buffers are aligned)."""
+    from kernels.checks import unsupported_reason as kernel_reason
+    from kernels.policy import unsupported_reason as policy_reason
+
+    if not isinstance(x, FakeTensor):
+        return policy_reason(x, weight, residual)
+    tensors = [("x", x), ("weight", weight), ("residual", residual)]
+    for name, t in tensors:
+        if t is not None and t.device != torch.device("cuda", x.device.index or 0):
+            return f"{name} is on {t.device}, not the CUDA device of x"
+    found = _symbol(x)
+    sym, (lo, hi) = found if found is not None else (None, (0, 0))
+    for value in sorted({lo, min(lo + 1, hi), hi}):
+        try:
+            mx, mw, mr = (_stand_in(t, sym, value) for _, t in tensors)
+        except TypeError:
+            return "a size or stride is symbolic outside the compile range's one token count"
+        reason = kernel_reason(mx, mw, mr, device_type="meta")
+        if reason is not None:
+            return reason
+        for name, t in (("x", mx), ("weight", mw), ("residual", mr)):
+            if t is not None and t.storage_offset() * t.element_size() % 16:
+                return f"{name} starts {t.storage_offset() * t.element_size()} bytes into its buffer, not " \
+                       "16-byte aligned (the table was measured with 128-bit accesses)"
+    return None
+
+
+def _decline(op: str, reason: str) -> bool:
+    """Log (once per op and kind of reason) why the kernel cannot take a call; returns False."""
+    key = (op, "declines", re.split(r"[\d(]", reason, maxsplit=1)[0])
+    _log_once(key, "cupy_fused: %s declined, the kernel cannot take it: %s (logged once per op and reason)",
+              op, reason)
+    return False
 
 
 def accepts(op: str, x: Tensor, weight: Tensor | None, residual: Tensor | None,
-           variance_size: int | None) -> bool:
+            variance_size: int | None) -> bool:
     """True when cupy_fused takes this call (or, under torch.compile, this whole compile range).
 
-    The policy (a cached lookup) is asked before the layout checks, so a declined eager call costs
-    the stock arm as little extra CPU time as possible."""
-    if variance_size is not None or weight is None or x.dtype not in DTYPE_NAMES or x.dim() != 2:
-        return False
-    hidden = x.shape[1]
-    span = row_span(x) if isinstance(hidden, int) else None
-    if span is None:
-        return False
+    Eager calls ask the policy (a cached lookup) before the layout checks, so a declined eager call
+    costs the stock arm as little extra CPU time as possible; vLLM's lowering pass (once per graph
+    node and compile range) runs the layout checks always, so their verdict is logged."""
+    quick = _quick_reason(x, weight, variance_size)
+    if quick is not None:
+        return _decline(op, _REASONS[quick[0]].format(*quick[1:]))
+    width = x.shape[-1]
+    rows = row_range(x)
+    if rows is None:
+        return False  # symbolic rows outside vLLM's passes: no claim
     dtype, eager = DTYPE_NAMES[x.dtype], _eager(x)
-    fused = (choice.fused_over(op, dtype, span[0], span[1], hidden, "eager" if eager else "compiled")
-             and _layout_ok(x, weight, residual))
+    fused = _fused_rows(op, dtype, rows, width, "eager" if eager else "compiled")
+    if fused or not eager:
+        reason = layout_reason(x, weight, residual)
+        if reason is not None:
+            fused = _decline(op, reason)
     if fused and not eager and not torch.compiler.is_compiling():
         # vLLM's lowering pass (compile time): build the kernels now, before any graph capture
-        fused_ops.warm_builds(op, dtype, hidden, fused_ops.default_vec(dtype, hidden), x.device.index or 0)
-    if span[0] != span[1]:
-        _log_once((op, dtype, hidden, span), "cupy_fused: %s %s hidden=%d rows %d-%d (compile range) -> %s",
-                  op, dtype, hidden, span[0], span[1], "cupy_fused" if fused else "declined (stock)")
+        fused_ops.warm_builds(op, dtype, width, fused_ops.default_vec(dtype, width), x.device.index or 0)
+    what = "cupy_fused" if fused else "declined (stock)"
+    if rows[0] != rows[1]:
+        _log_once((op, dtype, width, rows), "cupy_fused: %s %s width=%d rows %d-%d step %d (compile range) -> %s",
+                  op, dtype, width, rows[0], rows[1], rows[2], what)
     else:
-        _log_once((op, fused), "cupy_fused: %s %s hidden=%d rows=%d -> %s (first such call; "
-                  "later ones are not logged)", op, dtype, hidden, span[0],
-                  "cupy_fused" if fused else "declined (stock)")
+        _log_once((op, fused, width), "cupy_fused: %s %s width=%d rows=%d -> %s (first such call; "
+                  "later ones are not logged)", op, dtype, width, rows[0], what)
     return fused
 
 
@@ -186,8 +304,8 @@ def fused_add_rms_norm_impl(
 
 def _ir_ops() -> dict:
     try:
-        from vllm import ir
         import vllm
+        from vllm import ir
     except ImportError as exc:
         raise PluginError(f"rmsnorm_fused: vLLM has no IR op package vllm.ir ({exc}); "
                           "the cupy_fused provider needs vLLM >= 0.26") from exc

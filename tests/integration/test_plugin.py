@@ -98,7 +98,8 @@ def test_declines_what_the_kernel_does_not_take(small_policy, fake_cuda, warm_ca
     x, w = fake_cuda((8, 4096)), fake_cuda((4096,))
     assert not plugin.rms_norm_supports(x, None, 1e-5)
     assert not plugin.rms_norm_supports(x, w, 1e-5, 2048)  # variance_size
-    assert not plugin.rms_norm_supports(fake_cuda((2, 4, 4096)), w, 1e-5)  # 3-d
+    assert plugin.rms_norm_supports(fake_cuda((2, 4, 4096)), w, 1e-5)  # [..., hidden], evenly spaced rows
+    assert not plugin.rms_norm_supports(fake_cuda((8, 4096), dtype=torch.float16), w, 1e-5)  # weight dtype
     assert not plugin.rms_norm_supports(fake_cuda((8, 1024)), fake_cuda((1024,)), 1e-5)  # not in table
     assert not plugin.rms_norm_supports(torch.randn(8, 4096).bfloat16(), torch.ones(4096).bfloat16(), 1e-5)
 
@@ -112,7 +113,7 @@ def test_compile_range_choice(small_policy, fake_cuda, warm_calls) -> None:
     assert plugin.row_span(x) is None  # outside vLLM's passes: no range known, so no claim
     assert not plugin.rms_norm_supports(x, w, 1e-5)
     with pass_context(Range(start=1, end=64)):
-        assert plugin.row_span(x) == (1, 64)
+        assert plugin.row_span(x) == (1, 64) and plugin.row_range(x) == (1, 64, 1)
         assert plugin.rms_norm_supports(x, w, 1e-5)
     assert warm_calls == [("rms_norm", "bf16", 4096, 8, 0)]  # kernels built at lowering, before capture
     with pass_context(Range(start=1, end=8192)):
