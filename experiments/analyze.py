@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments import attribution, comparisons, goodput, noisefloor, plots, report
+from experiments import attribution, comparisons, goodput, knee, noisefloor, plots, report
 from experiments.slo import DEFAULT_SLO_FILE, SLO, load_slo_file, parse_slo
 from experiments.runrecord import RUN_SCHEMA_VERSION
 from kernels.environment import gpu_slug
@@ -106,6 +106,7 @@ def _per_slo(slo: SLO, measured: pd.DataFrame, cells: pd.DataFrame, pair: list[s
         }
     return {"slo": slo, "arms": arms, "paired": paired, "per_load": per_load.to_dict(orient="records"),
             "cells": c.to_dict(orient="records"), "n_requests": int(len(m)),
+            "capacity": knee.compare_capacity(c, slo.name, base, treat),
             "n_near_bound": comparisons.near_bound(m, slo.ttft_ms, slo.tpot_ms, pair)}
 
 
@@ -164,6 +165,7 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
         warnings=warnings, excluded=excluded, n_records=len(df), source=source, pair=pair,
         paired_latency=comparisons.paired_latency(complete, run), in_run_floor=in_run_floor,
         burnin=comparisons.burnin_summary(df, complete), drift=comparisons.drift(complete, run),
+        knee=knee.summary(df, run, slos),
     )
     result = report.build_report(analysis)
     result["noise_floor"] = noisefloor.noise_floor(result, aa_report)

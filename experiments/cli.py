@@ -117,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--loads", type=loads_list,
                    help=f"speed-up factors over the trace's own rate; every (window, load) is replayed "
                         f"against both arms ({_defaults('loads')})")
+    g.add_argument("--knee", type=loads_list, metavar="FACTORS",
+                   help="search these increasing speed-up factors on the baseline arm first (window 0 at each, "
+                        "phase 'knee', not compared; it stops once every SLO tier is below 90%% attainment), "
+                        "then measure at two loads bracketing the strictest tier's 90%% knee that lies "
+                        "inside them, plus the lowest factor, instead of --loads (kept when no knee is found)")
     g.add_argument("--max-input-tokens", type=clip,
                    help=f"clip every request's prompt to this many tokens; 'none' for no clip "
                         f"({_defaults('max_input_tokens')})")
@@ -170,6 +175,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         "name", "results_dir", "windows", "window_s", "start_s", "warmup_s", "loads", "model", "dtype",
         "eager", "gpu_memory_utilization", "kv_cache_memory_bytes", "max_model_len", "max_num_seqs",
         "max_input_tokens", "max_output_tokens", "blocks", "seed", "request_timeout_s", "server_timeout_s")}
+    overrides["knee_factors"] = args.knee
     clips = {k: overrides.pop(k) for k in ("max_input_tokens", "max_output_tokens")}
     arms = with_aa_arm(args.arms, args.aa, args.one_at_a_time)
     cfg = make_config(args.trace, None if args.device == "auto" else args.device, arms=arms,

@@ -77,13 +77,15 @@ def paired_latency(measured: pd.DataFrame, run: Mapping, seed: int = 0) -> dict[
 
 
 def burnin_summary(df: pd.DataFrame, measured: pd.DataFrame) -> list[dict]:
-    """Per burn-in replay (phase "burnin"): arm, load, median TPOT and p90 TTFT, and their change (%)
-    against the same arm's measured replays at that load: how much slower a fresh server ran."""
+    """Per burn-in replay (phase "burnin"): arm, window, load, median TPOT and p90 TTFT, and their
+    change (%) against the same arm's measured replay of that window at that load (the same requests):
+    how much slower a fresh server ran."""
     burn = df[(df["phase"] == "burnin") & df["ok"]]
     out = []
-    for (arm, load), g in burn.groupby(["arm", "load"], sort=True):
-        m = measured[(measured["arm"] == arm) & (measured["load"] == load) & measured["ok"]]
-        row = {"arm": arm, "load": float(load), "n": len(g),
+    for (arm, window, load), g in burn.groupby(["arm", "window", "load"], sort=True):
+        m = measured[(measured["arm"] == arm) & (measured["window"] == window) & (measured["load"] == load)
+                     & measured["ok"]]
+        row = {"arm": arm, "window": int(window), "load": float(load), "n": len(g),
                "tpot_p50_ms": _q(g["tpot_ms"], 0.5), "ttft_p90_ms": _q(g["ttft_ms"], 0.9)}
         for key, q in (("tpot_p50_ms", 0.5), ("ttft_p90_ms", 0.9)):
             ref = _q(m[key[:4] + "_ms"], q)

@@ -73,6 +73,7 @@ class RunConfig:
     max_input_tokens: int | None = None
     max_output_tokens: int | None = None
     slos: tuple[SLO, ...] | None = None  # None: experiments/slos.toml
+    knee_factors: tuple[float, ...] | None = None  # search these loads first and measure at the knee
     slo_file: Path | None = None
     seed: int = 0
     request_timeout_s: float = 600.0
@@ -178,6 +179,11 @@ def _validate(c: RunConfig) -> None:
                     ("--max-input-tokens", c.max_input_tokens), ("--max-output-tokens", c.max_output_tokens)):
         _check(v is None or (isinstance(v, int) and v >= 1), f"{flag} must be an int >= 1, got {v!r}")
     _check(isinstance(c.blocks, int) and c.blocks >= 1, f"--blocks must be an int >= 1, got {c.blocks!r}")
+    if c.knee_factors is not None:
+        k = list(c.knee_factors)
+        _check(len(k) >= 2 and all(_finite_positive(x) for x in k) and k == sorted(set(k)),
+               f"--knee must be two or more increasing finite numbers > 0, got {k!r}")
+        _check(not c.one_at_a_time, "--knee needs resident servers (no --one-at-a-time)")
     _check(not c.one_at_a_time or c.blocks <= c.windows,
            f"--blocks {c.blocks} exceeds --windows {c.windows}: each block needs a window")
     _check(c.name is None or bool(_NAME_RE.match(c.name)),

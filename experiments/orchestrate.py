@@ -33,7 +33,10 @@ from experiments.environment import capture_environment, gpu_clocks, gpus
 from experiments.metrics_scrape import CumulativeHistogram, difference, scrape
 from experiments.plan import Plan, prepare
 from experiments.runrecord import RunRecord, make_run_dir
-from experiments.schedule import Step, burnin_seed, burnin_step, replay_seed, segments
+from experiments import knee
+from experiments.goodput import ATTAINMENT_TARGET
+from experiments.schedule import Step, build_schedule, burnin_seed, burnin_step, knee_seed, replay_seed, segments
+from experiments.slo import DEFAULT_SLO_FILE, load_slo_file, meets
 from integration.launcher import ServerConfig, VllmServer, free_port
 from kernels.resultfile import write_json
 from loadgen.records import RequestRecord, succeeded
@@ -105,7 +108,11 @@ class Runner:
                         position=0, leave=True)
 
     def execute(self) -> None:
-        """Run every segment: bring up its arms (warming each new one up), replay its steps."""
+        """Run every segment: bring up its arms (warming each new one up), replay its steps; with
+        --knee, search the knee on the baseline first and measure at the loads it chose."""
+        if self.cfg.knee_factors:
+            self._ensure(tuple(self.cfg.labels))
+            self._knee_search()
         for seg in segments(self.plan.steps, self.cfg.one_at_a_time):
             self._ensure(seg.arms)
             for step in seg.steps:
@@ -175,15 +182,48 @@ class Runner:
             self.burned.add(label)
             self.record.save()
 
+    def _knee_search(self) -> None:
+        """Window 0 at each --knee factor on the baseline arm (phase "knee"); then the schedule is
+        rebuilt at the loads experiments.knee.choose_loads picks (kept as they are when it finds none)."""
+        cfg, label = self.cfg, self.cfg.labels[0]
+        slos = list(cfg.slos) if cfg.slos else load_slo_file(DEFAULT_SLO_FILE)
+        window = self.plan.windows[0]
+        points: dict[str, list[tuple[float, float]]] = {s.name: [] for s in slos}
+        for j, factor in enumerate(cfg.knee_factors or ()):
+            what = f"the knee search at load {factor:g}"
+            self.where = f"in {what} on {label}"
+            log.info("knee search on %s: window 0 at load %g", label, factor)
+            tags = {"arm": label, "window": 0, "load": factor, "phase": "knee"}
+            step = Step(0, factor, j, (label,))
+            records = self._timed_replay(label, step, "knee", scale_rate(window.requests, factor), tags,
+                                         knee_seed(cfg.seed, j), what)
+            for s in slos:
+                points[s.name].append((factor, sum(meets(r, s) for r in records) / len(records)))
+            if all(p[-1][1] < ATTAINMENT_TARGET for p in points.values()):
+                break
+        knees = {name: knee.knee(p) for name, p in points.items()}
+        chosen = knee.choose_loads(knees, slos, cfg.knee_factors or ())
+        self.record.data["knee"] = {"factors": list(cfg.knee_factors or ()), "arm": label, "points": points,
+                                    "knees": knees, **chosen, "loads_before": list(cfg.loads)}
+        if chosen["loads"]:
+            log.info("knee of %s at %.3gx: measuring at %s", chosen["tier"], chosen["knee"], chosen["loads"])
+            self.plan.steps = build_schedule(cfg.windows, chosen["loads"], cfg.labels, False, cfg.blocks, cfg.seed)
+            self.record.data["loads"] = list(chosen["loads"])
+            self.bar.total = len(cfg.labels) * len(self.plan.steps)
+        else:
+            log.info("knee search: %s; measuring at --loads %s", chosen["reason"], cfg.loads)
+        self.record.save()
+
     def _timed_replay(self, label: str, step: Step, phase: str, reqs: Sequence, tags: dict, seed: int,
-                      what: str) -> None:
+                      what: str) -> list[RequestRecord]:
         """_replay, with its start, wall time and the GPU's clocks after it appended to run.json."""
         started = time.time()
-        self._replay(label, reqs, tags, seed, what)
+        records = self._replay(label, reqs, tags, seed, what)
         self.record.data["replays"].append({
             "arm": label, "window": step.window, "load": step.load, "phase": phase,
             "started_s": round(started - self.t_start, 3), "wall_s": round(time.time() - started, 3),
             "gpu": gpu_state()})
+        return records
 
     def _replay_step(self, step: Step, label: str) -> None:
         window = self.plan.windows[step.window]

@@ -38,6 +38,7 @@ class Analysis:
     in_run_floor: dict | None  # the interleaved A/A pair's goodput and per-window comparisons
     burnin: list[dict]
     drift: dict
+    knee: dict | None  # experiments.knee.summary
 
 
 def aa_reason(run: Mapping) -> str | None:
@@ -97,6 +98,7 @@ def _slo_entry(item: Mapping, pair: list[str]) -> dict:
                               "load); achieved_goodput_rps divides by the replays' real duration",
         "per_window": item["paired"]["diffs"], "unpaired": item["paired"]["unpaired"],
         "undefined": item["paired"]["undefined"], "per_load": item["per_load"],
+        "capacity_per_window": item["capacity"],
         "by_load": {str(load): stats.compare_paired([d["diff_pct"] for d in item["paired"]["diffs"]
                                                      if d["load"] == load]).to_json()
                     for load in sorted({d["load"] for d in item["paired"]["diffs"]})},
@@ -163,7 +165,7 @@ def build_report(a: Analysis) -> dict:
         "records": {"file": a.source, "total": a.n_records, "warmup_excluded": a.excluded.get("warmup", 0),
                     "burnin_excluded": a.excluded.get("burnin", 0)},
         "paired_latency": a.paired_latency, "aa_in_run": _floor_comparisons(a),
-        "burnin": a.burnin, "drift": a.drift,
+        "burnin": a.burnin, "drift": a.drift, "knee": a.knee,
         "latency": a.latency, "secondary": secondary,
         "mde_pct": {"paired": {m: c.get("mde_pct") for m, c in primary.items()},
                     "goodput": {s["name"]: s["mde_pct"] for s in slos},

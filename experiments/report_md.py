@@ -68,7 +68,8 @@ def paired_lines(r: Mapping) -> list[str]:
         if f and f.get("ci95_pct"):
             ctrl = r["aa_in_run"]["pair"][1]
             text += f"; A/A floor ({ctrl} vs {base}, this run) {f['estimate_pct']:+.2f}% {_ci(f['ci95_pct'])}"
-        elif nf.get("applied") and nf.get("source") and (nf.get("band_pct") or {}).get(f"paired:{m}"):
+        elif (nf.get("applied") and not r["aa"]["is_aa"] and nf.get("source")
+              and (nf.get("band_pct") or {}).get(f"paired:{m}")):
             text += f"; A/A floor ({nf['source']}) +-{nf['band_pct'][f'paired:{m}'][1]:.2f}%"
         out.append(text)
     tpot = lat.get("tpot_ms") or {}
@@ -116,6 +117,7 @@ def _slo_tables(r: Mapping) -> list[str]:
                 "", "| arm | highest load >= 90% attainment | same from p90 latency curves |", "|---|---|---|"]
         out += [f"| {a} | {_cap(s[a]['capacity_by_attainment'])} | {_cap(s[a]['capacity_by_latency'])} |"
                 for a in (s["baseline"], s["treatment"])]
+        out += ["", *_capacity_line(s)]
         out.append("")
         for load, c in s["by_load"].items():
             ci = "n/a" if c["t_ci95"] is None else f"[{c['t_ci95'][0]:+.1f}, {c['t_ci95'][1]:+.1f}]%"
@@ -128,6 +130,41 @@ def _slo_tables(r: Mapping) -> list[str]:
             out.append(f"Unpaired: {s['unpaired']}; undefined: {s['undefined']}")
         out.append("")
     return out
+
+
+def _capacity_line(s: Mapping) -> list[str]:
+    """Capacity per window (the load where that window's attainment crosses 90%) per arm, and its
+    paired change, when the loads bracket the knee."""
+    cap = s.get("capacity_per_window") or {}
+    arms = cap.get("arms") or {}
+    if not any(v.get("n") for v in arms.values()):
+        return ["Capacity per window: not located (the loads do not bracket this tier's 90% knee).  "]
+    parts = [f"{a} {_num(v['mean'], '{:.3g}')}x {_ci(v['ci95'], 2).replace('%', 'x')} over {v['n']} windows"
+             for a, v in arms.items()]
+    p = cap.get("paired") or {}
+    change = ("" if p.get("mean") is None else f"; paired change {p['mean']:+.1f}%"
+              + (f", 95% t CI [{p['t_ci95'][0]:+.1f}, {p['t_ci95'][1]:+.1f}]%" if p.get("t_ci95") else ""))
+    return [f"Capacity per window (90% attainment crossing): {'; '.join(parts)}{change}.  "]
+
+
+def knee_lines(r: Mapping) -> list[str]:
+    """The knee search: attainment per factor and tier (from the records), the knees and the loads chosen."""
+    k = r.get("knee")
+    if not k:
+        return []
+    names = list(k["points"])
+    factors = sorted({f for pts in k["points"].values() for f, _ in pts})
+    out = ["## Knee search (baseline arm, window 0 per factor, not compared)", "",
+           "| factor | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for f in factors:
+        vals = [next((f"{a:.3f}" for x, a in k["points"][n] if x == f), "") for n in names]
+        out.append(f"| {f:g}x | " + " | ".join(vals) + " |")
+    out += ["", "Knees (90% attainment): " + ", ".join(f"{n} {_cap(v)}" for n, v in k["knees"].items()) + "."]
+    c = k["chosen"]
+    out.append(f"Measured at {', '.join(f'{x:g}x' for x in c['loads'])}: around the {c['tier']} knee "
+               f"({c['knee']:.3g}x) plus the lowest factor." if c.get("loads")
+               else f"No knee chosen ({c.get('reason')}); measured at --loads.")
+    return out + [""]
 
 
 def _latency_table(r: Mapping) -> list[str]:
@@ -194,10 +231,11 @@ def design_lines(r: Mapping) -> list[str]:
     """Burn-in replays against the measured ones, and the drift check."""
     out = ["## Burn-in and drift", ""]
     if r.get("burnin"):
-        out += ["Burn-in after each server start (phase 'burnin', recorded, not compared): ", "",
-                "| arm | load | n | median TPOT (ms) | vs measured | p90 TTFT (ms) | vs measured |",
-                "|---|---|---|---|---|---|---|"]
-        out += [f"| {b['arm']} | {b['load']:g}x | {b['n']} | {_num(b['tpot_p50_ms'], '{:.2f}')} | "
+        out += ["Burn-in after each server start (phase 'burnin', recorded, not compared), against the "
+                "measured replay of the same window and load:", "",
+                "| arm | window | load | n | median TPOT (ms) | vs measured | p90 TTFT (ms) | vs measured |",
+                "|---|---|---|---|---|---|---|---|"]
+        out += [f"| {b['arm']} | {b.get('window', 0)} | {b['load']:g}x | {b['n']} | {_num(b['tpot_p50_ms'], '{:.2f}')} | "
                 f"{_num(b['tpot_p50_ms_vs_measured_pct'], '{:+.1f}%')} | {_num(b['ttft_p90_ms'], '{:.1f}')} | "
                 f"{_num(b['ttft_p90_ms_vs_measured_pct'], '{:+.1f}%')} |" for b in r["burnin"]]
     else:
@@ -257,7 +295,7 @@ def render_markdown(r: Mapping) -> str:
         lines += ["## Why the run stopped", "", "```", r["stopped_reason"].rstrip(), "```", ""]
     if r["warnings"]:
         lines += ["## Warnings", ""] + [f"- {w}" for w in r["warnings"]] + [""]
-    lines += _slo_tables(r) + _latency_table(r) + design_lines(r) + _power_and_attribution(r)
+    lines += knee_lines(r) + _slo_tables(r) + _latency_table(r) + design_lines(r) + _power_and_attribution(r)
     lines += ["## Plots", ""] + [f"![{p}]({p})" for p in r.get("plots", [])] + [""]
     if cmd and str(cmd[0]).endswith(".py"):
         cmd = ["python", *cmd]

@@ -115,6 +115,12 @@ def burnin_seed(run_seed: int, burnin: int) -> int:
     return (run_seed << 32) | (1 << 31) | (burnin << 8)
 
 
+def knee_seed(run_seed: int, factor_index: int) -> int:
+    """Prompt seed of the knee search's replay at its ``factor_index``-th factor: distinct from every
+    replay_seed and burnin_seed."""
+    return (run_seed << 32) | (1 << 30) | (factor_index << 8)
+
+
 def replay_seed(run_seed: int, window: int, load_index: int) -> int:
     """Prompt seed of one (window, load) replay, the same for every arm and distinct across cells.
 

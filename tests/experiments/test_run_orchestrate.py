@@ -199,3 +199,29 @@ def test_one_at_a_time_restarts_arms_per_block(cfg: RunConfig, tmp_path: Path,
                       "w1@1 patched up=['patched']", "start stock", "w1@1 stock up=['stock']"]  # BA reuses B
     assert [e["block"] for e in run["schedule"]] == [0, 1]
     assert run["servers"]["stock"]["starts"] == 2 and not any(s.is_alive() for s in started)
+
+
+def test_knee_search_chooses_the_loads_measured(cfg: RunConfig, fakes: dict[str, VllmServer],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # the fake servers answer in ms at any load: make every SLO fail above 3x, so the knee is at 2.2x
+    monkeypatch.setattr("experiments.orchestrate.meets", lambda r, slo: r.tags["load"] < 3)
+    kneed = dataclasses.replace(cfg, knee_factors=(1.0, 2.0, 4.0, 8.0), windows=2)
+    run = _run(run_experiment(kneed, servers=fakes))
+    assert run["status"] == "complete"
+    k = run["knee"]
+    assert [f for f, _ in k["points"]["interactive"]] == [1.0, 2.0, 4.0]  # stopped once every tier failed
+    assert k["tier"] == "interactive" and k["knee"] == pytest.approx(2.2) and k["loads"] == [1.0, 1.8, 2.8]
+    assert run["loads"] == [1.0, 1.8, 2.8] and {e["load"] for e in run["schedule"]} == {1.0, 1.8, 2.8}
+    assert all(sorted(e["done"]) == ["patched", "stock"] for e in run["schedule"])
+    assert [r["phase"] for r in run["replays"]][:5] == ["burnin", "burnin", "knee", "knee", "knee"]
+    records = read_records(cfg.results_dir / "run" / "requests.jsonl.gz")
+    assert {r.tags["arm"] for r in records if r.tags["phase"] == "knee"} == {"stock"}
+    md = (cfg.results_dir / "run" / "report.md").read_text()
+    assert "## Knee search" in md and "Measured at 1x, 1.8x, 2.8x: around the interactive knee (2.2x)" in md
+
+
+def test_knee_needs_resident_servers(cfg: RunConfig) -> None:
+    with pytest.raises(ValueError, match="--knee needs resident servers"):
+        dataclasses.replace(cfg, knee_factors=(1.0, 2.0), one_at_a_time=True)
+    with pytest.raises(ValueError, match="--knee must be two or more increasing"):
+        dataclasses.replace(cfg, knee_factors=(2.0, 1.0))

@@ -1,0 +1,104 @@
+"""The knee search and capacity per window: pure functions.
+
+Goodput only moves when requests sit near an SLO bound, so a run can first search speed-up factors
+on the baseline arm alone (phase "knee", one window per factor) and then measure where the
+strictest tier it can reach crosses ATTAINMENT_TARGET: at two loads bracketing that knee plus one
+latency-sensitive load (the lowest factor searched). Capacity per arm and window is the load where
+that window's attainment crosses the target, interpolated between the loads measured.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from experiments import goodput, stats
+from experiments.slo import SLO
+
+BRACKET = 1.25  # the two knee loads: knee / BRACKET and knee * BRACKET
+
+
+def strictness(slo: SLO) -> tuple[float, float]:
+    """Sort key, strictest first: the TPOT bound, then the TTFT bound."""
+    return (slo.tpot_ms, slo.ttft_ms)
+
+
+def attainment_points(df: pd.DataFrame, slo: SLO) -> list[tuple[float, float]]:
+    """(factor, attainment) per load of a records frame (goodput.records_frame), sorted by factor."""
+    col = goodput.met_column(slo)
+    return [(float(load), float(g[col].mean())) for load, g in df.groupby("load", sort=True)]
+
+
+def knee(points: Sequence[tuple[float, float]], target: float = goodput.ATTAINMENT_TARGET) -> dict:
+    """Where attainment falls through ``target`` (goodput.highest_passing_load on -attainment)."""
+    loads, att = zip(*points) if points else ((), ())
+    return goodput.highest_passing_load(list(loads), [-a for a in att], -target)
+
+
+def _round(x: float) -> float:
+    """Two significant figures: loads that read well in a report."""
+    return float(f"{x:.2g}")
+
+
+def choose_loads(knees: Mapping[str, dict], slos: Sequence[SLO], factors: Sequence[float]) -> dict:
+    """The loads to measure at: the strictest tier whose knee lies inside the searched factors,
+    bracketed (knee / BRACKET, knee * BRACKET), plus the lowest factor. {"loads": None, "reason"}
+    when no tier's knee was located."""
+    for slo in sorted(slos, key=strictness):
+        k = knees.get(slo.name) or {}
+        if k.get("status") == "interpolated" and k.get("load"):
+            bracket = {_round(k["load"] / BRACKET), _round(k["load"] * BRACKET)}
+            loads = tuple(sorted(bracket | {float(min(factors))}))
+            return {"tier": slo.name, "knee": k["load"], "loads": loads, "reason": None}
+    return {"tier": None, "knee": None, "loads": None,
+            "reason": "no tier's attainment crossed the target between the factors searched "
+                      f"({', '.join(f'{f:g}x' for f in factors)})"}
+
+
+def capacity_per_window(cells: pd.DataFrame, slo: str, target: float = goodput.ATTAINMENT_TARGET) -> pd.DataFrame:
+    """Per (arm, window): the load where that window's attainment crosses ``target`` (goodput.cell_table
+    rows of one SLO), None unless it crosses between two measured loads."""
+    rows = []
+    c = cells[cells["slo"] == slo]
+    for (arm, window), g in c.groupby(["arm", "window"], sort=True):
+        k = knee(list(zip(g["load"], g["attainment"])), target)
+        rows.append({"arm": arm, "window": int(window), "capacity": k["load"] if k["status"] == "interpolated"
+                     else None, "status": k["status"]})
+    return pd.DataFrame(rows, columns=["arm", "window", "capacity", "status"])
+
+
+def compare_capacity(cells: pd.DataFrame, slo: str, baseline: str, treatment: str) -> dict:
+    """Capacity per arm (mean over windows where it was located, t interval) and the paired change
+    (% of the baseline's mean) over windows where both arms' capacity was located."""
+    per = capacity_per_window(cells, slo)
+    out: dict = {"slo": slo, "per_window": per.to_dict(orient="records"), "arms": {}}
+    for arm in (baseline, treatment):
+        v = per.loc[(per["arm"] == arm) & per["capacity"].notna(), "capacity"].astype(float).to_numpy()
+        ci = stats.t_ci(v) if v.size >= 2 and np.ptp(v) > 0 else None
+        out["arms"][arm] = {"n": int(v.size), "mean": float(v.mean()) if v.size else None,
+                            "ci95": list(ci) if ci else None}
+    wide = per.pivot(index="window", columns="arm", values="capacity") if len(per) else pd.DataFrame()
+    if {baseline, treatment} <= set(wide.columns):
+        both = wide[[baseline, treatment]].dropna().astype(float)
+        scale = float(both[baseline].mean()) if len(both) else math.nan
+        diffs = (100.0 * (both[treatment] - both[baseline]) / scale).tolist() if scale else []
+    else:
+        diffs = []
+    out["paired"] = stats.compare_paired(diffs).to_json()
+    return out
+
+
+def summary(df: pd.DataFrame, run: Mapping, slos: Sequence[SLO]) -> dict | None:
+    """The knee search of a run re-derived from its records (phase "knee"), beside the choice run.json
+    records; None for a run without one."""
+    found = df[df["phase"] == "knee"]
+    decided = run.get("knee")
+    if found.empty and not decided:
+        return None
+    points = {s.name: attainment_points(found, s) for s in slos}
+    return {"arm": (decided or {}).get("arm"), "points": points,
+            "knees": {name: knee(p) for name, p in points.items()},
+            "chosen": {k: (decided or {}).get(k) for k in ("tier", "knee", "loads", "reason", "loads_before")}}

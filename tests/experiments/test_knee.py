@@ -1,0 +1,47 @@
+"""The knee search's choice of loads, and capacity per window with its paired comparison."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from experiments import knee
+from experiments.slo import SLO
+
+INTERACTIVE, CHAT, RELAXED = SLO("interactive", 500, 30), SLO("chat", 2000, 100), SLO("relaxed", 6000, 175)
+
+
+def test_knee_interpolates_where_attainment_falls_through_ninety_percent() -> None:
+    k = knee.knee([(1.0, 1.0), (2.0, 0.98), (4.0, 0.94), (8.0, 0.74)])
+    assert k["status"] == "interpolated" and k["load"] == pytest.approx(4.0 + 4.0 * 0.04 / 0.20)
+    assert knee.knee([(1.0, 0.5), (2.0, 0.3)])["status"] == "below lowest"
+    assert knee.knee([(1.0, 1.0), (2.0, 0.95)])["status"] == "above highest"
+
+
+def test_loads_bracket_the_strictest_reachable_tier_plus_the_lowest_factor() -> None:
+    knees = {"interactive": {"status": "below lowest", "load": None},
+             "chat": {"status": "interpolated", "load": 6.0}, "relaxed": {"status": "above highest", "load": 16.0}}
+    got = knee.choose_loads(knees, [RELAXED, CHAT, INTERACTIVE], (1.0, 2.0, 4.0, 8.0, 16.0))
+    assert got == {"tier": "chat", "knee": 6.0, "loads": (1.0, 4.8, 7.5), "reason": None}
+    none = knee.choose_loads({"chat": {"status": "above highest", "load": 16.0}}, [CHAT], (1.0, 16.0))
+    assert none["loads"] is None and "1x, 16x" in none["reason"]
+
+
+def _cells(att: dict[tuple[str, int], list[float]], loads=(4.0, 8.0)) -> pd.DataFrame:
+    return pd.DataFrame([{"arm": arm, "window": w, "load": load, "slo": "chat", "attainment": a}
+                         for (arm, w), values in att.items() for load, a in zip(loads, values)])
+
+
+def test_capacity_per_window_and_its_paired_change() -> None:
+    att = {}
+    for w in range(4):  # stock crosses 90% at 6x (+-0.4x), the treatment 5% later
+        stock_knee = 6.0 + 0.4 * (w % 2) - 0.2
+        att[("stock", w)] = [0.9 + 0.1 * (stock_knee - 4.0) / 4.0, 0.9 - 0.1 * (8.0 - stock_knee) / 4.0]
+        t_knee = stock_knee * 1.05
+        att[("patched", w)] = [0.9 + 0.1 * (t_knee - 4.0) / 4.0, 0.9 - 0.1 * (8.0 - t_knee) / 4.0]
+    c = knee.compare_capacity(_cells(att), "chat", "stock", "patched")
+    assert c["arms"]["stock"]["mean"] == pytest.approx(6.0) and c["arms"]["stock"]["n"] == 4
+    assert c["paired"]["mean"] == pytest.approx(5.0, abs=0.01)
+    assert c["paired"]["t_ci95"][0] < 5.0 < c["paired"]["t_ci95"][1]
+    never = knee.capacity_per_window(_cells({("stock", 0): [1.0, 0.95]}), "chat")
+    assert never["capacity"].isna().all() and list(never["status"]) == ["above highest"]
