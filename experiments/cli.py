@@ -102,8 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "(default stock,patched; stock,stock is a plain A/A run, labels stock-a/stock-b)")
     ap.add_argument("--aa", choices=AA_CHOICES, default=None,
                     help=f"interleaved: add a second {AA_ARM} server (label {AA_ARM}-b) replayed in the same "
-                         "randomised order as the other arms, so the A/A noise floor comes from the same run, "
-                         "design, clocks and time (one server more, resident with the others; 8B shape on one "
+                         "randomised order as the other arms, so the A/A noise floor comes from the same "
+                         "run, design, clocks and time (one server more, resident with the others; 8B "
+                         "shape on one "
                          "H200: --gpu-memory-utilization 0.3); none: no A/A arm. Default: interleaved for "
                          "resident servers, none with --one-at-a-time or when --arms is already A/A")
     g = ap.add_argument_group("windows and load")
@@ -118,10 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"speed-up factors over the trace's own rate; every (window, load) is replayed "
                         f"against both arms ({_defaults('loads')})")
     g.add_argument("--knee", type=loads_list, metavar="FACTORS",
-                   help="search these increasing speed-up factors on the baseline arm first (window 0 at each, "
+                   help="search these increasing speed-up factors on the baseline arm first (window 0 at "
+                        "each, "
                         "phase 'knee', not compared; it stops once every SLO tier is below 90%% attainment), "
                         "then measure at two loads bracketing the strictest tier's 90%% knee that lies "
-                        "inside them, plus the lowest factor, instead of --loads (kept when no knee is found)")
+                        "inside them, plus the lowest factor, instead of --loads (kept when no knee is "
+                        "found)")
     g.add_argument("--max-input-tokens", type=clip,
                    help=f"clip every request's prompt to this many tokens; 'none' for no clip "
                         f"({_defaults('max_input_tokens')})")
@@ -133,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "blocks, each block run on every arm in turn (random balanced order), restarting "
                         "servers")
     g.add_argument("--blocks", type=int, default=2, help="blocks of windows with --one-at-a-time (default: 2)")
-    g.add_argument("--seed", type=int, default=0, help="seed of the prompts' token ids (the same for every arm) and of the "
+    g.add_argument("--seed", type=int, default=0,
+                   help="seed of the prompts' token ids (the same for every arm) and of the "
                                                      "randomised arm order (default: 0)")
     s = ap.add_argument_group("servers (identical for both arms)")
     s.add_argument("--model", help=f"model name under integration/models or a directory with config.json "

@@ -31,8 +31,9 @@ class ConfigError(ValueError):
 
 # Per-device defaults for every field the user may leave unset (None on the command line).
 DEVICE_DEFAULTS: dict[str, dict] = {
-    # Sized so that the whole run (two server starts of ~25 s each in eager mode, warm-up, 4 windows
-    # x 3 loads x 2 arms, analysis) takes about four minutes on 2 cores. Seen on 2 cores with these
+    # Sized so that the whole run (three server starts of 30-65 s each in eager mode with the interleaved
+    # A/A arm, warm-up, burn-in, 4 windows x 3 loads x 3 arms, analysis) takes about five to six minutes
+    # on 2 cores (5.7 min for experiments/results/cpu-tiny-aa on a shared machine). Seen on 2 cores with these
     # clips, on a stretch of 3.8 req/s at 1x: TTFT p50 35 ms at 1x, 43 ms at 2x, 232 ms at 4x (TPOT p50
     # 3.8, 4.1, 60 ms). The default windows run at ~2.3 req/s at 1x, so 8x is past the knee.
     "cpu": dict(model="tiny-llama", dtype="float32", eager=True, windows=4, window_s=10.0,
@@ -173,7 +174,8 @@ def _validate(c: RunConfig) -> None:
         _check(0 < c.gpu_memory_utilization <= 1,
                f"--gpu-memory-utilization must be in (0, 1], got {c.gpu_memory_utilization}")
         _check(c.one_at_a_time or c.gpu_memory_utilization * len(c.arms) <= 1.0,
-               f"--gpu-memory-utilization {c.gpu_memory_utilization} for each of {len(c.arms)} resident servers "
+               f"--gpu-memory-utilization {c.gpu_memory_utilization} for each of {len(c.arms)} resident "
+               "servers "
                f"exceeds the GPU; use <= {1 / len(c.arms):.3g} or --one-at-a-time")
     for flag, v in (("--max-model-len", c.max_model_len), ("--max-num-seqs", c.max_num_seqs),
                     ("--max-input-tokens", c.max_input_tokens), ("--max-output-tokens", c.max_output_tokens)):

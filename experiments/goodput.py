@@ -49,7 +49,8 @@ def records_frame(records: Sequence[RequestRecord], slos: Sequence[SLO]) -> pd.D
         row.update({met_column(s): meets(r, s) for s in slos})
         rows.append(row)
     columns = [*REQUIRED_TAGS, "index", "ok", "error", "due_ms", "end_ms", "input_tokens", "output_tokens",
-               "completion_tokens", "ttft_ms", "tpot_ms", "e2e_ms", "lateness_ms", *(met_column(s) for s in slos)]
+               "completion_tokens", "ttft_ms", "tpot_ms", "e2e_ms", "lateness_ms",
+               *(met_column(s) for s in slos)]
     df = pd.DataFrame(rows, columns=columns)
     for col in ("end_ms", "ttft_ms", "tpot_ms", "e2e_ms", "lateness_ms"):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
@@ -101,9 +102,10 @@ def per_load_attainment(cells: pd.DataFrame, slo: str) -> pd.DataFrame:
 
 def paired_cells(frame: pd.DataFrame, arms: Sequence[str]) -> pd.DataFrame:
     """Rows of ``frame`` (columns arm, window, load, ...) whose (window, load) every arm in ``arms`` has."""
-    have = [set(zip(frame.loc[frame["arm"] == a, "window"], frame.loc[frame["arm"] == a, "load"])) for a in arms]
+    have = [set(zip(g["window"], g["load"])) for g in (frame[frame["arm"] == a] for a in arms)]
     common = set.intersection(*have) if have else set()
-    keep = [(a in arms) and ((w, ld) in common) for a, w, ld in zip(frame["arm"], frame["window"], frame["load"])]
+    keep = [(a in arms) and ((w, ld) in common)
+            for a, w, ld in zip(frame["arm"], frame["window"], frame["load"])]
     return frame[pd.Series(keep, index=frame.index, dtype=bool)]
 
 

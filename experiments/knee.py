@@ -58,7 +58,8 @@ def choose_loads(knees: Mapping[str, dict], slos: Sequence[SLO], factors: Sequen
                       f"({', '.join(f'{f:g}x' for f in factors)})"}
 
 
-def capacity_per_window(cells: pd.DataFrame, slo: str, target: float = goodput.ATTAINMENT_TARGET) -> pd.DataFrame:
+def capacity_per_window(cells: pd.DataFrame, slo: str,
+                        target: float = goodput.ATTAINMENT_TARGET) -> pd.DataFrame:
     """Per (arm, window): the load where that window's attainment crosses ``target`` (goodput.cell_table
     rows of one SLO), None unless it crosses between two measured loads."""
     rows = []
@@ -101,4 +102,5 @@ def summary(df: pd.DataFrame, run: Mapping, slos: Sequence[SLO]) -> dict | None:
     points = {s.name: attainment_points(found, s) for s in slos}
     return {"arm": (decided or {}).get("arm"), "points": points,
             "knees": {name: knee(p) for name, p in points.items()},
-            "chosen": {k: (decided or {}).get(k) for k in ("tier", "knee", "loads", "reason", "loads_before")}}
+            "chosen": {k: (decided or {}).get(k)
+                       for k in ("tier", "knee", "loads", "reason", "loads_before")}}

@@ -41,13 +41,15 @@ def spreads(report: Mapping, which: str = "primary") -> dict[str, dict]:
         f = report.get("aa_in_run") or {}
         lat = f.get("paired_latency") or {}
         stressed = {s["name"]: s.get("stressed", True) for s in report["slos"]}
-        goodput = {name: {"sd": c["sd"] if stressed.get(name, True) else None, "n": c["n"], "ci95": c["t_ci95"]}
+        goodput = {name: {"sd": c["sd"] if stressed.get(name, True) else None, "n": c["n"],
+                          "ci95": c["t_ci95"]}
                    for name, c in (f.get("goodput") or {}).items()}
         secondary = f.get("secondary") or {}
     for m, c in lat.items():
         out[f"paired:{m}"] = {"sd": c.get("sd_cell_pct"), "n": c.get("n_cells"), "ci95": c.get("ci95_pct")}
     out.update({f"goodput:{k}": v for k, v in goodput.items()})
-    out.update({m: {"sd": c.get("sd"), "n": c.get("n"), "ci95": c.get("t_ci95")} for m, c in secondary.items()})
+    out.update({m: {"sd": c.get("sd"), "n": c.get("n"), "ci95": c.get("t_ci95")}
+                for m, c in secondary.items()})
     return out
 
 
@@ -84,7 +86,8 @@ def noise_floor(report: Mapping, aa_report: Path | None) -> dict:
     base = {"target_half_width_pct": TARGET_HALF_WIDTH_PCT, "design_differences": [], "applied": True}
     if report.get("aa_in_run"):
         pair = report["aa_in_run"]["pair"]
-        sp, source, same = spreads(report, "aa_in_run"), f"this run: {pair[1]} vs {pair[0]} (interleaved)", True
+        sp, same = spreads(report, "aa_in_run"), True
+        source = f"this run: {pair[1]} vs {pair[0]} (interleaved)"
     elif report["aa"]["is_aa"]:
         sp, source, same = this, "this run (A/A)", True
     elif aa_report is not None:
@@ -97,7 +100,8 @@ def noise_floor(report: Mapping, aa_report: Path | None) -> dict:
         base.update(design_differences=diffs, applied=not diffs)
     else:
         return {**base, "source": None, "sd_pct": {}, "n": {}, "windows_needed": {}, "band_pct": {},
-                "applied": False, "reason": "A/B run without an A/A arm and no A/A report given (--aa-report)"}
+                "applied": False,
+                "reason": "A/B run without an A/A arm and no A/A report given (--aa-report)"}
     return {**base, "source": source, "sd_pct": {k: v["sd"] for k, v in sp.items()},
             "n": {k: v.get("n") for k, v in sp.items()}, "windows_needed": _needed(sp),
             "band_pct": _bands(sp, this_n, same) if base["applied"] else {}}

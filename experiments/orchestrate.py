@@ -28,14 +28,22 @@ from pathlib import Path
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from experiments import knee
 from experiments.config import RunConfig
 from experiments.environment import capture_environment, gpu_clocks, gpus
+from experiments.goodput import ATTAINMENT_TARGET
 from experiments.metrics_scrape import CumulativeHistogram, difference, scrape
 from experiments.plan import Plan, prepare
 from experiments.runrecord import RunRecord, make_run_dir
-from experiments import knee
-from experiments.goodput import ATTAINMENT_TARGET
-from experiments.schedule import Step, build_schedule, burnin_seed, burnin_step, knee_seed, replay_seed, segments
+from experiments.schedule import (
+    Step,
+    build_schedule,
+    burnin_seed,
+    burnin_step,
+    knee_seed,
+    replay_seed,
+    segments,
+)
 from experiments.slo import DEFAULT_SLO_FILE, load_slo_file, meets
 from integration.launcher import ServerConfig, VllmServer, free_port
 from kernels.resultfile import write_json
@@ -104,7 +112,8 @@ class Runner:
         self.record.data.setdefault("burnin", [])
         self.record.data["order"] = {"method": "randomised balanced per load (experiments.schedule)",
                                      "seed": self.cfg.seed}
-        self.bar = tqdm(total=len(self.cfg.labels) * len(plan.steps), unit="replay", desc="run", disable=not self.cfg.progress,
+        self.bar = tqdm(total=len(self.cfg.labels) * len(plan.steps), unit="replay", desc="run",
+                        disable=not self.cfg.progress,
                         position=0, leave=True)
 
     def execute(self) -> None:
@@ -207,7 +216,8 @@ class Runner:
                                     "knees": knees, **chosen, "loads_before": list(cfg.loads)}
         if chosen["loads"]:
             log.info("knee of %s at %.3gx: measuring at %s", chosen["tier"], chosen["knee"], chosen["loads"])
-            self.plan.steps = build_schedule(cfg.windows, chosen["loads"], cfg.labels, False, cfg.blocks, cfg.seed)
+            self.plan.steps = build_schedule(cfg.windows, chosen["loads"], cfg.labels, False, cfg.blocks,
+                                             cfg.seed)
             self.record.data["loads"] = list(chosen["loads"])
             self.bar.total = len(cfg.labels) * len(self.plan.steps)
         else:
@@ -302,7 +312,8 @@ def run_experiment(cfg: RunConfig, *, argv: Sequence[str] | None = None,
     """Run the experiment `cfg` describes; return its run directory (run.json, records, report).
 
     `servers`: already-healthy servers for every label (resident mode only); they are used and left
-    running (each is warmed up and burnt in first, like a server the run starts). `before_replay` is called before every measured replay (a hook for tests and tools).
+    running (each is warmed up and burnt in first, like a server the run starts). `before_replay` is
+    called before every measured replay (a hook for tests and tools).
     Raises ConfigError/TraceError before any server starts; never raises for a failed run
     (status "partial" with stopped_reason in run.json).
     """

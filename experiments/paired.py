@@ -166,7 +166,8 @@ def compare_metric(df: pd.DataFrame, baseline: str, treatment: str, metric: str,
         out["estimate_pct"] = pct(float(y[0])) if len(y) else None
         return out
     if np.ptp(y) == 0.0:
-        out.update(estimate_pct=pct(float(y[0])), reason="the same change in every cell: no spread, no interval")
+        out.update(estimate_pct=pct(float(y[0])),
+                   reason="the same change in every cell: no spread, no interval")
         return out
     fit = order_adjusted_t(y, cells["gap"].to_numpy())
     blo, bhi = block_bootstrap(y, cells["gap"].to_numpy(), cells["window"].to_numpy(), seed=seed)
@@ -175,12 +176,14 @@ def compare_metric(df: pd.DataFrame, baseline: str, treatment: str, metric: str,
                sd_cell_pct=100.0 * float(fit["resid_sd"]), mde_pct=pct(mde_log(fit["se"], fit["df"])),
                significant=bool(fit["lo"] > 0 or fit["hi"] < 0))
     if fit["beta"] is not None:
-        out.update(position_pct=pct(fit["beta"]), position_ci95_pct=[pct(fit["beta_lo"]), pct(fit["beta_hi"])])
+        out.update(position_pct=pct(fit["beta"]),
+                   position_ci95_pct=[pct(fit["beta_lo"]), pct(fit["beta_hi"])])
     else:
         out["position_reason"] = "order term not fitted (no variation in arm order or fewer than " \
                                  f"{MIN_CELLS_FOR_ORDER_TERM} cells)"
     for load, c in cells.groupby("load", sort=True):
-        entry = {"n_cells": len(c), "estimate_pct": pct(float(c["median_log_ratio"].mean())), "ci95_pct": None}
+        entry = {"n_cells": len(c), "estimate_pct": pct(float(c["median_log_ratio"].mean())),
+                 "ci95_pct": None}
         if len(c) >= 2 and np.ptp(c["median_log_ratio"]) > 0:
             f = order_adjusted_t(c["median_log_ratio"].to_numpy(), c["gap"].to_numpy())
             entry.update(estimate_pct=pct(f["mu"]), ci95_pct=[pct(f["lo"]), pct(f["hi"])])
@@ -204,4 +207,5 @@ def trend(values: Sequence[float], times: Sequence[float], confidence: float = 0
     res = sps.linregress(x, y)
     q = float(sps.t.ppf(0.5 + confidence / 2, n - 2))
     lo, hi = res.slope - q * res.stderr, res.slope + q * res.stderr
-    return {**out, "slope": float(res.slope), "ci95": [float(lo), float(hi)], "significant": bool(lo > 0 or hi < 0)}
+    return {**out, "slope": float(res.slope), "ci95": [float(lo), float(hi)],
+            "significant": bool(lo > 0 or hi < 0)}

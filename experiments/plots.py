@@ -91,7 +91,8 @@ def forest_rows(report: dict) -> list[dict]:
     bands = (report.get("noise_floor") or {}).get("band_pct") or {}
     rows = []
     for m, c in ((report.get("paired_latency") or {}).get(treat) or {}).items():
-        rows.append({"label": f"{_METRIC_NAMES.get(m, m)} paired per request", "estimate": c.get("estimate_pct"),
+        rows.append({"label": f"{_METRIC_NAMES.get(m, m)} paired per request",
+                     "estimate": c.get("estimate_pct"),
                      "ci": c.get("ci95_pct"), "band": bands.get(f"paired:{m}")})
     for m, sec in report["secondary"].items():
         c = sec["comparison"]
@@ -111,15 +112,15 @@ def forest(path: Path, report: dict) -> None:
     for i, row in enumerate(reversed(rows)):
         if row["band"]:
             ax.fill_betweenx([i - 0.35, i + 0.35], *row["band"], color="grey", alpha=0.3, lw=0,
-                             label="A/A 95% band" if not any(r["band"] for r in list(reversed(rows))[:i]) else None)
+                             label=None if ax.get_legend_handles_labels()[0] else "A/A 95% band")
         if row["estimate"] is None:
             ax.text(0, i, "no comparison", va="center", fontsize=7, color="grey")
         elif row["ci"] is None:
             ax.plot(row["estimate"], i, "o", mfc="white", color="tab:red")
             ax.text(row["estimate"], i + 0.25, "no interval", fontsize=6, color="grey", ha="center")
         else:
-            ax.errorbar(row["estimate"], i, xerr=[[row["estimate"] - row["ci"][0]], [row["ci"][1] - row["estimate"]]],
-                        fmt="o", color="tab:red", capsize=3)
+            err = [[row["estimate"] - row["ci"][0]], [row["ci"][1] - row["estimate"]]]
+            ax.errorbar(row["estimate"], i, xerr=err, fmt="o", color="tab:red", capsize=3)
     ax.axvline(0, color="black", lw=0.8)
     ax.set_yticks(range(len(rows)), [r["label"] for r in reversed(rows)], fontsize=8)
     base, treat = report["comparison"]

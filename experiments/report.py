@@ -65,10 +65,11 @@ def verdict(entry: Mapping) -> str:
         return head + f"no goodput comparison of {t} vs {b} — {entry['reason'] or 'no paired windows'}"
     text = head + f"{t} goodput {_fmt_pct(entry['delta_goodput_pct'])} vs {b}"
     if not entry.get("stressed", True):
-        every = (" and every request met it" if entry[b]["attainment"] == 1.0 and entry[t]["attainment"] == 1.0
-                 else "")
+        all_met = entry[b]["attainment"] == 1.0 and entry[t]["attainment"] == 1.0
+        every = " and every request met it" if all_met else ""
         return text + (f" — never stressed at these loads ({entry.get('n_near_bound')} of "
-                       f"{entry.get('n_requests')} requests within {100 * NEAR_BOUND:.0f}% of a bound{every}): "
+                       f"{entry.get('n_requests')} requests within {100 * NEAR_BOUND:.0f}% of a bound"
+                       f"{every}): "
                        "no interval and no window count")
     if entry["ci95_pct"] is None:
         return text + f" over {n} paired window{'s' * (n != 1)} — no interval or verdict ({entry['reason']})"
@@ -104,7 +105,8 @@ def _slo_entry(item: Mapping, pair: list[str]) -> dict:
                     for load in sorted({d["load"] for d in item["paired"]["diffs"]})},
     })
     if comp["n"] == 0 and item["paired"]["undefined"]:
-        entry["reason"] = (f"{pair[0]} goodput is 0 in all {len(item['paired']['undefined'])} paired windows, "
+        n_undefined = len(item["paired"]["undefined"])
+        entry["reason"] = (f"{pair[0]} goodput is 0 in all {n_undefined} paired windows, "
                            "so a relative change is undefined")
     if not entry["stressed"] and comp["n"] > 0:
         entry.update(ci95_pct=None, bootstrap_ci95_pct=None, mde_pct=None, significant=None,

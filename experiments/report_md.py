@@ -75,7 +75,8 @@ def paired_lines(r: Mapping) -> list[str]:
     tpot = lat.get("tpot_ms") or {}
     if tpot.get("position_pct") is not None:
         out.append(f"- position effect on TPOT (each later place in a cell's order vs an earlier one): "
-                   f"{tpot['position_pct']:+.2f}% {_ci(tpot['position_ci95_pct'])}, removed from the estimate")
+                   f"{tpot['position_pct']:+.2f}% {_ci(tpot['position_ci95_pct'])}, removed from the "
+                   "estimate")
     return out
 
 
@@ -94,8 +95,10 @@ def latency_lines(r: Mapping) -> list[str]:
             continue
         t, b = c.get("t_ci95"), c.get("bootstrap_ci95")
         ci = "n/a" if t is None else f"[{t[0]:+.1f}, {t[1]:+.1f}]%"
-        boot = "" if b is None else f"; percentile bootstrap [{b[0]:+.1f}, {b[1]:+.1f}]%, optimistic over few windows"
-        out.append(f"- {_SECONDARY_NAMES.get(metric, metric)} per window (secondary): {treat} {c['mean']:+.1f}% "
+        boot = ("" if b is None
+                else f"; percentile bootstrap [{b[0]:+.1f}, {b[1]:+.1f}]%, optimistic over few windows")
+        name = _SECONDARY_NAMES.get(metric, metric)
+        out.append(f"- {name} per window (secondary): {treat} {c['mean']:+.1f}% "
                    f"vs {base}, 95% t CI {ci}{boot}; higher in {sum(d > 0 for d in diffs)} of "
                    f"{len(diffs)} paired windows")
     return out
@@ -114,7 +117,8 @@ def _slo_tables(r: Mapping) -> list[str]:
         out += ["", ("Only cells both arms completed are pooled. Goodput is attainment x offered rate; the "
                      "achieved column divides by the replays' real duration (longer when the server falls "
                      "behind)."),
-                "", "| arm | highest load >= 90% attainment | same from p90 latency curves |", "|---|---|---|"]
+                "", "| arm | highest load >= 90% attainment | same from p90 latency curves |",
+                "|---|---|---|"]
         out += [f"| {a} | {_cap(s[a]['capacity_by_attainment'])} | {_cap(s[a]['capacity_by_latency'])} |"
                 for a in (s["baseline"], s["treatment"])]
         out += ["", *_capacity_line(s)]
@@ -214,7 +218,8 @@ def noise_floor_lines(nf: Mapping) -> list[str]:
     if not nf.get("applied", True):
         diffs = "; ".join(f"{d['key']}: this run {d['this']}, floor {d['floor']}" if d["key"] else d["floor"]
                           for d in nf["design_differences"])
-        out.append(f"**Not comparable, not applied**: the A/A run's design differs from this run's ({diffs}).")
+        out.append(f"**Not comparable, not applied**: the A/A run's design differs from this run's "
+                   f"({diffs}).")
         return out
     need = []
     for k, v in nf["windows_needed"].items():
@@ -235,19 +240,23 @@ def design_lines(r: Mapping) -> list[str]:
                 "measured replay of the same window and load:", "",
                 "| arm | window | load | n | median TPOT (ms) | vs measured | p90 TTFT (ms) | vs measured |",
                 "|---|---|---|---|---|---|---|---|"]
-        out += [f"| {b['arm']} | {b.get('window', 0)} | {b['load']:g}x | {b['n']} | {_num(b['tpot_p50_ms'], '{:.2f}')} | "
-                f"{_num(b['tpot_p50_ms_vs_measured_pct'], '{:+.1f}%')} | {_num(b['ttft_p90_ms'], '{:.1f}')} | "
+        out += [f"| {b['arm']} | {b.get('window', 0)} | {b['load']:g}x | {b['n']} | "
+                f"{_num(b['tpot_p50_ms'], '{:.2f}')} | "
+                f"{_num(b['tpot_p50_ms_vs_measured_pct'], '{:+.1f}%')} | "
+                f"{_num(b['ttft_p90_ms'], '{:.1f}')} | "
                 f"{_num(b['ttft_p90_ms_vs_measured_pct'], '{:+.1f}%')} |" for b in r["burnin"]]
     else:
         out.append("No burn-in replays in this run (it predates them, or handed-in servers were used).")
     d = r.get("drift") or {}
     for key, what in (("baseline", f"{d.get('baseline_arm')} per-cell median TPOT (% of its load's mean)"),
-                      ("paired", "paired TPOT log ratio (%) of " + " vs ".join(reversed(d.get("paired_arms") or [])))):
+                      ("paired", "paired TPOT log ratio (%) of "
+                       + " vs ".join(reversed(d.get("paired_arms") or [])))):
         t = d.get(key) or {}
         if t.get("slope") is None:
             out.append(f"- drift of {what}: not estimated ({t.get('reason')})")
         else:
-            out.append(f"- drift of {what}: {t['slope']:+.3f} points {d['unit']}, 95% CI [{t['ci95'][0]:+.3f}, {t['ci95'][1]:+.3f}]"
+            out.append(f"- drift of {what}: {t['slope']:+.3f} points {d['unit']}, 95% CI "
+                       f"[{t['ci95'][0]:+.3f}, {t['ci95'][1]:+.3f}]"
                        f"{' — drifting' if t['significant'] else ''}")
     return out + [""]
 
@@ -285,7 +294,8 @@ def render_markdown(r: Mapping) -> str:
                            f"- design: {len(d['windows'])} windows of {durations} s x loads "
                            f"{', '.join(f'{x:g}x' for x in d['loads'])}, arm order {d.get('order_method')}; "
                            f"warm-up {d['warmup']}",
-                           f"- records: {rec['total']} in {rec['file']}; {rec['warmup_excluded']} warm-up and "
+                           f"- records: {rec['total']} in {rec['file']}; "
+                           f"{rec['warmup_excluded']} warm-up and "
                            f"{rec.get('burnin_excluded', 0)} burn-in records are not compared",
                            *_clipping_line(d.get("clipping")), ""]
     if r["missing"]:

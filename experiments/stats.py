@@ -158,8 +158,9 @@ def windows_needed_range(sd: float, n: int, half_width: float, confidence: float
     An sd from few windows is itself uncertain (7 windows: 0.64x to 2.2x); the range says so.
     """
     lo, hi = sd_interval(sd, n, confidence)
-    return {"windows": windows_needed(sd, half_width, confidence), "range": [windows_needed(lo, half_width, confidence),
-            windows_needed(hi, half_width, confidence)], "sd_ci95": [lo, hi], "sd_from_n": n}
+    return {"windows": windows_needed(sd, half_width, confidence),
+            "range": [windows_needed(lo, half_width, confidence), windows_needed(hi, half_width, confidence)],
+            "sd_ci95": [lo, hi], "sd_from_n": n}
 
 
 @dataclass(frozen=True)

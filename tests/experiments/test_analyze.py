@@ -144,8 +144,8 @@ def test_an_slo_never_stressed_gets_no_interval_and_no_window_count(tmp_path):
     s = r["slos"][1]
     assert s["stressed"] is False and s["n_near_bound"] == 0 and s["sd_diff_pct"] == 0.0
     assert s["ci95_pct"] is None and s["significant"] is None and s["mde_pct"] is None
-    assert "never stressed at these loads (0 of 960 requests within 10% of a bound and every request met it)" \
-        in s["verdict"]
+    assert ("never stressed at these loads (0 of 960 requests within 10% of a bound and every request "
+            "met it)") in s["verdict"]
     assert r["slos"][0]["stressed"] is True
 
 

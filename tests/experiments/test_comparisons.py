@@ -64,12 +64,14 @@ def test_drift_finds_a_baseline_slowing_over_the_run() -> None:
     run = _run(arm_labels=["stock", "patched"], arms=["stock", "patched"], replays=replays, schedule=schedule)
     d = comparisons.drift(_frame(rows), run)
     assert d["unit"] == "per minute"
-    assert d["baseline"]["slope"] == pytest.approx(100 * 0.01 / 1.025, rel=0.02) and d["baseline"]["significant"]
+    assert d["baseline"]["slope"] == pytest.approx(100 * 0.01 / 1.025, rel=0.02)
+    assert d["baseline"]["significant"]
     assert d["paired"]["slope"] == pytest.approx(0.0, abs=1e-9)  # both arms drift together
 
 
 def test_near_bound_counts_requests_within_ten_percent() -> None:
-    df = _frame([("stock", 0, 1.0, i, "measure", True, tpot, 10.0) for i, tpot in enumerate([5.0, 28.0, 32.5, 40.0])])
+    tpots = [5.0, 28.0, 32.5, 40.0]
+    df = _frame([("stock", 0, 1.0, i, "measure", True, tpot, 10.0) for i, tpot in enumerate(tpots)])
     assert comparisons.near_bound(df, 500.0, 30.0, ["stock"]) == 2
     assert comparisons.near_bound(df, 500.0, 30.0, ["patched"]) == 0
     assert np.isfinite(comparisons.near_bound(df.iloc[:0], 500.0, 30.0, ["stock"]))

@@ -20,7 +20,8 @@ def test_knee_interpolates_where_attainment_falls_through_ninety_percent() -> No
 
 def test_loads_bracket_the_strictest_reachable_tier_plus_the_lowest_factor() -> None:
     knees = {"interactive": {"status": "below lowest", "load": None},
-             "chat": {"status": "interpolated", "load": 6.0}, "relaxed": {"status": "above highest", "load": 16.0}}
+             "chat": {"status": "interpolated", "load": 6.0},
+             "relaxed": {"status": "above highest", "load": 16.0}}
     got = knee.choose_loads(knees, [RELAXED, CHAT, INTERACTIVE], (1.0, 2.0, 4.0, 8.0, 16.0))
     assert got == {"tier": "chat", "knee": 6.0, "loads": (1.0, 4.8, 7.5), "reason": None}
     none = knee.choose_loads({"chat": {"status": "above highest", "load": 16.0}}, [CHAT], (1.0, 16.0))

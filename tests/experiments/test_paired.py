@@ -23,7 +23,8 @@ def test_request_pairs_match_by_window_load_index_and_drop_failures() -> None:
     recs = [record(100.0, 10.0, index=0, tags=_tags("stock", 0, 1.0)),
             record(100.0, 11.0, index=0, tags=_tags("patched", 0, 1.0)),
             record(100.0, 10.0, index=1, tags=_tags("stock", 0, 1.0)),
-            record(100.0, 10.0, index=1, error="boom", status=500, completion=0, tags=_tags("patched", 0, 1.0)),
+            record(100.0, 10.0, index=1, error="boom", status=500, completion=0,
+                   tags=_tags("patched", 0, 1.0)),
             record(100.0, 20.0, index=0, tags=_tags("stock", 1, 1.0))]  # no partner
     df = goodput.records_frame(recs, [CHAT])
     p = paired.request_pairs(df, "stock", "patched", "tpot_ms")
@@ -34,7 +35,8 @@ def test_request_pairs_match_by_window_load_index_and_drop_failures() -> None:
 def test_requests_that_differ_across_arms_are_refused() -> None:
     recs = [record(100.0, 10.0, index=0, out=10, tags=_tags("stock", 0, 1.0)),
             record(100.0, 10.0, index=0, out=12, tags=_tags("patched", 0, 1.0))]
-    with pytest.raises(ValueError, match="replayed different requests: window 0 load 1 index 0 has output_tokens"):
+    with pytest.raises(ValueError, match="replayed different requests: window 0 load 1 index 0 has "
+                                         "output_tokens"):
         paired.request_pairs(goodput.records_frame(recs, [CHAT]), "stock", "patched", "tpot_ms")
 
 

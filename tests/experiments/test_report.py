@@ -12,7 +12,8 @@ def entry(**kw):
 
 def test_verdict_no_detectable_difference():
     assert verdict(entry()) == ("chat (TTFT<=2000 ms, TPOT<=100 ms): patched goodput +0.4% vs stock, "
-                                "95% t CI [-1.2, +2.0]% over 6 paired windows — no detectable difference (MDE 2.1%)")
+                                "95% t CI [-1.2, +2.0]% over 6 paired windows — no detectable difference "
+                                "(MDE 2.1%)")
 
 
 def test_verdict_significant_direction():

@@ -44,7 +44,8 @@ def test_interleaved_aa_is_the_default_for_resident_servers() -> None:
     assert _parse("--device", "cpu").labels == ("stock", "patched", "stock-b")
     assert _parse("--device", "cpu", "--aa", "none").arms == ("stock", "patched")
     assert _parse("--device", "cpu", "--one-at-a-time").arms == ("stock", "patched")
-    assert _parse("--device", "cpu", "--one-at-a-time", "--aa", "interleaved").arms == ("stock", "patched", "stock")
+    both = _parse("--device", "cpu", "--one-at-a-time", "--aa", "interleaved")
+    assert both.arms == ("stock", "patched", "stock")
     assert _parse("--device", "cpu", "--arms", "stock,stock").labels == ("stock-a", "stock-b")
     with pytest.raises(ConfigError, match="already holds two stock servers"):
         _parse("--device", "cpu", "--arms", "stock,stock", "--aa", "interleaved")
@@ -86,7 +87,8 @@ def test_cuda_memory_share_must_leave_room_for_every_resident_server(cpu_cfg: Ru
     with pytest.raises(ConfigError, match="for each of 2 resident servers exceeds the GPU; use <= 0.5"):
         dataclasses.replace(cpu_cfg, device="cuda", gpu_memory_utilization=0.9)
     with pytest.raises(ConfigError, match="3 resident servers exceeds the GPU; use <= 0.333"):
-        dataclasses.replace(cpu_cfg, device="cuda", gpu_memory_utilization=0.4, arms=("stock", "patched", "stock"))
+        dataclasses.replace(cpu_cfg, device="cuda", gpu_memory_utilization=0.4,
+                            arms=("stock", "patched", "stock"))
     ok = dataclasses.replace(cpu_cfg, device="cuda", gpu_memory_utilization=0.9, one_at_a_time=True)
     assert ok.one_at_a_time
 

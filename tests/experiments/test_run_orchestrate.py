@@ -87,12 +87,14 @@ def test_complete_run_records_every_replay(cfg: RunConfig, fakes: dict[str, Vllm
         (e["window"], e["load"], lab) for e in run["schedule"] for lab in e["order"]]
     assert Counter(tuple(e["order"]) for e in run["schedule"] if e["load"] == 1.0) == {
         ("stock", "patched"): 1, ("patched", "stock"): 1}  # balanced at each load
-    assert seen[3][3][:2] == [run["schedule"][0]["order"], run["schedule"][1]["order"][:1]]  # saved after each
+    # run.json is saved after each replay
+    assert seen[3][3][:2] == [run["schedule"][0]["order"], run["schedule"][1]["order"][:1]]
     assert run["order"] == {"method": "randomised balanced per load (experiments.schedule)", "seed": 0}
     assert run["step_histograms"] == {}
     assert any("/metrics" in w for w in run["warnings"])
     # burn-in: window 0 at the highest load on both (handed-in, not yet burnt-in) servers, then measured
-    assert [(b["window"], b["load"], sorted(b["done"])) for b in run["burnin"]] == [(0, 4.0, ["patched", "stock"])]
+    burnin = [(b["window"], b["load"], sorted(b["done"])) for b in run["burnin"]]
+    assert burnin == [(0, 4.0, ["patched", "stock"])]
     assert [r["phase"] for r in run["replays"]] == ["burnin"] * 2 + ["measure"] * 8
     assert all(r["gpu"] is None and r["wall_s"] > 0 for r in run["replays"])  # no GPU here
     records = read_records(cfg.results_dir / "run" / "requests.jsonl.gz")
