@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from integration.proof import profiles, steptrace
+from integration.proof import normcalls, profiles, steptrace
 
 PAIRS = [("stock-compiled", "patched-compiled"), ("stock-eager", "patched-eager"),
          ("stock-compiled", "stock-eager")]  # the last is the baseline: two stock kernels
@@ -58,11 +58,55 @@ def judge(greedy: dict) -> dict:
     return out
 
 
-def _proof(res: dict | None) -> dict | None:
+def model_norms(model: str) -> normcalls.NormShape | None:
+    """The model's norm shape for the counts by kind (None where its config.json cannot be read)."""
+    try:
+        return normcalls.norm_shape(model)
+    except ValueError:
+        return None
+
+
+def _kinds(counts: dict[str, float], shape: normcalls.NormShape) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for width, n in counts.items():
+        kind = "untagged" if width == "untagged" else shape.kind(int(width))
+        out[kind] = out.get(kind, 0) + n
+    return out
+
+
+def norm_counts(traced: list[dict], shape: normcalls.NormShape | None) -> dict | None:
+    """Per traced step, by kind (hidden/head from the row width): the IR-op norm calls (eager census;
+    none under torch.compile, where the ops are lowered away) and the norm kernels and their GPU time
+    (a kernel launched outside a width annotation, e.g. in a CUDA-graph replay, is 'untagged'); and
+    whether every step's IR calls match the model's layers (None when no calls were seen)."""
+    if shape is None:
+        return None
+    ir = []
+    for st in traced:
+        widths: dict[str, float] = {}
+        for key, n in st.get("ir_calls", {}).items():
+            width = key.split("/")[1]
+            widths[width] = widths.get(width, 0) + n
+        ir.append(_kinds(widths, shape))
+    kernels = [_kinds({w: v["calls"] for w, v in st.get("norm_by_width", {}).items()}, shape) for st in traced]
+    us = [_kinds({w: v["us"] for w, v in st.get("norm_by_width", {}).items()}, shape) for st in traced]
+    seen = [c for c in ir if c]
+    return {"expected_per_forward": shape.expected(), "ir_calls_by_kind": ir, "kernels_by_kind": kernels,
+            "norm_us_by_kind": us,
+            "ir_calls_match_layers": all(normcalls.check(c, shape)["matches"] for c in seen) if seen else None}
+
+
+def _median_by_kind(per_step: list[dict[str, float]]) -> dict[str, float]:
+    kinds = sorted({k for d in per_step for k in d})
+    return {k: statistics.median(d.get(k, 0) for d in per_step) for k in kinds}
+
+
+def _proof(res: dict | None, shape: normcalls.NormShape | None = None) -> dict | None:
     if not res:
         return None
     steps = res["proof"]["traced_steps"]
-    return {"decode_batch": res["proof"]["batch_tokens"], "traced_steps": len(steps),
+    return {"norms": norm_counts(steps, shape), "ir_lowered": res.get("ir_lowered"),
+            "decode_batch": res["proof"]["batch_tokens"], "traced_steps": len(steps),
             "norm_calls_per_step": [s["norm_calls"] for s in steps],
             "norm_by_kind_per_step": [s["norm_by_kind"] for s in steps],
             "fused_kernels_from_cuda_graph_replay": sum(s["fused_from_graph"] for s in steps),
@@ -75,12 +119,13 @@ def build(results: dict, codes: dict, logs: dict, cmds: dict, ranges: list[int],
              command: str, a: Any) -> dict:
     """h200.json: what ran, what the logs say, which kernels the traces saw, and output agreement."""
     arms = {}
+    shape = model_norms(a.model)
     for name, res in results.items():
         arms[name] = {"exit_code": codes.get(name), "worker_command": cmds[name], "log_lines": logs[name]}
         if res:
             arms[name].update({k: res[k] for k in ("vllm", "torch", "build_s", "ir_priority", "providers",
                                                    "vllm_plugins_env", "python_calls")})
-            arms[name]["proof"] = _proof(res)
+            arms[name]["proof"] = _proof(res, shape)
     versions = next((r["vllm"] for r in results.values() if r), None)
     greedy = {}
     for ref, other in PAIRS:
@@ -101,6 +146,9 @@ def build(results: dict, codes: dict, logs: dict, cmds: dict, ranges: list[int],
                                    for n in ("stock-compiled", "stock-eager")),
         "greedy": judge(greedy),
     }
+    summary["norms_per_forward"] = shape.expected() if shape else None
+    summary["ir_calls_match_layers"] = {n: ((arms[n].get("proof") or {}).get("norms") or {}).get("ir_calls_match_layers")
+                                        for n in arms}
     return {"schema_version": EVIDENCE_SCHEMA_VERSION, "command": command, "model": a.model, "dtype": a.dtype, "vllm": versions,
             "environment": env, "compile_ranges_endpoints": ranges, "summary": summary,
             "greedy_settings": {"prompts": a.prompts, "steps": a.steps, "temperature": 0.0,
@@ -171,7 +219,7 @@ def _arm_step(row: dict, norm_names: list[str]) -> dict:
             "kernel_hist_mean": {k: [round(c, 2), round(us, 3)] for k, (c, us) in _mean_hist(traced).items()}}
 
 
-def _row(kind: str, n: int, srow: dict, prow: dict) -> dict:
+def _row(kind: str, n: int, srow: dict, prow: dict, shape: normcalls.NormShape | None = None) -> dict:
     names, how = stock_norm_kernels(srow["traced_steps"], prow["traced_steps"])
     s = _arm_step(srow, names)
     p = _arm_step(prow, sorted(set(norm_kernels(prow["traced_steps"])) | {steptrace.FUSED_KERNEL}))
@@ -183,6 +231,13 @@ def _row(kind: str, n: int, srow: dict, prow: dict) -> dict:
            "gpu_busy_us_stock": _median(s["gpu_busy_us"]), "gpu_busy_us_patched": _median(p["gpu_busy_us"]),
            "stock_norm_kernels": names, "stock_norm_kernels_found_by": how, "samples": {"stock": s, "patched": p}}
     row["patched_extra_kernels_us"] = extra_kernels(srow["traced_steps"], prow["traced_steps"])
+    for arm, r in (("stock", srow), ("patched", prow)):
+        counts = norm_counts(r["traced_steps"], shape)
+        if counts is not None:
+            row[f"norm_calls_by_kind_{arm}"] = _median_by_kind(counts["ir_calls_by_kind"])
+            row[f"norm_kernels_by_kind_{arm}"] = _median_by_kind(counts["kernels_by_kind"])
+            row[f"norm_us_by_kind_{arm}"] = _median_by_kind(counts["norm_us_by_kind"])
+            row[f"norm_calls_match_layers_{arm}"] = counts["ir_calls_match_layers"]
     if row["norm_us_stock"] and row["norm_us_patched"]:
         extra = sum(row["patched_extra_kernels_us"].values())
         patched_total = row["norm_us_patched"] + extra
@@ -210,10 +265,13 @@ def profile_from_raw(raw: dict, mode: str = "compiled") -> dict:
 
     stock, patched = keyed(f"stock-{mode}"), keyed(f"patched-{mode}")
     order = sorted(set(stock) & set(patched), key=lambda k: (k[0] != "decode", k[1]))
-    steps = [_row(kind, n, stock[kind, n], patched[kind, n]) for kind, n in order]
+    shape = model_norms(raw["model"])
+    steps = [_row(kind, n, stock[kind, n], patched[kind, n], shape) for kind, n in order]
     return {"schema_version": profiles.SCHEMA_VERSION, "model": raw["model"], "mode": mode, "command": raw["command"],
             "environment": raw["environment"], "policy": raw.get("policy"),
             "compile_ranges_endpoints": raw["ranges"],
+            "norm_shape": shape.__dict__ if shape else None,
+            "norms_per_forward": shape.expected() if shape else None,
             "definitions": {
                 "kind": "decode: batch_tokens requests, every one in decode (full CUDA graph); prefill: one "
                         "request prefilling batch_tokens tokens in one step (no graph above the capture sizes)",
@@ -229,6 +287,12 @@ def profile_from_raw(raw: dict, mode: str = "compiled") -> dict:
                 "patched_step_not_slower": "step_us_patched <= step_us_stock (medians of the timed steps: "
                                            "wall time, so the CPU cost of launching the kernel counts)",
                 "norm_calls": "median RMSNorm kernels per traced step (stock arm)",
+                "norm_calls_by_kind_*": "median IR-op norm calls per traced step by kind (hidden: rows of "
+                                        "hidden_size, head: rows of head_dim); eager only, empty when compiled",
+                "norm_kernels_by_kind_*": "median norm kernels per traced step by the kind of the call that "
+                                          "launched them ('untagged': launched outside an eager IR-op call)",
+                "norm_us_by_kind_*": "median GPU time of those kernels per traced step, by kind",
+                "norm_calls_match_layers_*": "every traced step's IR-op calls equal norms_per_forward",
                 "gpu_busy_us": "summed GPU kernel time per traced step",
                 "norm_share_*": "norm_us / step_us; norm_share_gpu_busy_*: norm_us / gpu_busy_us",
                 "patched_extra_kernels_us": "kernels the patched step runs more often than stock (ours aside), "

@@ -1,6 +1,7 @@
 """Prove the fused RMSNorm runs inside vLLM and changes nothing but the kernel; profile decode steps.
 
     python -m integration.proof.prove --out OUT [--model integration/models/llama-3.1-8b]
+    python -m integration.proof.prove --out OUT --model integration/models/qwen3-0.6b --dry-run
 
 Starts four offline vLLM engines at once, one process each (integration/prove_arm.py): stock and
 patched, compiled (torch.compile + CUDA graphs) and eager. Each greedy-decodes the same seeded
@@ -12,7 +13,11 @@ Writes OUT/<gpu>.json (e.g. h200.json; evidence: providers, priorities, plugin l
 replays, greedy agreement, the command), OUT/<gpu>-profile.json (per batch size: step time, norm time
 and calls, stock vs patched, with raw samples), OUT/raw-steps.json (the compiled engines' raw step
 data, from which `python -m integration.proof.evidence --raw ... --out ...` rebuilds the profile) and
-OUT/logs.tar.gz.
+OUT/logs.tar.gz. Both count norm calls per step by kind (hidden-size and head_dim rows, from the
+model's config.json) against what its layers make (integration.proof.normcalls): 2L+1 hidden-size
+norms per forward, and 2L head norms for Qwen3's q/k norms. `--dry-run` checks the model config and
+the policy, prints what would run (norms per forward, tables, compile ranges, worker commands) and
+starts nothing.
 """
 
 from __future__ import annotations
@@ -29,10 +34,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from kernels import environment as kernel_env
 from integration import arms, choice
 from integration.launcher import MODELS_DIR
-from integration.proof import evidence
+from integration.proof import evidence, normcalls
+from kernels import environment as kernel_env
 
 ARMS = [("stock", "compiled"), ("patched", "compiled"), ("stock", "eager"), ("patched", "eager")]
 LOG_MARKERS = ("rmsnorm_fused", "cupy_fused", "Final IR op priority")
@@ -63,6 +68,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--policy", default=None,
                    help="policy table for both modes (default: this GPU's in-vLLM tables, "
                         "kernels/results/policy-<gpu>-in-graph.json and policy-<gpu>-in-vllm-eager.json)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the model config and policy, print the plan, start no engine")
     p.add_argument("--all-fused", action="store_true",
                    help="use a table that sends every call of this model's shape to the fused kernel "
                         "(its own launch shape): proves the integration where the shipped policy is stock")
@@ -75,7 +82,9 @@ def select_policy(a: argparse.Namespace, scratch: Path) -> dict:
     path = a.policy
     if a.all_fused:
         dtype, hidden = arms.model_shape(a.model, a.dtype)
-        table = {f"{op}/{dtype}/{hidden}": [[1 << 30, "fused:auto"]] for op in choice.OPS}
+        shape = normcalls.norm_shape(a.model)
+        widths = {hidden, shape.head_dim} if shape.qk_norm else {hidden}  # Qwen3: the head norms too
+        table = {f"{op}/{dtype}/{w}": [[1 << 30, "fused:auto"]] for op in choice.OPS for w in sorted(widths)}
         path = str(scratch / "policy-all-fused.json")
         Path(path).write_text(json.dumps({"schema_version": 1, "source": "--all-fused", "table": table}))
     if path:
@@ -158,8 +167,38 @@ def machine_record() -> dict:
     return env
 
 
+def check_model(a: argparse.Namespace) -> tuple[str, int, normcalls.NormShape]:
+    """(dtype, hidden, norm shape) of --model; ValueError with a one-line reason where it is unusable."""
+    if not (Path(a.model) / "config.json").is_file():
+        known = sorted(d.name for d in MODELS_DIR.iterdir() if (d / "config.json").is_file())
+        raise ValueError(f"--model {a.model}: no config.json there (the kit's models: {', '.join(known)})")
+    dtype, hidden = arms.model_shape(a.model, a.dtype)
+    return dtype, hidden, normcalls.norm_shape(a.model)
+
+
+def dry_run(a: argparse.Namespace, shape: normcalls.NormShape) -> dict:
+    """What a run would do, without starting an engine."""
+    with tempfile.TemporaryDirectory() as tmp:
+        policy_source = select_policy(a, Path(tmp))
+        ranges = compile_ranges(a)
+        modes = set(a.modes.split(","))
+        cmds = {f"{arm}-{mode}": shlex.join(worker_cmd(a, arm, mode, Path("SCRATCH"), ranges))
+                for arm, mode in ARMS if mode in modes}
+    return {"model": a.model, "norm_shape": shape.__dict__, "norms_per_forward": shape.expected(),
+            "norms_per_forward_by_op": shape.expected_by_op(), "policy": policy_source,
+            "compile_ranges_endpoints": ranges, "worker_commands": cmds}
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
+    try:
+        _, _, shape = check_model(a)
+    except ValueError as exc:
+        print(f"prove: {exc}", file=sys.stderr)
+        return 2
+    if a.dry_run:
+        print(json.dumps(dry_run(a, shape), indent=1))
+        return 0
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + a.timeout

@@ -19,6 +19,7 @@ import os
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -26,9 +27,9 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from integration.proof import steptrace  # noqa: E402
 from integration import arms  # noqa: E402
 from integration.arms import IR_OPS  # noqa: E402
+from integration.proof import normcalls, steptrace  # noqa: E402
 from kernels.resultfile import write_json  # noqa: E402
 
 
@@ -135,22 +136,35 @@ def _sizes(spec: str) -> list[int]:
 
 
 def _trace_steps(engine, n: int, label: str, before=None) -> tuple[list[dict], dict]:  # noqa: ANN001
-    """Kernel-trace n engine steps (`before(k)` runs ahead of step k, outside its annotation)."""
+    """Kernel-trace n engine steps (`before(k)` runs ahead of step k, outside its annotation). In eager
+    mode an IrCensus counts each step's IR-op norm calls and tags them with their row width, so the
+    trace tells which kernels each width launched; under torch.compile the IR ops are lowered away
+    (no per-call Python), so a step's norm calls are not observable by width there."""
     acts = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         acts.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=acts) as prof:
+    census = normcalls.IrCensus(tag=True)
+    with torch.profiler.profile(activities=acts) as prof, census:
         for k in range(n):
             if before is not None:
                 before(k)
+            census.step(k)
             with torch.profiler.record_function(f"{steptrace.STEP_PREFIX}{k}"):
                 engine.step()
+            census.step(None)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{label}.json"
         prof.export_chrome_trace(str(path))
         events = steptrace.load_profiler_trace(path)
     names = {k: steptrace.kernel_names(events, k) for k in ("fused", "vllm_c", "inductor")}
-    return steptrace.step_stats(events), names
+    stats = steptrace.step_stats(events)
+    calls = {k: Counter() for k in range(n)}
+    for r in census.records:
+        if r["step"] is not None and not r["fake"]:
+            calls[r["step"]][f"{r['op']}/{r['width']}/{r['provider']}"] += 1
+    for k, st in enumerate(stats):
+        st["ir_calls"] = dict(calls.get(k, {}))  # {op/width/provider: calls}; empty when compiled
+    return stats, names
 
 
 def decode_batch(llm, a: argparse.Namespace, batch: int, vocab: int, timed: int, traced: int) -> dict:
@@ -244,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
             torch.zeros(1, device="cuda").add_(1)
     t0 = time.perf_counter()
-    llm = build_llm(a)
+    with normcalls.IrCensus() as lowering:  # under torch.compile vLLM's lowering pass dispatches here
+        llm = build_llm(a)
     import vllm
     from vllm import ir
 
@@ -255,7 +270,9 @@ def main(argv: list[str] | None = None) -> int:
                  "ir_priority": {op: getattr(ir.ops, op).get_priority() for op in IR_OPS},
                  "providers": {op: list(getattr(ir.ops, op).impls) for op in IR_OPS},
                  "vllm_plugins_env": os.environ.get("VLLM_PLUGINS"), "weights": a.weights,
-                 "params_redrawn": n_params}
+                 "params_redrawn": n_params,
+                 "ir_lowered": dict(Counter(f"{r['op']}/{r['width']}/{r['provider']}"
+                                            for r in lowering.records if r["fake"]))}
     res["greedy"] = greedy(llm, a, vocab)
     res["proof"] = decode_batch(llm, a, 8, vocab, timed=4, traced=3)
     res["python_calls"] = _python_calls()

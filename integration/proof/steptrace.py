@@ -2,15 +2,21 @@
 
 Each profiled engine step is wrapped in `torch.profiler.record_function("step_<i>")`. A GPU kernel
 belongs to the step whose annotation holds the CPU call that launched it (matched by the CUPTI
-correlation id); kernels replayed from a CUDA graph correlate to the `cudaGraphLaunch` call.
+correlation id); kernels replayed from a CUDA graph correlate to the `cudaGraphLaunch` call. In eager
+mode each IR-op norm call can carry a `norm:<op>:<width>` annotation (integration.proof.normcalls);
+a norm kernel launched inside one is counted under that row width (`norm_by_width`), every other
+norm kernel (CUDA-graph replays, Inductor's code) under "untagged".
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 from collections import defaultdict
 from pathlib import Path
+
+from integration.proof.normcalls import TAG_PREFIX
 
 FUSED_KERNEL = "rmsnorm_kernel"  # kernels/rmsnorm.cu
 STEP_PREFIX = "step_"
@@ -46,6 +52,20 @@ def _steps(events: list[dict]) -> list[tuple[str, float, float]]:
     return sorted(spans, key=lambda s: s[1])
 
 
+def _tags(events: list[dict]) -> tuple[list[float], list[tuple[float, str]]]:
+    """Start times and (end, width) of the norm:<op>:<width> annotations, sorted by start."""
+    spans = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e["name"].rsplit(":", 1)[-1])
+                   for e in events if e.get("cat") == "user_annotation"
+                   and e.get("name", "").startswith(TAG_PREFIX))
+    return [s for s, _, _ in spans], [(t, w) for _, t, w in spans]
+
+
+def _width_at(tags: tuple[list[float], list[tuple[float, str]]], ts: float) -> str:
+    """The width of the norm annotation holding CPU time ts, or 'untagged'."""
+    i = bisect.bisect_right(tags[0], ts) - 1
+    return tags[1][i][1] if i >= 0 and ts <= tags[1][i][0] else "untagged"
+
+
 def _launchers(events: list[dict]) -> dict[int, tuple[str, float]]:
     out: dict[int, tuple[str, float]] = {}
     for e in events:
@@ -57,16 +77,18 @@ def _launchers(events: list[dict]) -> dict[int, tuple[str, float]]:
 def _empty_step(name: str, cpu_us: float) -> dict:
     return {"step": name, "cpu_us": cpu_us, "kernels": 0, "gpu_busy_us": 0.0, "gpu_span_us": 0.0,
             "norm_us": 0.0, "norm_calls": 0, "norm_by_kind": defaultdict(lambda: {"calls": 0, "us": 0.0}),
+            "norm_by_width": defaultdict(lambda: {"calls": 0, "us": 0.0}),
             "graph_launched_kernels": 0, "fused_from_graph": 0, "fused_direct": 0,
             "kernel_hist": defaultdict(lambda: [0, 0.0]), "_first": None, "_last": None}
 
 
 def step_stats(events: list[dict]) -> list[dict]:
     """One dict per annotated step: kernel count, GPU busy and span time, norm time and calls (by
-    kind), how many fused-norm kernels came from a CUDA-graph replay vs a direct launch, and a
-    histogram {kernel base name: [calls, us]}."""
+    kind and by the row width of the norm annotation that launched them), how many fused-norm kernels
+    came from a CUDA-graph replay vs a direct launch, and a histogram {kernel base name: [calls, us]}."""
     steps = _steps(events)
     launch = _launchers(events)
+    tags = _tags(events)
     stats = [_empty_step(name, end - start) for name, start, end in steps]
     for e in events:
         if e.get("cat") != "kernel":
@@ -95,12 +117,16 @@ def step_stats(events: list[dict]) -> list[dict]:
         st["norm_calls"] += 1
         st["norm_by_kind"][kind]["calls"] += 1
         st["norm_by_kind"][kind]["us"] += dur
+        width = st["norm_by_width"][_width_at(tags, who[1])]
+        width["calls"] += 1
+        width["us"] += dur
         if kind == "fused":
             st["fused_from_graph" if from_graph else "fused_direct"] += 1
     for st in stats:
         first, last = st.pop("_first"), st.pop("_last")
         st["gpu_span_us"] = (last - first) if first is not None else 0.0
         st["norm_by_kind"] = {k: dict(v) for k, v in st["norm_by_kind"].items()}
+        st["norm_by_width"] = {k: dict(v) for k, v in st["norm_by_width"].items()}
         st["kernel_hist"] = {k: [c, round(us, 3)] for k, (c, us) in sorted(st["kernel_hist"].items())}
     return stats
 
