@@ -115,6 +115,23 @@ def _slo_entry(item: Mapping, pair: list[str]) -> dict:
     return entry
 
 
+def _at_knee(entry: dict | None, chosen: Mapping) -> None:
+    """Add the goodput change at the two knee loads (the loads chosen, less the lowest) to the entry of
+    the tier the knee search measured, and to its verdict."""
+    if entry is None or not chosen.get("loads"):
+        return
+    loads = sorted(chosen["loads"])[1:]
+    comp = stats.compare_paired([d["diff_pct"] for d in entry["per_window"] if d["load"] in loads]).to_json()
+    entry["at_knee"] = {"loads": loads, "knee": chosen.get("knee"), **comp}
+    where = ", ".join(f"{x:g}x" for x in loads)
+    if comp["t_ci95"] is not None:
+        lo, hi = comp["t_ci95"]
+        entry["verdict"] += (f"; at the knee ({chosen['knee']:.3g}x, measured at {where}): "
+                             f"{comp['mean']:+.1f}%, 95% t CI [{lo:+.1f}, {hi:+.1f}]% over {comp['n']} windows")
+    elif comp["mean"] is not None:
+        entry["verdict"] += f"; at the knee ({where}): {comp['mean']:+.1f}% ({comp['reason']})"
+
+
 def _design(run: Mapping, pair: list[str]) -> dict:
     return {
         "windows": run["windows"], "loads": run["loads"], "warmup": run.get("warmup"),
@@ -150,6 +167,8 @@ def build_report(a: Analysis) -> dict:
     secondary = {m: {"comparison": r["comparison"], "per_window": r["diffs"], "unpaired": r["unpaired"]}
                  for m, r in a.secondary.items()}
     primary = a.paired_latency.get(a.pair[1]) or {}
+    if a.knee and a.knee["chosen"].get("tier"):
+        _at_knee(next((e for e in slos if e["name"] == a.knee["chosen"]["tier"]), None), a.knee["chosen"])
     return {
         "trace": run.get("trace"), "model": {k: v for k, v in (run.get("model") or {}).items() if k != "config"},
         "gpu": a.env.get("gpu") or a.env.get("GPU") or run.get("device"), "arms": run["arms"], "arm_labels": labels,

@@ -46,8 +46,24 @@ def _ci(ci, digits: int = 2) -> str:
 
 def paired_lines(r: Mapping) -> list[str]:
     """Per latency metric: the paired per-request change of the primary comparison, its intervals and
-    MDE, and the A/A floor's interval from the same run; then the position effect."""
+    MDE, and the A/A floor's interval from the same run; then the position effect; then the same
+    change for every further arm that is not the A/A control (e.g. a planted slowdown)."""
     base, treat = r["comparison"]
+    controls = set((r.get("aa") or {}).get("controls") or [])
+    others = [lab for lab in (r.get("paired_latency") or {}) if lab != treat and lab not in controls]
+    out = _metric_lines(r, treat, with_floor=True)
+    tpot = ((r.get("paired_latency") or {}).get(treat) or {}).get("tpot_ms") or {}
+    if tpot.get("position_pct") is not None:
+        out.append(f"- position effect on TPOT (each later place in a cell's order vs an earlier one): "
+                   f"{tpot['position_pct']:+.2f}% {_ci(tpot['position_ci95_pct'])}, removed from the "
+                   "estimate")
+    for lab in others:
+        out += _metric_lines(r, lab, with_floor=False)
+    return out
+
+
+def _metric_lines(r: Mapping, treat: str, with_floor: bool) -> list[str]:
+    base = r["comparison"][0]
     lat = (r.get("paired_latency") or {}).get(treat) or {}
     floor = ((r.get("aa_in_run") or {}).get("paired_latency")) or {}
     nf = r.get("noise_floor") or {}
@@ -55,7 +71,7 @@ def paired_lines(r: Mapping) -> list[str]:
     for m, c in lat.items():
         name = METRIC_NAMES.get(m, m)
         if c.get("estimate_pct") is None:
-            out.append(f"- {name}, paired per request: no comparison ({c.get('reason')})")
+            out.append(f"- {name}, paired per request: no comparison of {treat} ({c.get('reason')})")
             continue
         if c.get("ci95_pct") is None:
             out.append(f"- {name}, paired per request: {treat} {c['estimate_pct']:+.2f}% vs {base} over "
@@ -64,19 +80,14 @@ def paired_lines(r: Mapping) -> list[str]:
         text = (f"- {name}, paired per request: {treat} {c['estimate_pct']:+.2f}% vs {base}, 95% CI "
                 f"{_ci(c['ci95_pct'])} (order-adjusted t over {c['n_cells']} cells, primary; window-block "
                 f"bootstrap {_ci(c['bootstrap_ci95_pct'])}); MDE {c['mde_pct']:.2f}%")
-        f = floor.get(m)
+        f = floor.get(m) if with_floor else None
         if f and f.get("ci95_pct"):
             ctrl = r["aa_in_run"]["pair"][1]
             text += f"; A/A floor ({ctrl} vs {base}, this run) {f['estimate_pct']:+.2f}% {_ci(f['ci95_pct'])}"
-        elif (nf.get("applied") and not r["aa"]["is_aa"] and nf.get("source")
+        elif (with_floor and nf.get("applied") and not (r.get("aa") or {}).get("is_aa") and nf.get("source")
               and (nf.get("band_pct") or {}).get(f"paired:{m}")):
             text += f"; A/A floor ({nf['source']}) +-{nf['band_pct'][f'paired:{m}'][1]:.2f}%"
         out.append(text)
-    tpot = lat.get("tpot_ms") or {}
-    if tpot.get("position_pct") is not None:
-        out.append(f"- position effect on TPOT (each later place in a cell's order vs an earlier one): "
-                   f"{tpot['position_pct']:+.2f}% {_ci(tpot['position_ci95_pct'])}, removed from the "
-                   "estimate")
     return out
 
 

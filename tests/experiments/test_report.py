@@ -88,3 +88,25 @@ def test_paired_lines_lead_with_the_change_its_intervals_and_the_floor_of_the_sa
         "this run) +0.02% [-0.20, +0.24]%",
         "- position effect on TPOT (each later place in a cell's order vs an earlier one): -1.10% "
         "[-1.40, -0.80]%, removed from the estimate"]
+
+
+def test_goodput_at_the_knee_joins_the_verdict_of_the_tier_the_search_measured():
+    from experiments.report import _at_knee
+
+    e = {**entry(), "verdict": "chat: ...", "per_window": [
+        {"load": 1.0, "diff_pct": 9.0}, {"load": 4.8, "diff_pct": 1.0}, {"load": 4.8, "diff_pct": 2.0},
+        {"load": 7.5, "diff_pct": 3.0}, {"load": 7.5, "diff_pct": 2.0}]}
+    _at_knee(e, {"loads": [1.0, 4.8, 7.5], "knee": 6.0, "tier": "chat"})
+    assert e["at_knee"]["loads"] == [4.8, 7.5] and e["at_knee"]["mean"] == 2.0 and e["at_knee"]["n"] == 4
+    assert e["verdict"].startswith("chat: ...; at the knee (6x, measured at 4.8x, 7.5x): +2.0%, 95% t CI [")
+
+
+def test_further_arms_get_their_own_paired_lines_without_the_floor():
+    from experiments.report_md import paired_lines
+
+    c = {"estimate_pct": 0.5, "ci95_pct": [0.2, 0.8], "bootstrap_ci95_pct": [0.3, 0.7], "mde_pct": 0.3,
+         "n_cells": 16}
+    r = {"comparison": ["stock", "patched"], "aa": {"controls": ["stock-b"]},
+         "paired_latency": {"patched": {"tpot_ms": c}, "stock-b": {"tpot_ms": c}, "planted": {"tpot_ms": c}}}
+    lines = paired_lines(r)
+    assert [x.split(":")[1].split()[0] for x in lines] == ["patched", "planted"]
