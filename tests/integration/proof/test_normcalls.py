@@ -128,3 +128,37 @@ def test_prove_refuses_a_model_without_config(tmp_path, capsys) -> None:
     assert prove.main(["--out", str(tmp_path), "--model", str(tmp_path / "nope"), "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert "no config.json" in err and "qwen3-0.6b" in err
+
+
+def test_all_fused_covers_the_head_width_of_a_qwen3(tmp_path, monkeypatch) -> None:
+    from integration import choice
+
+    monkeypatch.delenv(choice.POLICY_ENV, raising=False)
+    a = prove.parse_args(["--out", str(tmp_path), "--model", str(MODELS_DIR / "qwen3-0.6b"), "--all-fused"])
+    try:
+        prove.select_policy(a, tmp_path)
+        table = json.loads((tmp_path / "policy-all-fused.json").read_text())["table"]
+    finally:
+        choice.policy.cache_clear()
+    assert sorted(table) == ["fused_add_rms_norm/bf16/1024", "fused_add_rms_norm/bf16/128",
+                             "rms_norm/bf16/1024", "rms_norm/bf16/128"]
+
+
+def _traced(ir_calls: dict, widths: dict) -> dict:
+    return {"ir_calls": ir_calls, "norm_by_width": widths, "kernel_hist": {"k": [1, 1.0]}, "gpu_busy_us": 10.0,
+            "gpu_span_us": 10.0, "kernels": 1, "fused_from_graph": 0}
+
+
+def test_profile_rows_carry_the_counts_by_kind() -> None:
+    calls = {"rms_norm/1024/vllm_c": 1, "rms_norm/128/vllm_c": 56, "fused_add_rms_norm/1024/vllm_c": 56}
+    widths = {"1024": {"calls": 57, "us": 114.0}, "128": {"calls": 56, "us": 84.0}}
+    row = {"kind": "decode", "batch_tokens": 1, "step_wall_us": [1000.0, 1010.0],
+           "traced_steps": [_traced(calls, widths), _traced(calls, widths)]}
+    raw = {"model": str(MODELS_DIR / "qwen3-0.6b"), "ranges": [], "command": "test", "environment": {},
+           "results": {"stock-eager": {"steps": [row]}, "patched-eager": {"steps": [row]}}}
+    prof = evidence.profile_from_raw(raw, "eager")
+    assert prof["norms_per_forward"] == {"hidden": 57, "head": 56}
+    (step,) = prof["steps"]
+    assert step["norm_calls_by_kind_stock"] == {"head": 56, "hidden": 57}
+    assert step["norm_us_by_kind_patched"] == {"head": 84.0, "hidden": 114.0}
+    assert step["norm_calls_match_layers_stock"] is True
