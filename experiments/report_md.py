@@ -154,8 +154,9 @@ def _capacity_line(s: Mapping) -> list[str]:
     arms = cap.get("arms") or {}
     if not any(v.get("n") for v in arms.values()):
         return ["Capacity per window: not located (the loads do not bracket this tier's 90% knee).  "]
-    parts = [f"{a} {_num(v['mean'], '{:.3g}')}x {_ci(v['ci95'], 2).replace('%', 'x')} over {v['n']} windows"
-             for a, v in arms.items()]
+    parts = [f"{a} {_num(v['mean'], '{:.3g}')}x"
+             + (f" [{v['ci95'][0]:.3g}, {v['ci95'][1]:.3g}]x" if v.get("ci95") else "")
+             + f" over {v['n']} windows" for a, v in arms.items()]
     p = cap.get("paired") or {}
     change = ("" if p.get("mean") is None else f"; paired change {p['mean']:+.1f}%"
               + (f", 95% t CI [{p['t_ci95'][0]:+.1f}, {p['t_ci95'][1]:+.1f}]%" if p.get("t_ci95") else ""))
