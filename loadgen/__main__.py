@@ -10,79 +10,142 @@ import json
 import sys
 from pathlib import Path
 
-from loadgen.records import read_records
-from loadgen.replay import EVENT_LOOPS, clip_tokens, replay_sync
+from loadgen.records import RequestRecord, read_records
+from loadgen.replay import DEAD_AFTER, EVENT_LOOPS, ReplayStopped, base_url, clip_tokens, replay_sync
 from loadgen.summary import format_summary, summarize_records
-from traces.trace import load_trace, scale_rate, time_window
+from traces.cliargs import (
+    OneLineParser,
+    add_debug_flag,
+    fail,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
+from traces.trace import TraceError, load_trace, scale_rate, time_window
+
+PROG = "python -m loadgen"
 
 
 def _tag(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
-        raise argparse.ArgumentTypeError(f"--tag expects KEY=VALUE, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     return key, value
 
 
+def _url(text: str) -> str:
+    try:
+        return base_url(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m loadgen", description=(
+    p = OneLineParser(prog=PROG, description=(
         "Open-loop replay of a JSONL request trace against an OpenAI-compatible /v1/completions "
         "server (streaming, token-id prompts). One JSON record per request is appended to --out "
-        "as it finishes; a summary is printed at the end."))
-    p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+        "as it finishes; a summary is printed at the end. Exit status: 0 every request succeeded, "
+        "1 some failed (or the replay was stopped: each request still has its record), 2 bad flags, "
+        "trace or server URL."))
+    p.add_argument("--url", required=True, type=_url,
+                   help="server base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is accepted)")
     p.add_argument("--trace", required=True, type=Path, help="trace file (JSONL, see traces/trace.py)")
     p.add_argument("--out", required=True, type=Path, help="JSONL file the records are appended to")
     p.add_argument("--append", action="store_true",
                    help="append to an existing non-empty --out (default: refuse, to keep runs apart)")
-    p.add_argument("--start", type=float, default=0.0, help="window start in trace seconds (default 0)")
-    p.add_argument("--duration", type=float, default=None,
+    p.add_argument("--start", type=non_negative_float, default=0.0,
+                   help="window start in trace seconds (default 0)")
+    p.add_argument("--duration", type=positive_float, default=None,
                    help="window length in trace seconds (default: to the end of the trace)")
-    p.add_argument("--speedup", type=float, default=1.0,
+    p.add_argument("--speedup", type=positive_float, default=1.0,
                    help="divide the window's timestamps by this (2 = twice the rate; default 1)")
-    p.add_argument("--max-input-tokens", type=int, default=None,
+    p.add_argument("--max-input-tokens", type=positive_int, default=None,
                    help="cap each prompt length (default: none)")
-    p.add_argument("--max-output-tokens", type=int, default=None,
+    p.add_argument("--max-output-tokens", type=positive_int, default=None,
                    help="cap each reply length (default: none)")
     p.add_argument("--model", default=None, help="model name to send (default: the server's only model)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take in all (600)")
-    p.add_argument("--connect-timeout", type=float, default=30.0, help="seconds to open a connection (30)")
-    p.add_argument("--max-connections", type=int, default=None,
+    p.add_argument("--timeout", type=positive_float, default=600.0,
+                   help="seconds one request may take in all (600)")
+    p.add_argument("--connect-timeout", type=positive_float, default=30.0,
+                   help="seconds to open a connection (30)")
+    p.add_argument("--max-connections", type=positive_int, default=None,
                    help="cap on open connections (default: unlimited, so the client never queues)")
-    p.add_argument("--seed", type=int, default=0, help="prompt seed; same seed = same prompts (0)")
-    p.add_argument("--vocab-size", type=int, default=32000,
+    p.add_argument("--dead-after", type=non_negative_int, default=DEAD_AFTER,
+                   help=f"stop after this many requests in a row cannot connect: the server is "
+                        f"unreachable, the rest are recorded as not sent; 0 never stops ({DEAD_AFTER})")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="prompt seed; same seed = same prompts (0)")
+    p.add_argument("--vocab-size", type=positive_int, default=32000,
                    help="prompt ids are drawn below this; must not exceed the model's vocabulary (32000)")
     p.add_argument("--tag", type=_tag, action="append", default=[], metavar="KEY=VALUE",
                    help="label copied into every record's tags (repeatable)")
     p.add_argument("--event-loop", choices=EVENT_LOOPS, default="asyncio", help="event loop (asyncio)")
     p.add_argument("--summary-json", type=Path, default=None, help="also write the summary as JSON here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_debug_flag(p)
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.out.exists() and args.out.stat().st_size > 0 and not args.append:
-        print(f"error: {args.out} exists and is not empty; pass --append or choose another --out",
-              file=sys.stderr)
-        return 2
+def _requests(args: argparse.Namespace) -> list:
+    """The trace window to replay; raises TraceError/OSError naming the file."""
     reqs = load_trace(args.trace)
     if args.duration is not None or args.start:
         to_end = max(reqs[-1].timestamp - args.start, 0.0) + 1.0  # time_window wants a finite length
         reqs = time_window(reqs, args.start, args.duration if args.duration is not None else to_end)
-    reqs = clip_tokens(scale_rate(reqs, args.speedup), args.max_input_tokens, args.max_output_tokens)
+    return clip_tokens(scale_rate(reqs, args.speedup), args.max_input_tokens, args.max_output_tokens)
+
+
+def _check_outputs(args: argparse.Namespace) -> str | None:
+    """Why --out or --summary-json cannot be written, before anything is sent; None if they can."""
+    if args.out.exists() and args.out.stat().st_size > 0 and not args.append:
+        return f"--out {args.out} exists and is not empty; pass --append or choose another --out"
+    for flag, path in (("--out", args.out), ("--summary-json", args.summary_json)):
+        if path is not None and path.parent != Path() and not path.parent.is_dir():
+            return f"{flag} {path}: folder {path.parent} does not exist"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except (TraceError, OSError, ValueError, RuntimeError) as exc:
+        if args.debug:
+            raise
+        return fail(PROG, str(exc))
+
+
+def _run(args: argparse.Namespace) -> int:
+    problem = _check_outputs(args)
+    if problem:
+        return fail(PROG, problem)
+    reqs = _requests(args)
     if not reqs:
-        print(f"error: no requests in {args.trace} between {args.start} s and +{args.duration} s",
-              file=sys.stderr)
-        return 2
-    records = replay_sync(
-        args.url, reqs, out=args.out, model=args.model, tags=dict(args.tag), timeout_s=args.timeout,
-        connect_timeout_s=args.connect_timeout, max_connections=args.max_connections, seed=args.seed,
-        progress=not args.no_progress, vocab_size=args.vocab_size, event_loop=args.event_loop)
+        return fail(PROG, f"--trace {args.trace}: no requests between {args.start} s and +{args.duration} s")
+    stopped: str | None = None
+    records: list[RequestRecord]
+    earlier = len(read_records(args.out)) if args.out.is_file() else 0  # --append keeps older runs
+    try:
+        records = replay_sync(
+            args.url, reqs, out=args.out, model=args.model, tags=dict(args.tag), timeout_s=args.timeout,
+            connect_timeout_s=args.connect_timeout, max_connections=args.max_connections, seed=args.seed,
+            progress=not args.no_progress, vocab_size=args.vocab_size, event_loop=args.event_loop,
+            dead_after=args.dead_after)
+    except ReplayStopped as exc:
+        stopped, records = exc.reason, exc.records
+    except KeyboardInterrupt as exc:
+        stopped, records = str(exc) or "interrupted", read_records(args.out)[earlier:]
+    except RuntimeError as exc:  # the server's model list could not be read: nothing was sent
+        return fail(PROG, f"--url {args.url}: {exc}")
     summary = summarize_records(records)
     print(format_summary(summary))
     if args.summary_json is not None:
         args.summary_json.write_text(json.dumps(summary, indent=2) + "\n")
     on_disk = len(read_records(args.out))
     print(f"records: {args.out} ({on_disk} lines)")
+    if stopped is not None:
+        print(f"{PROG}: stopped: {stopped}", file=sys.stderr)
+        return 1
     return 0 if summary["failed"] == 0 else 1
 
 

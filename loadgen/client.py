@@ -27,6 +27,12 @@ _DATA = b"data:"
 
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
+CONNECT_FAILED = "connection failed: "  # error prefix of a request that never reached the server
+
+
+def connect_failed(rec: RequestRecord) -> bool:
+    """True when the request could not even connect (refused, unreachable host): no server there."""
+    return rec.error is not None and rec.error.startswith(CONNECT_FAILED)
 
 
 def completion_body(model: str, prompt_ids: list[int], output_tokens: int) -> bytes:
@@ -171,10 +177,13 @@ async def run_request(
                 await _read_stream(resp, st, t0_ns)
     except asyncio.TimeoutError:
         st.error = f"timeout: reply not complete within {timeout.total} s (after {st.n_chunks} token chunks)"
+    except aiohttp.ClientConnectorError as exc:
+        st.error = f"{CONNECT_FAILED}{type(exc).__name__}: {exc}"
     except (aiohttp.ClientError, OSError) as exc:
         st.error = f"{type(exc).__name__}: {exc}"
-    except asyncio.CancelledError:
-        st.error = "cancelled: the replay stopped before the reply finished"
+    except asyncio.CancelledError as exc:
+        why = exc.args[0] if exc.args and exc.args[0] else "the replay stopped"
+        st.error = f"cancelled: {why}, before the reply finished"
         raise
     except Exception as exc:  # noqa: BLE001 - any failure becomes this request's error record
         st.error = f"unexpected {type(exc).__name__}: {exc}"

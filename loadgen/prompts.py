@@ -21,6 +21,18 @@ def _ids(rng: np.random.Generator, n: int, vocab_size: int) -> np.ndarray:
     return rng.integers(0, vocab_size, size=n, dtype=np.int64)
 
 
+def request_problem(req: TraceRequest) -> str | None:
+    """Why a request's body cannot be built (token counts < 1, hash ids not ints >= 0), or None."""
+    for key in ("input_tokens", "output_tokens"):
+        v = getattr(req, key)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            return f"{key} must be an int >= 1, got {v!r}"
+    bad = [h for h in req.hash_ids or () if not isinstance(h, int) or isinstance(h, bool) or h < 0]
+    if bad:
+        return f"hash_ids must be ints >= 0, got {bad[0]!r}"
+    return None
+
+
 def prompt_token_ids(index: int, req: TraceRequest, *, seed: int = 0, vocab_size: int = 32000) -> list[int]:
     """The ``req.input_tokens`` prompt ids of request ``index`` (seeded; shared blocks by hash id)."""
     if vocab_size < 1:

@@ -2,10 +2,10 @@
 
 Request ``i`` is due at ``t0 + requests[i].timestamp`` on ``time.perf_counter_ns()``, whatever
 happened to earlier requests (open loop: a slow server never slows the schedule down, and
-latencies count from the due time, so queueing shows up instead of being hidden). One scheduler
-coroutine walks the list: it encodes the next request's body while it has slack, sleeps with
-asyncio until ``SPIN_NS`` before the due time (the event loop's timers are only ms-precise), then
-yields to the loop in a tight spin until the due time, and starts the request as its own task.
+latencies count from the due time, so queueing shows up instead of being hidden). The scheduler
+(loadgen.dispatch) builds bodies ahead of their due times, sleeps with asyncio until ``SPIN_NS``
+before a due time, yields to the loop in a tight spin until it, and starts the request as its own
+task. Every request of the list gets exactly one record, whatever ends the replay.
 
 Connection pool: unlimited by default (``max_connections=None``). In an open loop the number in
 flight is set by the schedule and the server, not by the client; a pool limit below it would
@@ -20,20 +20,21 @@ import dataclasses
 import json
 import math
 import resource
-import time
+import signal
+import threading
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
+from urllib.parse import urlsplit
 
 import aiohttp
 from tqdm import tqdm
 
-from loadgen.client import completion_body, run_request
-from loadgen.prompts import prompt_token_ids
+from loadgen.dispatch import Dispatcher
+from loadgen.prompts import request_problem
 from loadgen.records import RecordWriter, RequestRecord
 from traces.trace import TraceRequest
 
-SPIN_NS = 1_500_000  # epoll rounds timeouts up to whole ms, so a coarse sleep can wake ~1 ms late
-START_DELAY_NS = 20_000_000  # t0 lies this far after setup, so request 0 is not late by construction
+DEAD_AFTER = 5  # consecutive requests that cannot connect before the server is declared unreachable
 READ_BUFSIZE = 4 << 20  # one SSE line must fit: large error bodies or usage blocks
 
 
@@ -62,21 +63,18 @@ def clip_tokens(requests: Sequence[TraceRequest], max_input: int | None = None,
             for r in requests]
 
 
-async def sleep_until(deadline_ns: int, spin_ns: int = SPIN_NS) -> None:
-    """Sleep until perf_counter_ns() >= deadline_ns: coarse asyncio sleep, then a yielding spin."""
-    while True:
-        left = deadline_ns - time.perf_counter_ns()
-        if left <= 0:
-            return
-        await asyncio.sleep((left - spin_ns) / 1e9 if left > spin_ns else 0)
-
-
 async def fetch_model_name(session: aiohttp.ClientSession, url: str) -> str:
-    """The served model name from GET /v1/models (the only one; several is an error)."""
-    async with session.get(f"{url}/v1/models") as resp:
-        if resp.status != 200:
-            raise RuntimeError(f"GET {url}/v1/models: HTTP {resp.status}: {(await resp.text())[:500]}")
-        ids = [m["id"] for m in (await resp.json()).get("data", [])]
+    """The served model name from GET /v1/models (the only one; several is an error).
+
+    Raises RuntimeError naming the URL when the server cannot be reached or answers otherwise.
+    """
+    try:
+        async with session.get(f"{url}/v1/models") as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"GET {url}/v1/models: HTTP {resp.status}: {(await resp.text())[:500]}")
+            ids = [m["id"] for m in (await resp.json()).get("data", [])]
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError, KeyError, TypeError) as exc:
+        raise RuntimeError(f"GET {url}/v1/models: {type(exc).__name__}: {exc}") from None
     if len(ids) != 1:
         raise RuntimeError(f"GET {url}/v1/models lists {ids}; pass the model name explicitly")
     return ids[0]
@@ -90,60 +88,35 @@ def raise_fd_limit() -> int:
     return hard
 
 
-def _unsent_record(i: int, req: TraceRequest, due_ns: int, tags: Mapping[str, Any]) -> RequestRecord:
-    return RequestRecord(
-        index=i, due_ns=due_ns, sent_ns=None, first_token_ns=None, last_token_ns=None, end_ns=None,
-        input_tokens=req.input_tokens, output_tokens=req.output_tokens, prompt_tokens=None,
-        completion_tokens=None, n_chunks=0, max_gap_ms=None, status=None,
-        error="not sent: the replay stopped before this request was started", tags=dict(tags),
-    )
+class ReplayStopped(RuntimeError):
+    """The replay ended before its schedule did; `records` still holds one record per request."""
+
+    def __init__(self, reason: str, records: list[RequestRecord]) -> None:
+        super().__init__(reason)
+        self.reason, self.records = reason, records
 
 
-async def _dispatch(
-    session: aiohttp.ClientSession, endpoint: str, requests: Sequence[TraceRequest], due: list[int],
-    *, model: str, seed: int, vocab_size: int, tags: Mapping[str, Any], timeout: aiohttp.ClientTimeout,
-    sink: Callable[[RequestRecord], None],
-) -> None:
-    """Start every request at its due time; return when all have finished.
+class ServerUnreachable(ReplayStopped):
+    """`dead_after` requests in a row could not connect: the rest were not sent."""
 
-    If cancelled, in-flight requests are cancelled (each still reaches `sink`, with its error),
-    and every request not yet started gets an unsent error record.
-    """
-    tasks: set[asyncio.Task] = set()
-    failures: list[BaseException] = []  # a record that could not be stored (disk full, ...)
 
-    def done(task: asyncio.Task) -> None:
-        tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            failures.append(task.exception())
+def base_url(url: str) -> str:
+    """The server's base URL: trailing '/' and an OpenAI-style '/v1' dropped; ValueError if not http(s)."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"expected an http:// or https:// URL like http://127.0.0.1:8000, got {url!r}")
+    path = parts.path.rstrip("/")
+    path = path.removesuffix("/v1")
+    return f"{parts.scheme}://{parts.netloc}{path}"
 
-    started = 0
-    t0 = time.perf_counter_ns() + START_DELAY_NS
-    try:
-        for i, req in enumerate(requests):
-            body = completion_body(model, prompt_token_ids(i, req, seed=seed, vocab_size=vocab_size),
-                                   req.output_tokens)
-            await sleep_until(t0 + due[i])
-            task = asyncio.create_task(run_request(
-                session, endpoint, body, index=i, input_tokens=req.input_tokens,
-                output_tokens=req.output_tokens, due_ns=due[i], t0_ns=t0, timeout=timeout,
-                tags=tags, sink=sink))
-            started += 1
-            tasks.add(task)
-            task.add_done_callback(done)
-            if failures:
-                raise failures[0]
-        while tasks:
-            await asyncio.wait(set(tasks))
-        if failures:
-            raise failures[0]
-    finally:
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(set(tasks))
-        for i in range(started, len(requests)):
-            sink(_unsent_record(i, requests[i], due[i], tags))
+
+def check_requests(requests: Sequence[TraceRequest]) -> list[int]:
+    """Due offsets (ns) of a list whose every body can be built; ValueError naming the first bad one."""
+    for i, req in enumerate(requests):
+        problem = request_problem(req)
+        if problem is not None:
+            raise ValueError(f"request {i}: {problem}")
+    return due_times_ns(requests)
 
 
 async def replay(
@@ -159,12 +132,16 @@ async def replay(
     progress: bool = True,
     vocab_size: int = 32000,
     connect_timeout_s: float = 30.0,
+    dead_after: int = DEAD_AFTER,
 ) -> list[RequestRecord]:
     """Replay `requests` open-loop against `url`; return one record per request, by index.
 
     Records are appended to `out` (JSONL, one flushed line per finished request) as they finish.
     `timeout_s` bounds a whole request (send to last byte), `connect_timeout_s` its connection.
-    `model` defaults to the server's only served model. Prompts: see loadgen.prompts.
+    `model` defaults to the server's only served model. Prompts: see loadgen.prompts. After
+    `dead_after` requests in a row fail to connect (0: never) the rest are not sent and
+    ServerUnreachable is raised; a record that cannot be stored or any other early end raises
+    ReplayStopped. Both carry every request's record; so does a cancellation, on disk.
     """
     if not requests:
         raise ValueError("no requests to replay")
@@ -173,12 +150,14 @@ async def replay(
                          f"connect_timeout_s={connect_timeout_s}")
     if max_connections is not None and max_connections < 1:
         raise ValueError(f"max_connections must be >= 1 or None (unlimited), got {max_connections}")
-    due = due_times_ns(requests)
+    if dead_after < 0 or vocab_size < 1:
+        raise ValueError(f"dead_after must be >= 0 and vocab_size >= 1, got {dead_after}, {vocab_size}")
+    due = check_requests(requests)
     try:
         json.dumps(dict(tags or {}))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"tags must be JSON-serializable: {exc}") from None
-    url = url.rstrip("/")
+    url = base_url(url)
     raise_fd_limit()
     records: dict[int, RequestRecord] = {}
     writer = RecordWriter(out) if out is not None else None
@@ -187,9 +166,9 @@ async def replay(
     def sink(rec: RequestRecord) -> None:
         assert rec.index not in records, f"request {rec.index} recorded twice"
         records[rec.index] = rec
+        bar.update(1)
         if writer is not None:
             writer.write(rec)
-        bar.update(1)
 
     timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s)
     connector = aiohttp.TCPConnector(limit=max_connections or 0, limit_per_host=0)
@@ -197,13 +176,19 @@ async def replay(
         async with aiohttp.ClientSession(connector=connector, read_bufsize=READ_BUFSIZE,
                                          timeout=timeout) as session:
             model = model or await fetch_model_name(session, url)
-            await _dispatch(session, f"{url}/v1/completions", requests, due, model=model, seed=seed,
-                            vocab_size=vocab_size, tags=dict(tags or {}), timeout=timeout, sink=sink)
+            dispatcher = Dispatcher(session, f"{url}/v1/completions", requests, due, model=model, seed=seed,
+                                    vocab_size=vocab_size, tags=dict(tags or {}), timeout=timeout, sink=sink,
+                                    dead_after=dead_after)
+            await dispatcher.run()
     finally:
         bar.close()
         if writer is not None:
             writer.close()
-    return [records[i] for i in range(len(requests))]
+    result = [records[i] for i in range(len(requests))]
+    if dispatcher.stop_reason is not None:
+        kind = ServerUnreachable if dispatcher.unreachable else ReplayStopped
+        raise kind(f"{url}: {dispatcher.stop_reason}", result) from dispatcher.stop_error
+    return result
 
 
 EVENT_LOOPS = ("asyncio", "uvloop")
@@ -213,12 +198,47 @@ def replay_sync(url: str, requests: Sequence[TraceRequest], *, event_loop: str =
                 **kwargs: Any) -> list[RequestRecord]:
     """replay() run to completion on a fresh event loop (same arguments).
 
-    event_loop "uvloop" needs the uvloop package (vLLM installs it); it is not a dependency.
+    SIGINT and SIGTERM (in the main thread) stop the replay the same way: every request gets its
+    record (in-flight ones cancelled, the rest not sent, the signal named), then KeyboardInterrupt
+    is raised. event_loop "uvloop" needs the uvloop package (vLLM installs it); not a dependency.
     """
     if event_loop not in EVENT_LOOPS:
         raise ValueError(f"event_loop must be one of {EVENT_LOOPS}, got {event_loop!r}")
+    caught: list[str] = []
+    coro = _replay_stopping_on_signals(url, requests, caught, kwargs)
     if event_loop == "uvloop":
         import uvloop  # optional: only when asked for
 
-        return uvloop.run(replay(url, requests, **kwargs))
-    return asyncio.run(replay(url, requests, **kwargs))
+        records = uvloop.run(coro)
+    else:
+        records = asyncio.run(coro)
+    if caught:
+        raise KeyboardInterrupt(f"replay stopped by {caught[0]}")
+    return records
+
+
+async def _replay_stopping_on_signals(url: str, requests: Sequence[TraceRequest], caught: list[str],
+                                      kwargs: dict) -> list[RequestRecord]:
+    """replay() as a task that SIGINT/SIGTERM cancel, naming the signal; previous handlers restored."""
+    task = asyncio.ensure_future(replay(url, requests, **kwargs))
+    if threading.current_thread() is not threading.main_thread():
+        return await task
+    loop = asyncio.get_running_loop()
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def on_signal(sig: signal.Signals) -> None:
+        caught.append(sig.name)
+        task.cancel(f"the replay was stopped by {sig.name}")
+
+    for sig in previous:
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if not caught:
+            raise
+        return []
+    finally:
+        for sig, handler in previous.items():
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, handler)

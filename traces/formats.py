@@ -179,6 +179,8 @@ def _mooncake_row(line: int, text: str, ignored: set[str]) -> RawRow:
             isinstance(h, bool) or not isinstance(h, int) for h in obj["hash_ids"]
         ):
             raise ValueError(f"hash_ids must be a list of ints, got {obj['hash_ids']!r}")
+        if any(h < 0 for h in obj["hash_ids"]):
+            raise ValueError(f"hash_ids must be >= 0, got {min(obj['hash_ids'])}")
         hash_ids = tuple(obj["hash_ids"])
     time_s = _decimal_seconds(repr(ts), "timestamp", Decimal("0.001"))
     return RawRow(line, time_s, counts[0], counts[1], hash_ids)

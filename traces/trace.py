@@ -6,7 +6,7 @@ One request per line, sorted by time::
     {"timestamp": 4.314579, "input_tokens": 396, "output_tokens": 109, "hash_ids": [0, 1]}
 
 ``timestamp`` is seconds from the trace start (int or float, finite, >= 0, never decreasing),
-``input_tokens`` and ``output_tokens`` are ints >= 1, ``hash_ids`` (optional) is a list of ints.
+``input_tokens`` and ``output_tokens`` are ints >= 1, ``hash_ids`` (optional) is a list of ints >= 0.
 Any other key is rejected: a misspelled or unexpected field is an error, not something to skip.
 Every bad line raises :class:`TraceError` with ``path:line: reason``.
 """
@@ -87,6 +87,9 @@ def _parse_line(text: str) -> TraceRequest:
     if "hash_ids" in obj:
         if not isinstance(obj["hash_ids"], list) or not all(_is_int(h) for h in obj["hash_ids"]):
             raise ValueError(f"hash_ids must be a list of ints, got {obj['hash_ids']!r}")
+        negative = [h for h in obj["hash_ids"] if h < 0]
+        if negative:
+            raise ValueError(f"hash_ids must be >= 0, got {negative[0]}")
         hash_ids = tuple(obj["hash_ids"])
     return TraceRequest(float(ts), obj["input_tokens"], obj["output_tokens"], hash_ids)
 

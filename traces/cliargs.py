@@ -1,0 +1,81 @@
+"""Command-line plumbing shared by the kit's CLIs: one-line errors (exit 2) and checked flag types.
+
+A bad flag or input ends in one line on stderr that names it (``error: argument --speedup:
+expected a number > 0, got '0'``) and exit status 2, never a traceback; ``--debug`` (see
+:func:`add_debug_flag`) lets a caller re-raise instead, to see where an error came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import NoReturn
+
+USAGE_ERROR = 2  # exit status of a bad flag, file or trace line
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (no usage block) and exit with status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {message}\n")
+
+
+def add_debug_flag(p: argparse.ArgumentParser) -> None:
+    """--debug: show the traceback of an error instead of its one-line message."""
+    p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+
+
+def fail(prog: str, message: str, code: int = USAGE_ERROR) -> int:
+    """Print ``prog: error: message`` on stderr and return `code` (for ``return fail(...)``)."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return code
+
+
+def _number(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return v
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0."""
+    v = _number(text)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return v
+
+
+def non_negative_float(text: str) -> float:
+    """A finite number >= 0."""
+    v = _number(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return v
+
+
+def positive_int(text: str) -> int:
+    """An int >= 1."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return v
+
+
+def non_negative_int(text: str) -> int:
+    """An int >= 0."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return v
