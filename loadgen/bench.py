@@ -2,6 +2,7 @@
 
     python -m loadgen.bench                  # 200 req/s for 30 s, constant rate
     python -m loadgen.bench --arrivals poisson --out /tmp/bench.json
+    python -m loadgen.bench --arrivals bursty --input-tokens 4000 --speedup 8   # 20 at once every 3 s / 8
 
 A fake /v1/completions server (loadgen.fakeserver) runs in its own process, so it does not share the
 client's event loop; it streams ``--tokens`` SSE chunks per request at a fixed pace and the final
@@ -31,7 +32,7 @@ from loadgen.fakeserver import FakeServerConfig, serve_forever
 from loadgen.records import lateness_ms, ttft_ms
 from loadgen.replay import EVENT_LOOPS, replay_sync
 from loadgen.summary import percentiles, summarize_records
-from traces.trace import TraceRequest
+from traces.trace import TraceRequest, scale_rate
 
 SCHEMA_VERSION = 1
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "bench-cpu.json"
@@ -40,11 +41,14 @@ TARGET_LATENESS_P99_MS = 2.0
 
 
 def schedule(rate: float, duration_s: float, arrivals: str, input_tokens: int, tokens: int,
-             seed: int) -> list[TraceRequest]:
-    """Requests at `rate` per second for `duration_s`: evenly spaced, or Poisson (seeded)."""
+             seed: int, burst: int = 20, tick_s: float = 3.0) -> list[TraceRequest]:
+    """Requests for `duration_s`: at `rate` per second evenly spaced or Poisson (seeded), or, for
+    "bursty", `burst` requests at one timestamp every `tick_s` seconds (as conversation traces tick)."""
     n = int(rate * duration_s)
     if arrivals == "constant":
         times = np.arange(n) / rate
+    elif arrivals == "bursty":
+        times = np.repeat(np.arange(0.0, duration_s, tick_s), burst)
     else:
         times = np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate, size=n))
         times = times[times < duration_s] - times[0]
@@ -127,7 +131,8 @@ def environment(event_loop: str) -> dict:
 def run_bench(args: argparse.Namespace) -> dict:
     """Start the server process, replay the schedule, return the result document."""
     cfg = FakeServerConfig(ttft_s=args.ttft_ms / 1e3, itl_s=args.itl_ms / 1e3)
-    reqs = schedule(args.rate, args.duration, args.arrivals, args.input_tokens, args.tokens, args.seed)
+    reqs = scale_rate(schedule(args.rate, args.duration * args.speedup, args.arrivals, args.input_tokens,
+                               args.tokens, args.seed, args.burst, args.tick_s), args.speedup)
     env = environment(args.event_loop)
     idle_probe = wake_up_delays_ms()
     ctx = mp.get_context("spawn")
@@ -154,6 +159,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     env["sleep_5ms_wake_delay_ms_before"] = _delay_summary(idle_probe)
     env["sleep_5ms_wake_delay_ms_during"] = _delay_summary(canary_ms)
     s = summarize_records(records)
+    spreads = burst_spreads_ms(records)
     fraction = s["achieved_rate_rps"] / s["offered_rate_rps"]
     met = fraction >= TARGET_RATE_FRACTION and s["lateness_ms"]["p99"] <= TARGET_LATENESS_P99_MS
     return {
@@ -163,6 +169,7 @@ def run_bench(args: argparse.Namespace) -> dict:
             **{k: s[k] for k in ("requests", "completed", "failed", "offered_rate_rps", "achieved_rate_rps",
                                  "peak_in_flight", "lateness_ms", "ttft_ms", "tpot_ms", "top_errors")},
             "achieved_fraction": fraction,
+            "burst_send_spread_ms": _delay_summary(spreads) if spreads else None,
             "client_cpu_s": {"process_time": cpu, "user": ru1.ru_utime - ru0.ru_utime,
                              "system": ru1.ru_stime - ru0.ru_stime},
             "client_cpu_per_wall": cpu / wall, "wall_s": wall,
@@ -174,8 +181,18 @@ def run_bench(args: argparse.Namespace) -> dict:
         },
         "samples": {"lateness_ms": [lateness_ms(r) for r in records],
                     "ttft_ms": [ttft_ms(r) for r in records],
+                    "burst_send_spread_ms": spreads,
                     "canary_sleep_5ms_wake_delay_ms": canary_ms},
     }
+
+
+def burst_spreads_ms(records: list) -> list[float]:
+    """For every due time shared by several requests: last send - first send (ms)."""
+    sends: dict[int, list[int]] = {}
+    for r in records:
+        if r.sent_ns is not None:
+            sends.setdefault(r.due_ns, []).append(r.sent_ns)
+    return [(max(v) - min(v)) / 1e6 for v in sends.values() if len(v) > 1]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -184,8 +201,14 @@ def build_parser() -> argparse.ArgumentParser:
         "report achieved rate, send lateness and client CPU as JSON with raw samples."))
     p.add_argument("--rate", type=float, default=200.0, help="requests per second (200)")
     p.add_argument("--duration", type=float, default=30.0, help="schedule length in seconds (30)")
-    p.add_argument("--arrivals", choices=("constant", "poisson"), default="constant",
-                   help="evenly spaced or Poisson arrivals (constant)")
+    p.add_argument("--arrivals", choices=("constant", "poisson", "bursty"), default="constant",
+                   help="evenly spaced or Poisson arrivals at --rate, or bursts of --burst requests at one "
+                        "timestamp every --tick-s (constant)")
+    p.add_argument("--burst", type=int, default=20, help="bursty: requests per tick (20)")
+    p.add_argument("--tick-s", type=float, default=3.0, help="bursty: seconds between ticks (3)")
+    p.add_argument("--speedup", type=float, default=1.0,
+                   help="replay the schedule this many times faster; --duration stays the replay's "
+                        "length (1)")
     p.add_argument("--tokens", type=int, default=32, help="tokens streamed per request (32)")
     p.add_argument("--input-tokens", type=int, default=512, help="prompt length in tokens (512)")
     p.add_argument("--ttft-ms", type=float, default=10.0, help="fake server: delay to the first token (10)")

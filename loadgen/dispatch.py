@@ -3,7 +3,8 @@
 Request ``i`` is due at ``t0 + due[i]``. Its body (token ids encoded as JSON) is built ahead of
 that time: before t0 for every request due within ``LOOKAHEAD_NS`` of the first, and later, while
 the scheduler waits for request ``i``, for every request due within ``LOOKAHEAD_NS`` of request
-``i``, as long as more than ``BUILD_SLACK_NS`` remain before ``i`` is due. A burst of many
+``i``, one body at a time with a yield to the event loop between (requests just started go out
+first), as long as more than ``BUILD_SLACK_NS`` remain before ``i`` is due. A burst of many
 requests at one timestamp is so built during the quiet time before it and sent back to back.
 
 Whatever stops the replay (the schedule's end, a cancellation or signal, a record that cannot be
@@ -26,17 +27,24 @@ from loadgen.records import RequestRecord
 from traces.trace import TraceRequest
 
 SPIN_NS = 1_500_000  # epoll rounds timeouts up to whole ms, so a coarse sleep can wake ~1 ms late
+# Linux lets a sleeping epoll_wait wake up to 0.1% of its timeout late (timer slack: 3 ms for a 3-s
+# sleep, measured 2.8 ms here), so a long sleep ends this early and a short one (10 us slack) follows.
+STAGE_NS = 10_000_000
 START_DELAY_NS = 20_000_000  # t0 lies this far after setup, so request 0 is not late by construction
 LOOKAHEAD_NS = 1_000_000_000  # bodies are built for requests due within this of the one awaited
 BUILD_SLACK_NS = 3_000_000  # no body is built when the next due time is closer than this
 
 
 async def sleep_until(deadline_ns: int, spin_ns: int = SPIN_NS) -> None:
-    """Sleep until perf_counter_ns() >= deadline_ns: coarse asyncio sleep, then a yielding spin."""
+    """Sleep until perf_counter_ns() >= deadline_ns: coarse asyncio sleeps (a long one first ends
+    STAGE_NS early, then a short one), then a yielding spin."""
     while True:
         left = deadline_ns - time.perf_counter_ns()
         if left <= 0:
             return
+        if left > STAGE_NS:
+            await asyncio.sleep((left - STAGE_NS) / 1e9)
+            continue
         await asyncio.sleep((left - spin_ns) / 1e9 if left > spin_ns else 0)
 
 
@@ -94,22 +102,31 @@ class Dispatcher:
         if self._walking is not None and self._walking is not asyncio.current_task():
             self._walking.cancel()
 
-    def _build(self, until_due_ns: int, deadline_ns: int | None) -> None:
-        """Build bodies of requests due by `until_due_ns`, while perf_counter_ns() < deadline_ns."""
-        n = len(self.requests)
-        while self.next_body < n and self.due[self.next_body] <= until_due_ns:
-            if deadline_ns is not None and time.perf_counter_ns() >= deadline_ns:
+    def _build_next(self) -> None:
+        j, req = self.next_body, self.requests[self.next_body]
+        ids = prompt_token_ids(j, req, seed=self.seed, vocab_size=self.vocab_size)
+        self.bodies[j] = completion_body(self.model, ids, req.output_tokens)
+        self.next_body += 1
+
+    def _build_now(self, until_due_ns: int) -> None:
+        """Build every body of requests due by `until_due_ns` at once."""
+        while self.next_body < len(self.requests) and self.due[self.next_body] <= until_due_ns:
+            self._build_next()
+
+    async def _build_ahead(self, until_due_ns: int, deadline_ns: int) -> None:
+        """Build bodies of requests due by `until_due_ns` while perf_counter_ns() < deadline_ns,
+        yielding to the loop after each, so requests just started are not held up."""
+        while self.next_body < len(self.requests) and self.due[self.next_body] <= until_due_ns:
+            await asyncio.sleep(0)
+            if time.perf_counter_ns() >= deadline_ns:
                 return
-            j, req = self.next_body, self.requests[self.next_body]
-            ids = prompt_token_ids(j, req, seed=self.seed, vocab_size=self.vocab_size)
-            self.bodies[j] = completion_body(self.model, ids, req.output_tokens)
-            self.next_body += 1
+            self._build_next()
 
     async def _walk(self) -> None:
         for i, req in enumerate(self.requests):
             due_at = self.t0 + self.due[i]
-            self._build(self.due[i] + LOOKAHEAD_NS, due_at - BUILD_SLACK_NS)
-            self._build(self.due[i], None)  # no slack left: request i's own body, late
+            await self._build_ahead(self.due[i] + LOOKAHEAD_NS, due_at - BUILD_SLACK_NS)
+            self._build_now(self.due[i])  # no slack was left: request i's own body, late
             await sleep_until(due_at)
             task = asyncio.create_task(run_request(
                 self.session, self.endpoint, self.bodies.pop(i), index=i, input_tokens=req.input_tokens,
@@ -130,7 +147,7 @@ class Dispatcher:
         self._walking = asyncio.current_task()
         try:
             try:
-                self._build(self.due[0] + LOOKAHEAD_NS, None)  # before t0: nothing due is built late
+                self._build_now(self.due[0] + LOOKAHEAD_NS)  # before t0: the first second's bodies
                 self.t0 = time.perf_counter_ns() + START_DELAY_NS
                 await self._walk()
             except asyncio.CancelledError as exc:

@@ -173,8 +173,8 @@ async def replay(
     timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s)
     connector = aiohttp.TCPConnector(limit=max_connections or 0, limit_per_host=0)
     try:
-        async with aiohttp.ClientSession(connector=connector, read_bufsize=READ_BUFSIZE,
-                                         timeout=timeout) as session:
+        async with aiohttp.ClientSession(connector=connector, read_bufsize=READ_BUFSIZE, timeout=timeout,
+                                         cookie_jar=aiohttp.DummyCookieJar()) as session:  # no cookies
             model = model or await fetch_model_name(session, url)
             dispatcher = Dispatcher(session, f"{url}/v1/completions", requests, due, model=model, seed=seed,
                                     vocab_size=vocab_size, tags=dict(tags or {}), timeout=timeout, sink=sink,
