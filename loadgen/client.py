@@ -35,19 +35,20 @@ def connect_failed(rec: RequestRecord) -> bool:
     return rec.error is not None and rec.error.startswith(CONNECT_FAILED)
 
 
-def completion_body(model: str, prompt_ids: list[int], output_tokens: int) -> bytes:
+def completion_body(model: str, prompt: list[int] | str, output_tokens: int) -> bytes:
     """The encoded JSON body of one streaming completion that yields exactly output_tokens tokens.
 
     Encoded ahead of the due time by the scheduler, so a long prompt costs nothing at send time.
     """
-    return json.dumps(completion_payload(model, prompt_ids, output_tokens)).encode()
+    return json.dumps(completion_payload(model, prompt, output_tokens)).encode()
 
 
-def completion_payload(model: str, prompt_ids: list[int], output_tokens: int) -> dict:
-    """The JSON object of one streaming completion that yields exactly output_tokens tokens."""
+def completion_payload(model: str, prompt: list[int] | str, output_tokens: int) -> dict:
+    """The JSON object of one streaming completion that yields exactly output_tokens tokens (the
+    prompt as token ids, or as text for a server with a tokenizer)."""
     return {
         "model": model,
-        "prompt": prompt_ids,
+        "prompt": prompt,
         "max_tokens": output_tokens,
         "ignore_eos": True,
         "stream": True,

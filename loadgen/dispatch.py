@@ -22,7 +22,7 @@ from typing import Callable, Mapping, Sequence
 import aiohttp
 
 from loadgen.client import completion_body, connect_failed, run_request
-from loadgen.prompts import prompt_token_ids
+from loadgen.prompts import PromptSource
 from loadgen.records import RequestRecord
 from traces.trace import TraceRequest
 
@@ -62,11 +62,11 @@ class Dispatcher:
     """Starts every request of a list at its due time and guarantees one record per request."""
 
     def __init__(self, session: aiohttp.ClientSession, endpoint: str, requests: Sequence[TraceRequest],
-                 due: list[int], *, model: str, seed: int, vocab_size: int, tags: Mapping,
+                 due: list[int], *, model: str, seed: int, prompts: PromptSource, tags: Mapping,
                  timeout: aiohttp.ClientTimeout, sink: Callable[[RequestRecord], None],
                  dead_after: int) -> None:
         self.session, self.endpoint, self.requests, self.due = session, endpoint, requests, due
-        self.model, self.seed, self.vocab_size, self.tags = model, seed, vocab_size, dict(tags)
+        self.model, self.seed, self.prompts, self.tags = model, seed, prompts, dict(tags)
         self.timeout, self.sink, self.dead_after = timeout, sink, dead_after
         self.bodies: dict[int, bytes] = {}
         self.next_body = 0  # the first request whose body is not built yet
@@ -104,8 +104,8 @@ class Dispatcher:
 
     def _build_next(self) -> None:
         j, req = self.next_body, self.requests[self.next_body]
-        ids = prompt_token_ids(j, req, seed=self.seed, vocab_size=self.vocab_size)
-        self.bodies[j] = completion_body(self.model, ids, req.output_tokens)
+        prompt = self.prompts(j, req, self.seed)
+        self.bodies[j] = completion_body(self.model, prompt, req.output_tokens)
         self.next_body += 1
 
     def _build_now(self, until_due_ns: int) -> None:

@@ -1,4 +1,5 @@
-"""Deterministic prompts as token ids (the server runs with --skip-tokenizer-init).
+"""Deterministic prompts as token ids (the server runs with --skip-tokenizer-init), the default
+prompt source of a replay (`PromptSource`; text prompts: loadgen.textprompts).
 
 Request ``i`` of a replay gets ids from ``np.random.default_rng((seed, i))``, so every arm and
 every repeat sees identical prompts. When a request carries Mooncake ``hash_ids``, block ``k`` of
@@ -9,9 +10,15 @@ prefix cache can hit as it did in production.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from traces.trace import TraceRequest
+
+# (request index, request, seed) -> the prompt: token ids, or text for a server with a tokenizer
+# (loadgen.textprompts.TextPrompts.text); one per replay, the same for every arm
+PromptSource = Callable[[int, TraceRequest, int], "list[int] | str"]
 
 BLOCK_TOKENS = 512  # Mooncake's block size: one hash id per 512 prompt tokens
 _BLOCK_STREAM = 1  # keeps block generators apart from per-request ones: (seed, 1, hash_id)
@@ -49,3 +56,10 @@ def prompt_token_ids(index: int, req: TraceRequest, *, seed: int = 0, vocab_size
     if have < n:  # no hash ids, or fewer blocks than the prompt needs: the rest is the request's own
         parts.append(_ids(np.random.default_rng((seed, index)), n - have, vocab_size))
     return np.concatenate(parts)[:n].tolist()
+
+
+def token_id_prompts(vocab_size: int = 32000) -> PromptSource:
+    """The default prompt source: prompt_token_ids with ids below `vocab_size`."""
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+    return lambda index, req, seed: prompt_token_ids(index, req, seed=seed, vocab_size=vocab_size)

@@ -30,7 +30,7 @@ import aiohttp
 from tqdm import tqdm
 
 from loadgen.dispatch import Dispatcher
-from loadgen.prompts import request_problem
+from loadgen.prompts import PromptSource, request_problem, token_id_prompts
 from loadgen.records import RecordWriter, RequestRecord
 from traces.trace import TraceRequest
 
@@ -131,6 +131,7 @@ async def replay(
     seed: int = 0,
     progress: bool = True,
     vocab_size: int = 32000,
+    prompts: PromptSource | None = None,
     connect_timeout_s: float = 30.0,
     dead_after: int = DEAD_AFTER,
 ) -> list[RequestRecord]:
@@ -138,7 +139,8 @@ async def replay(
 
     Records are appended to `out` (JSONL, one flushed line per finished request) as they finish.
     `timeout_s` bounds a whole request (send to last byte), `connect_timeout_s` its connection.
-    `model` defaults to the server's only served model. Prompts: see loadgen.prompts. After
+    `model` defaults to the server's only served model. Prompts: `prompts(index, request, seed)`,
+    by default token ids below `vocab_size` (loadgen.prompts); text: loadgen.textprompts. After
     `dead_after` requests in a row fail to connect (0: never) the rest are not sent and
     ServerUnreachable is raised; a record that cannot be stored or any other early end raises
     ReplayStopped. Both carry every request's record; so does a cancellation, on disk.
@@ -177,7 +179,8 @@ async def replay(
                                          cookie_jar=aiohttp.DummyCookieJar()) as session:  # no cookies
             model = model or await fetch_model_name(session, url)
             dispatcher = Dispatcher(session, f"{url}/v1/completions", requests, due, model=model, seed=seed,
-                                    vocab_size=vocab_size, tags=dict(tags or {}), timeout=timeout, sink=sink,
+                                    prompts=prompts or token_id_prompts(vocab_size), tags=dict(tags or {}),
+                                    timeout=timeout, sink=sink,
                                     dead_after=dead_after)
             await dispatcher.run()
     finally:

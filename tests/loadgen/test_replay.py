@@ -9,6 +9,7 @@ import time
 import pytest
 
 from loadgen.fakeserver import FakeServerConfig, fake_server
+from loadgen.prompts import token_id_prompts
 from loadgen.records import lateness_ms, read_records, succeeded, tpot_ms, ttft_ms
 from loadgen import dispatch
 from loadgen.dispatch import sleep_until
@@ -126,7 +127,8 @@ def test_record_that_cannot_be_stored_stops_the_replay(tmp_path, monkeypatch):
         run(FakeServerConfig(), reqs, out=tmp_path / "r.jsonl")
     recs = got.value.records
     assert [r.index for r in recs] == list(range(5))  # still one record per request, in memory
-    stopped = [r for r in recs if r.error and r.error.startswith(("not sent: could not", "cancelled: could not"))]
+    stopped = [r for r in recs
+               if r.error and r.error.startswith(("not sent: could not", "cancelled: could not"))]
     assert stopped and recs[-1] in stopped
 
 
@@ -149,20 +151,19 @@ def test_a_server_that_answers_is_never_declared_dead():
     assert all(succeeded(r) for r in recs)
 
 
-def test_body_that_cannot_be_built_stops_with_a_record_for_every_request(tmp_path, monkeypatch):
-    real = dispatch.prompt_token_ids
+def test_body_that_cannot_be_built_stops_with_a_record_for_every_request(tmp_path):
+    real = token_id_prompts()
 
-    def fails_on_3(i, req, **kw):
+    def fails_on_3(i, req, seed):  # a prompt source (the replay's hook) that fails on request 3
         if i == 3:
             raise MemoryError("no memory for the prompt")
-        return real(i, req, **kw)
-    monkeypatch.setattr(dispatch, "prompt_token_ids", fails_on_3)
+        return real(i, req, seed)
     # request 3 is due past the look-ahead of the first, so its body is built after 0..2 were sent
     reqs = [TraceRequest(0.0, 10, 60), TraceRequest(0.01, 5, 2), TraceRequest(0.02, 5, 2),
             TraceRequest(1.5, 5, 2), TraceRequest(1.6, 5, 2)]
     out = tmp_path / "r.jsonl"
     with pytest.raises(ReplayStopped, match="MemoryError: no memory for the prompt"):
-        run(FakeServerConfig(itl_s=0.05), reqs, out=out)
+        run(FakeServerConfig(itl_s=0.05), reqs, out=out, prompts=fails_on_3)
     by_index = {r.index: r for r in read_records(out)}
     assert sorted(by_index) == list(range(5))
     assert by_index[0].error.startswith("cancelled: the replay failed: MemoryError")  # was streaming
