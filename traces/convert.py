@@ -14,8 +14,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from traces.cliargs import OneLineParser, add_debug_flag, fail
 from traces.formats import FORMATS, order_rows, to_requests
 from traces.trace import TraceError, file_sha256, write_trace
+
+PROG = "python -m traces.convert"
 
 _SHOWN_LINES = 5  # dropped line numbers printed per reason (all of them go into --report)
 
@@ -56,11 +59,26 @@ class ConversionReport:
         return out
 
 
+def same_file(a: Path, b: Path) -> bool:
+    """Whether paths a and b name one file (the same path, a link to it, or another spelling of it)."""
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return a.samefile(b)
+    except OSError:  # one of them does not exist yet: not the same file
+        return False
+
+
 def convert(fmt: str, src: str | Path, dst: str | Path, sort: bool = False) -> ConversionReport:
-    """Convert src (in format fmt) to the JSONL trace dst; raise TraceError on a malformed line."""
+    """Convert src (in format fmt) to the JSONL trace dst; raise TraceError on a malformed line.
+
+    Raises ValueError when dst is src itself (writing would destroy the source before it is read).
+    """
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
     src, dst = Path(src), Path(dst)
+    if same_file(src, dst):
+        raise ValueError(f"output {dst} is the input {src}; write the trace to another file")
     parsed = FORMATS[fmt](src)
     rows, out_of_order = order_rows(src, parsed.rows, sort)
     reqs = to_requests(rows)
@@ -83,8 +101,8 @@ def convert(fmt: str, src: str | Path, dst: str | Path, sort: bool = False) -> C
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of traces.convert."""
-    p = argparse.ArgumentParser(
-        prog="python -m traces.convert",
+    p = OneLineParser(
+        prog=PROG,
         description="Convert a public LLM request trace to JSONL "
         '({"timestamp": s, "input_tokens": n, "output_tokens": n[, "hash_ids": [...]]} per line), '
         "times rebased to the first request and rounded to the microsecond.",
@@ -98,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Request tokens, Response tokens; failed rows are dropped and counted)",
     )
     p.add_argument("input", type=Path, help="the source trace file")
-    p.add_argument("output", type=Path, help="the JSONL trace to write (overwritten)")
+    p.add_argument("output", type=Path,
+                   help="the JSONL trace to write (overwritten; refused when it is the input file)")
     p.add_argument(
         "--sort",
         action="store_true",
@@ -109,22 +128,43 @@ def build_parser() -> argparse.ArgumentParser:
         "--report",
         type=Path,
         default=None,
-        help="also write the conversion report (counts, every dropped line number, sha256) as JSON here",
+        help="also write the conversion report (counts, every dropped line number, sha256) as JSON here; "
+        "its folder must exist (checked before anything is written)",
     )
+    add_debug_flag(p)
     return p
 
 
+def _check_paths(args: argparse.Namespace) -> str | None:
+    """Why the output or --report cannot be written, before anything is; None when they can."""
+    written = [("output", args.output)] + ([("--report", args.report)] if args.report is not None else [])
+    for flag, path in written:
+        if not path.parent.is_dir():
+            return f"{flag} {path}: folder {path.parent} does not exist"
+        if path.is_dir():
+            return f"{flag} {path} is a folder; give a file name"
+        if same_file(args.input, path):
+            return f"{flag} {path} is the input file {args.input}; write to another file"
+    if args.report is not None and same_file(args.output, args.report):
+        return f"--report {args.report} is the output file; choose another path"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status."""
+    """Entry point; returns the exit status (0 written, 2 bad flag, input file or line)."""
     args = build_parser().parse_args(argv)
+    problem = _check_paths(args)
+    if problem:
+        return fail(PROG, problem)
     try:
         report = convert(args.format, args.input, args.output, sort=args.sort)
-    except (TraceError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print("\n".join(report.lines()))
-    if args.report is not None:
-        args.report.write_text(json.dumps(asdict(report), indent=2) + "\n", encoding="utf-8")
+        print("\n".join(report.lines()))
+        if args.report is not None:
+            args.report.write_text(json.dumps(asdict(report), indent=2) + "\n", encoding="utf-8")
+    except (ValueError, OSError) as exc:  # TraceError is a ValueError
+        if args.debug:
+            raise
+        return fail(PROG, str(exc))
     return 0
 
 

@@ -3,7 +3,8 @@
     python -m traces.info traces/chat.jsonl
     python -m traces.info traces/chat.jsonl --start 600 --duration 120 --speedup 2 --out slice.jsonl
 
-The window is taken on the original time axis first, then the speed-up is applied.
+The window is taken on the original time axis first, then the speed-up is applied. The summary
+says where the requests are: the longest gap, empty time bins, idle stretches and busy spans.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from traces.cliargs import OneLineParser, add_debug_flag, fail, non_negative_float, positive_float
+from traces.gaps import BIN_S, IDLE_S, Span, describe_spans, gap_summary
 from traces.trace import (
     TraceError,
     TraceRequest,
@@ -25,6 +28,8 @@ from traces.trace import (
     time_window,
     write_trace,
 )
+
+PROG = "python -m traces.info"
 
 
 def format_summary(summary: dict) -> str:
@@ -45,35 +50,56 @@ def format_summary(summary: dict) -> str:
             f"{key.split('_')[0]:<12} {s['mean']:>10.1f} {s['p50']:>10.1f} {s['p90']:>10.1f} "
             f"{s['p99']:>10.1f} {s['max']:>10d}"
         )
-    return "\n".join(lines)
+    return "\n".join(lines + format_gaps(summary["gaps"]) if "gaps" in summary else lines)
+
+
+def format_gaps(g: dict) -> list[str]:
+    """Text lines of a traces.gaps.gap_summary() result."""
+    lines = [f"empty bins   {g['empty_bins']} of {g['bins']} bins of {g['bin_s']:g} s"]
+    if g["longest_gap_s"] is not None:
+        lines.append(f"longest gap  {g['longest_gap_s']:.6f} s, after the arrival at {g['longest_gap_after_s']:.6f} s")
+    lines.append(f"idle         {g['idle_stretches']} gaps >= {g['idle_s']:g} s, {g['idle_s_total']:.6f} s in all")
+    spans = [Span(**s) for s in g["busy_spans"]]
+    lines.append(f"busy spans   {len(spans)}: {describe_spans(spans)}")
+    return lines
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of traces.info."""
-    p = argparse.ArgumentParser(
-        prog="python -m traces.info",
+    p = OneLineParser(
+        prog=PROG,
         description="Validate a JSONL trace and print its summary: count, duration, rate (req/s), "
-        "input/output token mean, p50, p90, p99, max. Optionally slice a window and speed it up.",
+        "input/output token mean, p50, p90, p99, max, and where the requests are (longest gap, empty "
+        "time bins, idle stretches, busy spans). Optionally slice a window and speed it up.",
     )
     p.add_argument("trace", type=Path, help="JSONL trace file (validated line by line)")
     p.add_argument(
-        "--start", type=float, default=None, help="window start, seconds on the trace's time axis (default 0)"
+        "--start",
+        type=non_negative_float,
+        default=None,
+        help="window start, seconds on the trace's time axis (default 0)",
     )
     p.add_argument(
         "--duration",
-        type=float,
+        type=positive_float,
         default=None,
         help="window length in seconds of the original trace; keeps start <= t < start + duration "
         "and rebases the window start to 0 (default: to the end of the trace)",
     )
     p.add_argument(
         "--speedup",
-        type=float,
+        type=positive_float,
         default=1.0,
         help="replay at this many times the original rate: timestamps are divided by it (default 1)",
     )
     p.add_argument("--out", type=Path, default=None, help="write the resulting requests here as JSONL")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of text")
+    p.add_argument("--bin-s", type=positive_float, default=BIN_S,
+                   help=f"width of the time bins counted as empty or not, seconds (default {BIN_S:g})")
+    p.add_argument("--idle-s", type=positive_float, default=IDLE_S,
+                   help=f"a gap between arrivals at least this long is an idle stretch; busy spans lie "
+                        f"between them (default {IDLE_S:g})")
+    add_debug_flag(p)
     return p
 
 
@@ -87,17 +113,20 @@ def select(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status."""
+    """Entry point; returns the exit status (0, or 2 for a bad flag, trace file or line)."""
     args = build_parser().parse_args(argv)
+    if args.out is not None and not args.out.parent.is_dir():
+        return fail(PROG, f"--out {args.out}: folder {args.out.parent} does not exist")
     try:
         reqs = select(load_trace(args.trace), args.start, args.duration, args.speedup)
     except (TraceError, OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        if args.debug:
+            raise
+        return fail(PROG, str(exc))
     if args.out is not None and not reqs:
-        print("error: the selected window holds no requests; nothing to write", file=sys.stderr)
-        return 1
+        return fail(PROG, "the selected window holds no requests; nothing to write")
     summary = summarize(reqs)
+    summary["gaps"] = gap_summary([r.timestamp for r in reqs], args.bin_s, args.idle_s)
     if args.json:
         print(json.dumps({"trace": str(args.trace), "sha256": file_sha256(args.trace), **summary}, indent=2))
     else:

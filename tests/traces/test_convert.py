@@ -42,8 +42,9 @@ def test_burstgpt_cli_prints_and_reports_drops(tmp_path: Path, capsys: pytest.Ca
 def test_bad_input_exits_nonzero_with_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     src, dst = tmp_path / "m.jsonl", tmp_path / "out.jsonl"
     src.write_text('{"timestamp": 0, "input_length": 5, "output_length": 6}\n{"timestamp": 1}\n')
-    assert main(["--format", "mooncake", str(src), str(dst)]) == 1
-    assert f"{src}:2: missing key(s) input_length, output_length" in capsys.readouterr().err
+    assert main(["--format", "mooncake", str(src), str(dst)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"python -m traces.convert: error: {src}:2: missing key(s) input_length, output_length\n"
     assert not dst.exists()
 
 
@@ -60,7 +61,7 @@ def test_sort_flag(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
         '{"timestamp": 2000, "input_length": 1, "output_length": 1}\n'
         '{"timestamp": 1000, "input_length": 2, "output_length": 2}\n'
     )
-    assert main(["--format", "mooncake", str(src), str(dst)]) == 1
+    assert main(["--format", "mooncake", str(src), str(dst)]) == 2
     assert ":2: not in time order" in capsys.readouterr().err
     assert main(["--format", "mooncake", "--sort", str(src), str(dst)]) == 0
     assert "1 rows were out of order" in capsys.readouterr().out
@@ -79,6 +80,53 @@ def test_output_is_deterministic(tmp_path: Path) -> None:
     b = convert("mooncake", src, tmp_path / "b.jsonl")
     assert a.sha256 == b.sha256
     assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
+
+
+MOONCAKE = '{"timestamp": 0, "input_length": 5, "output_length": 6}\n'
+
+
+@pytest.mark.parametrize("spelling", ["same", "dotted", "symlink", "hardlink"])
+def test_refuses_to_write_over_its_input(tmp_path: Path, capsys: pytest.CaptureFixture, spelling: str) -> None:
+    src = tmp_path / "x.jsonl"
+    src.write_text(MOONCAKE)
+    dst = {"same": src, "dotted": tmp_path / "." / "x.jsonl", "symlink": tmp_path / "link.jsonl",
+           "hardlink": tmp_path / "hard.jsonl"}[spelling]
+    if spelling == "symlink":
+        dst.symlink_to(src)
+    elif spelling == "hardlink":
+        dst.hardlink_to(src)
+    assert main(["--format", "mooncake", str(src), str(dst)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"output {dst} is the input file {src}" in err
+    assert src.read_text() == MOONCAKE
+    with pytest.raises(ValueError, match="is the input"):
+        convert("mooncake", src, dst)
+    assert src.read_text() == MOONCAKE
+
+
+def test_report_into_a_missing_folder_fails_before_writing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    src, dst, rep = tmp_path / "m.jsonl", tmp_path / "out.jsonl", tmp_path / "no" / "such" / "r.json"
+    src.write_text(MOONCAKE)
+    assert main(["--format", "mooncake", str(src), str(dst), "--report", str(rep)]) == 2
+    assert capsys.readouterr().err == (f"python -m traces.convert: error: --report {rep}: folder "
+                                       f"{rep.parent} does not exist\n")
+    assert not dst.exists()
+    assert main(["--format", "mooncake", str(src), str(tmp_path / "gone" / "o.jsonl")]) == 2
+    assert "folder" in capsys.readouterr().err and not (tmp_path / "gone").exists()
+    assert main(["--format", "mooncake", str(src), str(dst), "--report", str(dst)]) == 2
+    assert "is the output file" in capsys.readouterr().err and not dst.exists()
+
+
+def test_bad_flag_and_missing_input_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--format", "nope", str(tmp_path / "a"), str(tmp_path / "b")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "argument --format: invalid choice: 'nope'" in err
+    missing = tmp_path / "missing.jsonl"
+    assert main(["--format", "mooncake", str(missing), str(tmp_path / "o.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(missing) in err and "No such file" in err
 
 
 @pytest.mark.parametrize("module", ["traces.convert", "traces.info"])

@@ -45,9 +45,42 @@ def test_window_speedup_out(trace: Path, tmp_path: Path, capsys: pytest.CaptureF
 def test_bad_trace_and_empty_window(trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"timestamp": 0, "input_tokens": 1, "output_tokens": 1}\n{"timestamp": 1}\n')
-    assert main([str(bad)]) == 1
-    assert f"{bad}:2: missing key(s)" in capsys.readouterr().err
-    assert main([str(trace), "--start", "100", "--out", str(tmp_path / "o.jsonl")]) == 1
+    assert main([str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"python -m traces.info: error: {bad}:2: missing key(s) input_tokens, output_tokens\n"
+    assert main([str(trace), "--start", "100", "--out", str(tmp_path / "o.jsonl")]) == 2
     assert "holds no requests" in capsys.readouterr().err
-    assert main([str(trace), "--speedup", "0"]) == 1
-    assert "speedup must be" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--speedup", "0"), ("--start", "-1"), ("--duration", "0"),
+                                             ("--bin-s", "nan"), ("--idle-s", "x")])
+def test_bad_flag_is_one_line_naming_it(trace: Path, capsys: pytest.CaptureFixture, flag: str,
+                                        value: str) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main([str(trace), flag, value])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"argument {flag}:" in err
+
+
+def test_out_into_a_missing_folder_is_refused(trace: Path, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "none" / "o.jsonl"
+    assert main([str(trace), "--out", str(out)]) == 2
+    assert capsys.readouterr().err.count("\n") == 1 and not out.parent.exists()
+
+
+def test_gaps_of_a_trace_with_a_planted_gap(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    # 1 request/s over [0, 30), nothing for 200 s, 1 request/s over [229, 259)
+    path = tmp_path / "gap.jsonl"
+    write_trace([TraceRequest(float(t), 5, 5) for t in [*range(30), *range(229, 259)]], path)
+    assert main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "empty bins   19 of 26 bins of 10 s" in out  # bins 0-2 and 22-25 hold requests
+    assert "longest gap  200.000000 s, after the arrival at 29.000000 s" in out
+    assert "idle         1 gaps >= 60 s, 200.000000 s in all" in out
+    assert "busy spans   2: 0-29 s (30 requests), 229-258 s (30 requests)" in out
+    assert main([str(path), "--json", "--idle-s", "300", "--bin-s", "100"]) == 0
+    gaps = json.loads(capsys.readouterr().out)["gaps"]
+    assert gaps["empty_bins"] == 1 and gaps["bins"] == 3 and gaps["idle_stretches"] == 0  # [100, 200) empty
+    assert gaps["busy_spans"] == [{"first_s": 0.0, "last_s": 258.0, "requests": 60}]
