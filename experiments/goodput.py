@@ -177,7 +177,8 @@ def latency_curve(df: pd.DataFrame, arm: str, q: float = ATTAINMENT_TARGET) -> p
         tpot = tpot[~np.isnan(tpot)]
         rows.append({"load": load, "n": len(g),
                      "ttft_q_ms": stats.percentile(ttft, q, method="inverted_cdf"),
-                     "tpot_q_ms": stats.percentile(tpot, q, method="inverted_cdf") if tpot.size else math.nan})
+                     "tpot_q_ms": (stats.percentile(tpot, q, method="inverted_cdf") if tpot.size
+                                   else math.nan)})
     return pd.DataFrame(rows, columns=["load", "n", "ttft_q_ms", "tpot_q_ms"])
 
 

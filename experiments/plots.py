@@ -57,7 +57,8 @@ def latency_cdfs(path: Path, df: pd.DataFrame, labels: Sequence[str]) -> None:
     plt.close(fig)
 
 
-def paired_differences(path: Path, series: Sequence[tuple[str, str, dict]], noise_sd: dict | None = None) -> None:
+def paired_differences(path: Path, series: Sequence[tuple[str, str, dict]],
+                       noise_sd: dict | None = None) -> None:
     """Per-window paired differences (%) per metric, with the mean, its 95% CI band and the A/A floor.
 
     ``series`` holds (key, title, goodput.paired_relative result); ``noise_sd`` maps key -> A/A sd (%).
@@ -144,7 +145,8 @@ def write_plots(run_dir: Path, df: pd.DataFrame, per_slo: Sequence[dict], second
     noise_sd = nf.get("sd_pct") if nf.get("applied") else None
     attainment_vs_load(run_dir / "attainment.png", per_slo, report["comparison"])
     latency_cdfs(run_dir / "latency_cdf.png", df, labels)
-    series = [(f"goodput:{item['slo'].name}", f"goodput {item['slo'].name} (% of baseline mean)", item["paired"])
+    series = [(f"goodput:{item['slo'].name}", f"goodput {item['slo'].name} (% of baseline mean)",
+               item["paired"])
               for item in per_slo]
     series += [(m, f"{m} per window (% of baseline mean)", p) for m, p in secondary.items()]
     paired_differences(run_dir / "paired_diffs.png", series, noise_sd)

@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dead-after", type=non_negative_int, default=DEAD_AFTER,
                    help=f"stop after this many requests in a row cannot connect: the server is "
                         f"unreachable, the rest are recorded as not sent; 0 never stops ({DEAD_AFTER})")
-    p.add_argument("--seed", type=non_negative_int, default=0, help="prompt seed; same seed = same prompts (0)")
+    p.add_argument("--seed", type=non_negative_int, default=0,
+                   help="prompt seed; same seed = same prompts (0)")
     p.add_argument("--vocab-size", type=positive_int, default=32000,
                    help="prompt ids are drawn below this; must not exceed the model's vocabulary (32000)")
     p.add_argument("--tag", type=_tag, action="append", default=[], metavar="KEY=VALUE",

@@ -47,13 +47,15 @@ def judge(greedy: dict) -> dict:
     for name, g in greedy.items():
         if name == BASELINE:
             continue
-        ok = g["identical"] or (base is not None and g["first_token_identical"] and g["max_abs_logprob_diff_before"]
+        ok = g["identical"] or (base is not None and g["first_token_identical"]
+                                and g["max_abs_logprob_diff_before"]
                                 <= TOLERANCE_FACTOR * max(base["max_abs_logprob_diff_before"], 1e-6))
         out[name] = {"consistent_with_stock_variation": ok, "identical": g["identical"],
                      "first_divergence": g["first_divergence"],
                      "max_abs_logprob_diff_before": g["max_abs_logprob_diff_before"]}
     if base is not None:
-        out[BASELINE + " (baseline)"] = {"identical": base["identical"], "first_divergence": base["first_divergence"],
+        out[BASELINE + " (baseline)"] = {"identical": base["identical"],
+                                         "first_divergence": base["first_divergence"],
                                          "max_abs_logprob_diff_before": base["max_abs_logprob_diff_before"]}
     return out
 
@@ -88,12 +90,14 @@ def norm_counts(traced: list[dict], shape: normcalls.NormShape | None) -> dict |
             width = key.split("/")[1]
             widths[width] = widths.get(width, 0) + n
         ir.append(_kinds(widths, shape))
-    kernels = [_kinds({w: v["calls"] for w, v in st.get("norm_by_width", {}).items()}, shape) for st in traced]
+    kernels = [_kinds({w: v["calls"] for w, v in st.get("norm_by_width", {}).items()}, shape)
+               for st in traced]
     us = [_kinds({w: v["us"] for w, v in st.get("norm_by_width", {}).items()}, shape) for st in traced]
     seen = [c for c in ir if c]
     return {"expected_per_forward": shape.expected(), "ir_calls_by_kind": ir, "kernels_by_kind": kernels,
             "norm_us_by_kind": us,
-            "ir_calls_match_layers": all(normcalls.check(c, shape)["matches"] for c in seen) if seen else None}
+            "ir_calls_match_layers": (all(normcalls.check(c, shape)["matches"] for c in seen)
+                                      if seen else None)}
 
 
 def _median_by_kind(per_step: list[dict[str, float]]) -> dict[str, float]:
@@ -141,25 +145,29 @@ def build(results: dict, codes: dict, logs: dict, cmds: dict, ranges: list[int],
         "fused_in_graph_replay_profile_steps": sum(
             s["fused_from_graph"] for row in (results.get("patched-compiled") or {}).get("steps", [])
             for s in row["traced_steps"]),
-        "stock_fused_kernels": sum((((arms.get(n) or {}).get("proof") or {}).get("fused_kernels_from_cuda_graph_replay", 0)
-                                    + (((arms.get(n) or {}).get("proof") or {}).get("fused_kernels_launched_directly", 0)))
-                                   for n in ("stock-compiled", "stock-eager")),
+        "stock_fused_kernels": sum(
+            (((arms.get(n) or {}).get("proof") or {}).get("fused_kernels_from_cuda_graph_replay", 0)
+             + (((arms.get(n) or {}).get("proof") or {}).get("fused_kernels_launched_directly", 0)))
+            for n in ("stock-compiled", "stock-eager")),
         "greedy": judge(greedy),
     }
     summary["norms_per_forward"] = shape.expected() if shape else None
-    summary["ir_calls_match_layers"] = {n: ((arms[n].get("proof") or {}).get("norms") or {}).get("ir_calls_match_layers")
+    summary["ir_calls_match_layers"] = {n: ((arms[n].get("proof") or {}).get("norms") or {})
+                                        .get("ir_calls_match_layers")
                                         for n in arms}
-    return {"schema_version": EVIDENCE_SCHEMA_VERSION, "command": command, "model": a.model, "dtype": a.dtype, "vllm": versions,
-            "environment": env, "compile_ranges_endpoints": ranges, "summary": summary,
+    return {"schema_version": EVIDENCE_SCHEMA_VERSION, "command": command, "model": a.model, "dtype": a.dtype,
+            "vllm": versions, "environment": env, "compile_ranges_endpoints": ranges, "summary": summary,
             "greedy_settings": {"prompts": a.prompts, "steps": a.steps, "temperature": 0.0,
                                 "weights": ("vLLM load_format=dummy (uniform +-1e-3, seed 1234 per parameter)"
-                                            + (", then every weight redrawn N(0, 0.02), norm weights N(1, 0.1), "
+                                            + (", then every weight redrawn N(0, 0.02), "
+                                               "norm weights N(1, 0.1), "
                                                "seeded by parameter order (prove_arm.scaled_weights)"
                                                if a.weights == "scaled" else "")),
-                                "tolerance": f"first token identical and chosen-token |logprob| gap before any "
-                                             f"divergence <= {TOLERANCE_FACTOR} x that of {BASELINE}"},
+                                "tolerance": f"first token identical and chosen-token |logprob| gap before "
+                                             f"any divergence <= {TOLERANCE_FACTOR} x that of {BASELINE}"},
             "greedy": greedy, "arms": arms,
-            "raw": {n: ({k: v for k, v in r.items() if k != "steps"} if r else None) for n, r in results.items()}}
+            "raw": {n: ({k: v for k, v in r.items() if k != "steps"} if r else None)
+                    for n, r in results.items()}}
 
 
 def _median(xs: list[float]) -> float | None:
@@ -214,8 +222,10 @@ def _arm_step(row: dict, norm_names: list[str]) -> dict:
     traced = row["traced_steps"]
     norm_us, norm_calls = _norm_steps(traced, norm_names)
     return {"step_wall_us": row["step_wall_us"], "norm_us": norm_us, "norm_calls": norm_calls,
-            "gpu_busy_us": [s["gpu_busy_us"] for s in traced], "gpu_span_us": [s["gpu_span_us"] for s in traced],
-            "kernels": [s["kernels"] for s in traced], "fused_from_graph": [s["fused_from_graph"] for s in traced],
+            "gpu_busy_us": [s["gpu_busy_us"] for s in traced],
+            "gpu_span_us": [s["gpu_span_us"] for s in traced],
+            "kernels": [s["kernels"] for s in traced],
+            "fused_from_graph": [s["fused_from_graph"] for s in traced],
             "kernel_hist_mean": {k: [round(c, 2), round(us, 3)] for k, (c, us) in _mean_hist(traced).items()}}
 
 
@@ -229,7 +239,8 @@ def _row(kind: str, n: int, srow: dict, prow: dict, shape: normcalls.NormShape |
            "norm_calls": _median(s["norm_calls"]), "norm_calls_patched": _median(p["norm_calls"]),
            "fused_calls_patched": _median(_norm_steps(prow["traced_steps"], [steptrace.FUSED_KERNEL])[1]),
            "gpu_busy_us_stock": _median(s["gpu_busy_us"]), "gpu_busy_us_patched": _median(p["gpu_busy_us"]),
-           "stock_norm_kernels": names, "stock_norm_kernels_found_by": how, "samples": {"stock": s, "patched": p}}
+           "stock_norm_kernels": names, "stock_norm_kernels_found_by": how,
+           "samples": {"stock": s, "patched": p}}
     row["patched_extra_kernels_us"] = extra_kernels(srow["traced_steps"], prow["traced_steps"])
     for arm, r in (("stock", srow), ("patched", prow)):
         counts = norm_counts(r["traced_steps"], shape)
@@ -245,7 +256,8 @@ def _row(kind: str, n: int, srow: dict, prow: dict, shape: normcalls.NormShape |
         row["patched_faster_every_step"] = max(p["norm_us"]) + extra < min(s["norm_us"])
         row["patched_slower_every_step"] = min(p["norm_us"]) + extra > max(s["norm_us"])
         if row["step_us_stock"]:
-            row["predicted_step_change_pct"] = 100.0 * (patched_total - row["norm_us_stock"]) / row["step_us_stock"]
+            row["predicted_step_change_pct"] = (100.0 * (patched_total - row["norm_us_stock"])
+                                                / row["step_us_stock"])
     if row["step_us_stock"] and row["step_us_patched"]:
         row["patched_step_not_slower"] = row["step_us_patched"] <= row["step_us_stock"]
     for arm in ("stock", "patched"):
@@ -261,42 +273,46 @@ def profile_from_raw(raw: dict, mode: str = "compiled") -> dict:
     (raw-steps.json written by prove)."""
     res = raw["results"]
     def keyed(name: str) -> dict:
-        return {(r.get("kind", "decode"), r["batch_tokens"]): r for r in (res.get(name) or {}).get("steps", [])}
+        return {(r.get("kind", "decode"), r["batch_tokens"]): r
+                for r in (res.get(name) or {}).get("steps", [])}
 
     stock, patched = keyed(f"stock-{mode}"), keyed(f"patched-{mode}")
     order = sorted(set(stock) & set(patched), key=lambda k: (k[0] != "decode", k[1]))
     shape = model_norms(raw["model"])
     steps = [_row(kind, n, stock[kind, n], patched[kind, n], shape) for kind, n in order]
-    return {"schema_version": profiles.SCHEMA_VERSION, "model": raw["model"], "mode": mode, "command": raw["command"],
-            "environment": raw["environment"], "policy": raw.get("policy"),
+    return {"schema_version": profiles.SCHEMA_VERSION, "model": raw["model"], "mode": mode,
+            "command": raw["command"], "environment": raw["environment"], "policy": raw.get("policy"),
             "compile_ranges_endpoints": raw["ranges"],
             "norm_shape": shape.__dict__ if shape else None,
             "norms_per_forward": shape.expected() if shape else None,
             "definitions": {
-                "kind": "decode: batch_tokens requests, every one in decode (full CUDA graph); prefill: one "
-                        "request prefilling batch_tokens tokens in one step (no graph above the capture sizes)",
+                "kind": "decode: batch_tokens requests, every one in decode (full CUDA graph); "
+                        "prefill: one request prefilling batch_tokens tokens in one step (no graph "
+                        "above the capture sizes)",
                 "step_us": "median wall time of one LLMEngine.step() (in-process engine, synchronous "
                            "scheduling) over the timed steps",
                 "norm_us": "median over traced steps of the summed GPU time of RMSNorm kernels: patched "
                            "= rmsnorm_kernel plus any Inductor norm (declined ranges); stock = "
                            "stock_norm_kernels (see stock_norm_kernels_found_by)",
                 "fused_calls_patched": "median rmsnorm_kernel launches per traced patched step",
-                "patched_faster_every_step": "every traced patched step's norm time (+ extra kernels) is below "
-                                             "every stock step's (exact Mann-Whitney U = 0)",
+                "patched_faster_every_step": "every traced patched step's norm time (+ extra kernels) is "
+                                             "below every stock step's (exact Mann-Whitney U = 0)",
                 "patched_slower_every_step": "the reverse: every patched step above every stock step",
                 "patched_step_not_slower": "step_us_patched <= step_us_stock (medians of the timed steps: "
                                            "wall time, so the CPU cost of launching the kernel counts)",
                 "norm_calls": "median RMSNorm kernels per traced step (stock arm)",
-                "norm_calls_by_kind_*": "median IR-op norm calls per traced step by kind (hidden: rows of "
-                                        "hidden_size, head: rows of head_dim); eager only, empty when compiled",
+                "norm_calls_by_kind_*": "median IR-op norm calls per traced step by kind (hidden: rows "
+                                        "of hidden_size, head: rows of head_dim); eager only, empty "
+                                        "when compiled",
                 "norm_kernels_by_kind_*": "median norm kernels per traced step by the kind of the call that "
                                           "launched them ('untagged': launched outside an eager IR-op call)",
                 "norm_us_by_kind_*": "median GPU time of those kernels per traced step, by kind",
                 "norm_calls_match_layers_*": "every traced step's IR-op calls equal norms_per_forward",
                 "gpu_busy_us": "summed GPU kernel time per traced step",
                 "norm_share_*": "norm_us / step_us; norm_share_gpu_busy_*: norm_us / gpu_busy_us",
-                "patched_extra_kernels_us": "kernels the patched step runs more often than stock (ours aside), "
-                                            "mean us per step: work Inductor fused into its norm kernel",
+                "patched_extra_kernels_us": "kernels the patched step runs more often than stock "
+                                            "(ours aside), mean us per step: work Inductor fused into its "
+                                            "norm kernel",
                 "norm_speedup": "norm_us_stock / (norm_us_patched + patched_extra_kernels_us), > 1: faster",
                 "predicted_step_change_pct": "(norm_us_patched + patched_extra_kernels_us - norm_us_stock) / "
                                              "step_us_stock, in percent"},
@@ -310,8 +326,9 @@ def regreedy(evidence: dict) -> dict:
               for ref, other in PAIRS if raw.get(ref) and raw.get(other)}
     evidence["greedy"] = greedy
     evidence["summary"]["greedy"] = judge(greedy)
-    evidence["greedy_settings"]["tolerance"] = (f"first token identical and chosen-token |logprob| gap before any "
-                                                f"divergence <= {TOLERANCE_FACTOR} x that of {BASELINE}")
+    evidence["greedy_settings"]["tolerance"] = (f"first token identical and chosen-token |logprob| gap "
+                                                f"before any divergence <= {TOLERANCE_FACTOR} x "
+                                                f"that of {BASELINE}")
     return evidence
 
 
@@ -322,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--raw", help="raw-steps.json written by python -m integration.proof.prove")
-    ap.add_argument("--out", help="profile JSON to write from --raw (e.g. integration/results/h200-profile.json)")
+    ap.add_argument("--out",
+                    help="profile JSON to write from --raw (e.g. integration/results/h200-profile.json)")
     ap.add_argument("--mode", choices=("compiled", "eager"), default="compiled",
                     help="which pair of engines of --raw to profile (default compiled)")
     ap.add_argument("--evidence", help="an h200.json whose greedy comparison to recompute in place")

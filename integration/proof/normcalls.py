@@ -247,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
                   enforce_eager=a.eager, max_model_len=512, max_num_seqs=4, max_num_batched_tokens=512)
     doc = census_run(llm, shape, a.steps)
     doc["lowered_at_build"] = build.lowered(shape)
-    doc["command"] = "python -m integration.proof.normcalls " + " ".join(argv if argv is not None else sys.argv[1:])
+    doc["command"] = ("python -m integration.proof.normcalls "
+                      + " ".join(argv if argv is not None else sys.argv[1:]))
     Path(a.out).write_text(json.dumps(doc, indent=1, default=str))
     ok = all(c["matches"] for c in doc["checks"].values())
     print(json.dumps({"checks": doc["checks"], "lowered_at_build": doc["lowered_at_build"]}, indent=1))

@@ -9,15 +9,15 @@ prompts with the same seeded dummy weights and kernel-traces a few decode steps.
 ready, the two compiled ones take turns, alone on the GPU, profiling decode steps per batch size
 and prefill size (two rounds each, in the order stock, patched, patched, stock).
 
-Writes OUT/<gpu>.json (e.g. h200.json; evidence: providers, priorities, plugin log lines, kernels seen in CUDA-graph
-replays, greedy agreement, the command), OUT/<gpu>-profile.json (per batch size: step time, norm time
-and calls, stock vs patched, with raw samples), OUT/raw-steps.json (the compiled engines' raw step
-data, from which `python -m integration.proof.evidence --raw ... --out ...` rebuilds the profile) and
-OUT/logs.tar.gz. Both count norm calls per step by kind (hidden-size and head_dim rows, from the
-model's config.json) against what its layers make (integration.proof.normcalls): 2L+1 hidden-size
-norms per forward, and 2L head norms for Qwen3's q/k norms. `--dry-run` checks the model config and
-the policy, prints what would run (norms per forward, tables, compile ranges, worker commands) and
-starts nothing.
+Writes OUT/<gpu>.json (e.g. h200.json; evidence: providers, priorities, plugin log lines, kernels seen
+in CUDA-graph replays, greedy agreement, the command), OUT/<gpu>-profile.json (per batch size: step
+time, norm time and calls, stock vs patched, with raw samples), OUT/raw-steps.json (the compiled
+engines' raw step data, from which `python -m integration.proof.evidence --raw ... --out ...` rebuilds
+the profile) and OUT/logs.tar.gz. Both count norm calls per step by kind (hidden-size and head_dim
+rows, from the model's config.json) against what its layers make (integration.proof.normcalls): 2L+1
+hidden-size norms per forward, and 2L head norms for Qwen3's q/k norms. `--dry-run` checks the model
+config and the policy, prints what would run (norms per forward, tables, compile ranges, worker
+commands) and starts nothing.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ LOG_MARKERS = ("rmsnorm_fused", "cupy_fused", "Final IR op priority")
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True, help="directory for <gpu>.json, <gpu>-profile.json, logs.tar.gz (<gpu>: e.g. h200)")
+    p.add_argument("--out", required=True,
+                   help="directory for <gpu>.json, <gpu>-profile.json, logs.tar.gz (<gpu>: e.g. h200)")
     p.add_argument("--model", default=str(MODELS_DIR / "llama-3.1-8b"), help="model dir (dummy weights)")
     p.add_argument("--dtype", default="bfloat16", help="model dtype (default bfloat16)")
     p.add_argument("--prompts", type=int, default=4, help="greedy prompts per arm (default 4)")
@@ -99,11 +100,11 @@ def compile_ranges(a: argparse.Namespace) -> list[int]:
 
 
 def worker_cmd(a: argparse.Namespace, arm: str, mode: str, scratch: Path, ranges: list[int]) -> list[str]:
-    cmd = [sys.executable, "-m", "integration.proof.prove_arm", "--arm", arm, "--mode", mode, "--model", a.model,
-           "--out", str(scratch), "--dtype", a.dtype, "--prompts", str(a.prompts), "--steps", str(a.steps),
-           "--batch-sizes", a.batch_sizes, "--prefill-sizes", a.prefill_sizes, "--timed-steps", str(a.timed_steps),
-           "--traced-steps", str(a.traced_steps), "--compile-ranges", ",".join(map(str, ranges)),
-           "--weights", a.weights]
+    cmd = [sys.executable, "-m", "integration.proof.prove_arm", "--arm", arm, "--mode", mode,
+           "--model", a.model, "--out", str(scratch), "--dtype", a.dtype, "--prompts", str(a.prompts),
+           "--steps", str(a.steps), "--batch-sizes", a.batch_sizes, "--prefill-sizes", a.prefill_sizes,
+           "--timed-steps", str(a.timed_steps), "--traced-steps", str(a.traced_steps),
+           "--compile-ranges", ",".join(map(str, ranges)), "--weights", a.weights]
     if mode in a.profile_modes.split(","):
         cmd += ["--turn-file", str(scratch / f"{arm}-{mode}.go"), "--rounds", "2"]
     return cmd
@@ -235,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     if profiled:
         raw = {"model": a.model, "ranges": ranges, "command": command, "environment": doc["environment"],
                "policy": policy_source,
-               "results": {f"{arm}-{m}": results.get(f"{arm}-{m}") for m in profiled for arm in ("stock", "patched")}}
+               "results": {f"{arm}-{m}": results.get(f"{arm}-{m}")
+                           for m in profiled for arm in ("stock", "patched")}}
         (out / "raw-steps.json").write_text(json.dumps(raw))
         for m in profiled:
             name = f"{gpu}-profile.json" if m == "compiled" else f"{gpu}-profile-{m}.json"

@@ -72,7 +72,8 @@ def build_llm(a: argparse.Namespace):
     from vllm import LLM
 
     kwargs = dict(model=a.model, load_format="dummy", skip_tokenizer_init=True, dtype=a.dtype,
-                  seed=a.seed, enforce_eager=a.mode == "eager", gpu_memory_utilization=a.gpu_memory_utilization,
+                  seed=a.seed, enforce_eager=a.mode == "eager",
+                  gpu_memory_utilization=a.gpu_memory_utilization,
                   kv_cache_memory_bytes=int(a.kv_cache_gib * (1 << 30)),
                   max_model_len=max([2048] + [n + 16 for n in _sizes(a.prefill_sizes)]),
                   max_num_batched_tokens=a.max_num_batched_tokens,
@@ -127,7 +128,8 @@ def greedy(llm, a: argparse.Namespace, vocab: int) -> list[dict]:
             vals = sorted((v.logprob for v in d.values()), reverse=True)
             lp.append(float(d[tok].logprob))
             margin.append(float(vals[0] - vals[1]) if len(vals) > 1 else None)
-        result.append({"prompt_len": lengths[i], "tokens": list(c.token_ids), "logprob": lp, "margin": margin})
+        result.append({"prompt_len": lengths[i], "tokens": list(c.token_ids), "logprob": lp,
+                       "margin": margin})
     return result
 
 
@@ -279,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     write_json(out / f"{name}.json", res)
     (out / f"{name}.ready").touch()
     if a.turn_file:
-        sizes = [("decode", n) for n in _sizes(a.batch_sizes)] + [("prefill", n) for n in _sizes(a.prefill_sizes)]
+        sizes = ([("decode", n) for n in _sizes(a.batch_sizes)]
+                 + [("prefill", n) for n in _sizes(a.prefill_sizes)])
         rows: dict = {key: None for key in sizes}
         for r in range(1, a.rounds + 1):  # the caller alternates the arms' rounds (AB BA)
             _wait_for(Path(f"{a.turn_file}{r}"), a.turn_timeout)

@@ -29,7 +29,8 @@ def norm_kind(name: str) -> str | None:
         return "fused"
     if "rms_norm_kernel" in name:  # vLLM's rms_norm_kernel / fused_add_rms_norm_kernel templates
         return "vllm_c"
-    if name.startswith("triton_") and ("rsqrt" in name or "rms" in name):  # Inductor names kernels after their ops
+    # Inductor names kernels after their ops
+    if name.startswith("triton_") and ("rsqrt" in name or "rms" in name):
         return "inductor"
     return None
 
@@ -48,7 +49,8 @@ def load_profiler_trace(path: str | Path) -> list[dict]:
 
 def _steps(events: list[dict]) -> list[tuple[str, float, float]]:
     spans = [(e["name"], float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
-             for e in events if e.get("cat") == "user_annotation" and e.get("name", "").startswith(STEP_PREFIX)]
+             for e in events
+             if e.get("cat") == "user_annotation" and e.get("name", "").startswith(STEP_PREFIX)]
     return sorted(spans, key=lambda s: s[1])
 
 

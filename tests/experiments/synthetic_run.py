@@ -72,7 +72,8 @@ def write_run(run_dir: Path, cell_fn: CellFn, *, labels: Sequence[str] = ("stock
                     for i in range(windows)],
         "loads": list(loads), "warmup": {"requests": warmup, "duration_s": 5.0}, "schedule": schedule,
         "step_histograms": step_histograms or {}, "status": status, "stopped_reason": stopped_reason,
-        "servers": {lab: {"log": f"server-{lab}.log", "cmd": [], "kv_cache_memory_bytes": 1} for lab in labels},
+        "servers": {lab: {"log": f"server-{lab}.log", "cmd": [], "kv_cache_memory_bytes": 1}
+                    for lab in labels},
     }
     (run_dir / "run.json").write_text(json.dumps(run, indent=1), encoding="utf-8")
     return run_dir

@@ -95,7 +95,8 @@ def test_latency_curve_and_capacity():
 
 def test_latency_curve_counts_failures_as_infinite():
     recs = [record(100.0, 10.0, tags=tags("s", 0, 1.0)) for _ in range(8)]
-    recs += [record(100.0, 10.0, error="x", status=500, completion=0, tags=tags("s", 0, 1.0)) for _ in range(2)]
+    recs += [record(100.0, 10.0, error="x", status=500, completion=0, tags=tags("s", 0, 1.0))
+             for _ in range(2)]
     curve = goodput.latency_curve(goodput.records_frame(recs, [CHAT]), "s")
     assert curve["ttft_q_ms"].iloc[0] == math.inf  # 20% failed: fewer than 90% within any bound
 
@@ -112,7 +113,8 @@ def test_latency_table_send_lateness_covers_every_sent_request():
 
     recs = [dataclasses.replace(record(100.0, 10.0, tags=tags("s", 0, 1.0)), sent_ns=int(late * 1e6))
             for late in range(1, 11)]  # sent 1..10 ms after due
-    recs.append(dataclasses.replace(recs[0], error="boom", status=500, sent_ns=int(50e6)))  # failed, still counted
+    # failed, still counted
+    recs.append(dataclasses.replace(recs[0], error="boom", status=500, sent_ns=int(50e6)))
     row = goodput.latency_table(goodput.records_frame(recs, [CHAT]))[0]
     assert row["lateness_max_ms"] == pytest.approx(50.0)
     assert row["lateness_p99_ms"] == pytest.approx(46.0)  # linear: 10 + 0.9 * (50 - 10) over 11 values

@@ -46,7 +46,8 @@ def test_aa_reason():
 def test_clipping_is_stated_beside_the_design():
     from experiments.report_md import _clipping_line
 
-    assert _clipping_line(None) == [] and _clipping_line({"max_input_tokens": None, "max_output_tokens": None}) == []
+    assert (_clipping_line(None) == []
+            and _clipping_line({"max_input_tokens": None, "max_output_tokens": None}) == [])
     line = _clipping_line({"max_input_tokens": None, "max_output_tokens": 256, "clipped_requests": 7})
     assert line == ["- token counts clipped: input <= no cap, output <= 256 (7 replayed requests changed)"]
 

@@ -38,7 +38,8 @@ def test_slo_file_errors(tmp_path):
     p.write_text('[[slo]]\nname = "a"\nttft_ms = 1\n', encoding="utf-8")
     with pytest.raises(ValueError, match=r"s.toml: \[\[slo\]\] #1: missing \['tpot_ms'\]"):
         load_slo_file(p)
-    p.write_text('[[slo]]\nname = "a"\nttft_ms = 1\ntpot_ms = 2\n[[slo]]\nname = "a"\nttft_ms = 1\ntpot_ms = 2\n')
+    p.write_text('[[slo]]\nname = "a"\nttft_ms = 1\ntpot_ms = 2\n'
+                 '[[slo]]\nname = "a"\nttft_ms = 1\ntpot_ms = 2\n')
     with pytest.raises(ValueError, match="duplicate SLO names"):
         load_slo_file(p)
     p.write_text("slo = [")

@@ -48,7 +48,8 @@ def fake_cuda():
     def make(shape: tuple[int, ...], dynamic_rows: bool = False,
              dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         real = torch.empty(shape, dtype=dtype)
-        dims = [DimDynamic.DYNAMIC if (i == 0 and dynamic_rows) else DimDynamic.STATIC for i in range(len(shape))]
+        dims = [DimDynamic.DYNAMIC if (i == 0 and dynamic_rows) else DimDynamic.STATIC
+                for i in range(len(shape))]
         fake = mode.from_tensor(real, symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims))
         meta = torch.empty_strided(fake.shape, fake.stride(), dtype=fake.dtype, device="meta")
         return FakeTensor(mode, meta, torch.device("cuda", 0))

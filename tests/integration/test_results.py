@@ -35,7 +35,8 @@ def test_evidence_names_the_provider_and_the_graph_replays() -> None:
     ev = _load("h200.json")
     assert ev["summary"]["patched_priority"]["rms_norm"][0] == "cupy_fused"
     assert ev["summary"]["fused_in_graph_replay"] > 0 and ev["summary"]["stock_fused_kernels"] == 0
-    assert any("cupy_fused" in ln and "compile range" in ln for ln in ev["arms"]["patched-compiled"]["log_lines"])
+    assert any("cupy_fused" in ln and "compile range" in ln
+               for ln in ev["arms"]["patched-compiled"]["log_lines"])
 
 
 KERNEL_RESULTS = RESULTS.parents[1] / "kernels" / "results"

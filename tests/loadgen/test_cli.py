@@ -99,7 +99,8 @@ def _run_cli(argv, capsys) -> tuple[int, str]:
     ("--speedup", "nan"), ("--dead-after", "-1"), ("--url", "localhost:8000"),
 ])
 def test_bad_flag_is_one_line_naming_it_exit_2(flag, value, tmp_path, capsys):
-    argv = ["--url", "http://127.0.0.1:1", "--trace", "t.jsonl", "--out", str(tmp_path / "r.jsonl"), flag, value]
+    argv = ["--url", "http://127.0.0.1:1", "--trace", "t.jsonl", "--out", str(tmp_path / "r.jsonl"),
+            flag, value]
     code, err = _run_cli(argv, capsys)
     assert code == 2 and err.count("\n") == 1 and f"argument {flag}" in err and "Traceback" not in err
 
@@ -122,8 +123,9 @@ def test_out_in_a_missing_folder_and_unreachable_url_exit_2(tmp_path, capsys):
     assert main(["--url", "http://127.0.0.1:1", "--trace", str(trace), "--out",
                  str(tmp_path / "no" / "r.jsonl")]) == 2
     assert "--out" in capsys.readouterr().err
+    # the model list cannot be read: nothing was sent
     assert main(["--url", f"http://127.0.0.1:{_closed_port()}", "--trace", str(trace), "--out",
-                 str(tmp_path / "r.jsonl"), "--no-progress"]) == 2  # the model list cannot be read: nothing was sent
+                 str(tmp_path / "r.jsonl"), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--url" in err and "/v1/models" in err
 
@@ -155,7 +157,8 @@ def test_signal_leaves_one_record_per_request(sig, tmp_path):
     server = subprocess.Popen([sys.executable, "-c", FAKE.format(port=port)])
     try:
         trace = tmp_path / "t.jsonl"
-        write_trace(trace, [{"timestamp": 0.1 * i, "input_tokens": 5, "output_tokens": 40} for i in range(60)])
+        write_trace(trace, [{"timestamp": 0.1 * i, "input_tokens": 5, "output_tokens": 40}
+                            for i in range(60)])
         out = tmp_path / "r.jsonl"
         cli = subprocess.Popen([sys.executable, "-m", "loadgen", "--url", f"http://127.0.0.1:{port}",
                                 "--model", "fake-model", "--trace", str(trace), "--out", str(out),

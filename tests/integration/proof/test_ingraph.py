@@ -16,17 +16,20 @@ RESULTS = Path(__file__).resolve().parents[3] / "integration" / "results"
 def _row(n: int, stock: list[float], patched: list[float], kind: str = "decode", extra: float = 0.0,
          fused_calls: float = 65.0, wall: tuple[float, float] = (1000.0, 1000.0)) -> dict:
     return {"kind": kind, "batch_tokens": n, "norm_calls": 65.0, "fused_calls_patched": fused_calls,
-            "norm_us_stock": sorted(stock)[len(stock) // 2], "norm_us_patched": sorted(patched)[len(patched) // 2],
+            "norm_us_stock": sorted(stock)[len(stock) // 2],
+            "norm_us_patched": sorted(patched)[len(patched) // 2],
             "patched_extra_kernels_us": {"triton_poi_embedding": extra} if extra else {},
             "patched_faster_every_step": max(patched) + extra < min(stock),
-            "step_us_stock": wall[0], "step_us_patched": wall[1], "patched_step_not_slower": wall[1] <= wall[0]}
+            "step_us_stock": wall[0], "step_us_patched": wall[1],
+            "patched_step_not_slower": wall[1] <= wall[0]}
 
 
 def test_a_size_is_fused_only_where_every_patched_step_beats_every_stock_step() -> None:
     prof = {"steps": [_row(1, [10, 11], [12, 13]),            # slower
                       _row(8, [10, 11], [9.5, 10.5]),         # overlapping: not proven faster
                       _row(512, [100, 101], [90, 91], kind="prefill"),
-                      _row(1024, [200, 201], [180, 181], kind="prefill", extra=25.0)]}  # faster only without extra
+                      # faster only without extra
+                      _row(1024, [200, 201], [180, 181], kind="prefill", extra=25.0)]}
     assert ingraph.verdicts(prof) == {1: False, 8: False, 512: True, 1024: False}
 
 
@@ -39,8 +42,8 @@ def test_a_faster_kernel_in_a_slower_step_stays_stock() -> None:
 
 def test_ranges_between_sizes_are_fused_only_when_both_neighbours_won() -> None:
     sizes = {1: False, 256: False, 512: True, 1024: True, 2048: False, 4096: True}
-    assert ingraph.table_entries(sizes) == [[1, "stock"], [256, "stock"], [512, "stock"], [1024, "fused:auto"],
-                                            [2048, "stock"], [4096, "stock"]]
+    assert ingraph.table_entries(sizes) == [[1, "stock"], [256, "stock"], [512, "stock"],
+                                            [1024, "fused:auto"], [2048, "stock"], [4096, "stock"]]
     assert ingraph.table_entries({1: True, 2: True}) == [[1, "fused:auto"], [2, "fused:auto"]]
 
 

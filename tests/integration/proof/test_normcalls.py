@@ -55,7 +55,8 @@ def test_census_sees_a_strided_head_view_reach_the_ir_op() -> None:
             ir.ops.fused_add_rms_norm(x, r, torch.ones(256), 1e-6)
     assert "dispatch" not in vars(ir.ops.rms_norm) and "_inner_call" not in vars(ir.ops.rms_norm)  # restored
     head, hidden = census.records
-    assert (head["op"], head["dim"], head["width"], head["strides"]) == ("rms_norm", 3, 64, ["512", "64", "1"])
+    assert ((head["op"], head["dim"], head["width"], head["strides"])
+            == ("rms_norm", 3, 64, ["512", "64", "1"]))
     assert head["provider"] == "native" and not head["fake"] and hidden["op"] == "fused_add_rms_norm"
     shape = normcalls.norm_shape(MODELS_DIR / "tiny-qwen3")
     assert census.per_step(shape)[0]["by_kind"] == {"head": 1, "hidden": 1}
@@ -93,7 +94,8 @@ def test_kernels_are_counted_by_the_width_of_the_call_that_launched_them() -> No
     assert st["norm_by_width"] == {"1024": {"calls": 2, "us": 5.0}, "128": {"calls": 2, "us": 2.75},
                                    "untagged": {"calls": 1, "us": 1.0}}
     shape = normcalls.norm_shape(MODELS_DIR / "qwen3-0.6b")
-    st["ir_calls"] = {"rms_norm/1024/vllm_c": 1, "rms_norm/128/vllm_c": 2, "fused_add_rms_norm/1024/cupy_fused": 1}
+    st["ir_calls"] = {"rms_norm/1024/vllm_c": 1, "rms_norm/128/vllm_c": 2,
+                      "fused_add_rms_norm/1024/cupy_fused": 1}
     counts = evidence.norm_counts([st], shape)
     assert counts["kernels_by_kind"] == [{"hidden": 2, "head": 2, "untagged": 1}]
     assert counts["norm_us_by_kind"] == [{"hidden": 5.0, "head": 2.75, "untagged": 1.0}]
@@ -121,7 +123,8 @@ def test_prove_dry_run_checks_the_model_and_starts_nothing(model: str, tmp_path,
     assert rc == 0 and not (tmp_path / "out").exists()
     plan = json.loads(capsys.readouterr().out)
     assert plan["norms_per_forward"] == normcalls.norm_shape(MODELS_DIR / model).expected()
-    assert set(plan["worker_commands"]) == {"stock-compiled", "patched-compiled", "stock-eager", "patched-eager"}
+    assert set(plan["worker_commands"]) == {"stock-compiled", "patched-compiled", "stock-eager",
+                                            "patched-eager"}
 
 
 def test_prove_refuses_a_model_without_config(tmp_path, capsys) -> None:
@@ -145,8 +148,8 @@ def test_all_fused_covers_the_head_width_of_a_qwen3(tmp_path, monkeypatch) -> No
 
 
 def _traced(ir_calls: dict, widths: dict) -> dict:
-    return {"ir_calls": ir_calls, "norm_by_width": widths, "kernel_hist": {"k": [1, 1.0]}, "gpu_busy_us": 10.0,
-            "gpu_span_us": 10.0, "kernels": 1, "fused_from_graph": 0}
+    return {"ir_calls": ir_calls, "norm_by_width": widths, "kernel_hist": {"k": [1, 1.0]},
+            "gpu_busy_us": 10.0, "gpu_span_us": 10.0, "kernels": 1, "fused_from_graph": 0}
 
 
 def test_profile_rows_carry_the_counts_by_kind() -> None:

@@ -89,7 +89,8 @@ def _step(hist: dict) -> dict:
 def test_stock_norm_kernels_by_name_or_by_what_the_patched_graph_replaced() -> None:
     stock = [_step({"triton_red_fused_add_mean_mul_pow_rsqrt": [64, 128.0], "nvjet_gemm": [128, 900.0]})]
     patched = [_step({"rmsnorm_kernel": [64, 120.0], "nvjet_gemm": [128, 900.0]})]
-    assert evidence.stock_norm_kernels(stock, patched) == (["triton_red_fused_add_mean_mul_pow_rsqrt"], "name")
+    assert (evidence.stock_norm_kernels(stock, patched)
+            == (["triton_red_fused_add_mean_mul_pow_rsqrt"], "name"))
     stock = [_step({"triton_red_fused_0": [65, 130.0], "triton_poi_fused_1": [32, 40.0], "gemm": [1, 9.0]})]
     patched = [_step({"rmsnorm_kernel": [65, 120.0], "triton_poi_fused_1": [32, 40.0], "gemm": [1, 9.0]})]
     assert evidence.stock_norm_kernels(stock, patched) == (["triton_red_fused_0"], "replaced_in_patched")
