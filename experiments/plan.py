@@ -10,12 +10,15 @@ replayed at the highest --loads factor.
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from experiments.config import ConfigError, RunConfig
 from experiments.schedule import Step, build_schedule
 from loadgen.replay import clip_tokens
+from traces.gaps import busy_spans, count_in, describe_spans
 from traces.trace import TraceError, TraceRequest, file_sha256, load_trace, time_window
 
 
@@ -54,9 +57,43 @@ class Plan:
         return int(self.model_config.get("vocab_size", 32000))
 
 
-def _warmup_span(cfg: RunConfig, last_end: float) -> float:
-    first = cfg.first_window_s
-    return first - cfg.warmup_s if first >= cfg.warmup_s else last_end
+def _warmup_span(cfg: RunConfig, first: float) -> float:
+    """Start of the warm-up stretch when the first window starts at `first`."""
+    return first - cfg.warmup_s if first >= cfg.warmup_s else first + cfg.windows * cfg.window_s
+
+
+def _empty_stretch(cfg: RunConfig, ts: Sequence[float], first: float) -> str | None:
+    """The first window or warm-up stretch that holds no arrival of `ts` when the first window starts
+    at `first` (as text: "window 0 [10, 20) s"), or None when every one holds requests."""
+    w = cfg.window_s
+    for i in range(cfg.windows):
+        if not count_in(ts, first + i * w, first + (i + 1) * w):
+            return f"window {i} [{first + i * w:g}, {first + (i + 1) * w:g}) s"
+    warm = _warmup_span(cfg, first)
+    if cfg.warmup_s > 0 and not count_in(ts, warm, warm + cfg.warmup_s):
+        return f"the warm-up stretch [{warm:g}, {warm + cfg.warmup_s:g}) s"
+    return None
+
+
+def working_start(cfg: RunConfig, ts: Sequence[float]) -> int | None:
+    """A whole-second --start-s at which every window and the warm-up hold requests: the first at or
+    after the configured start, else the first from 0; None when there is none."""
+    latest = math.floor(ts[-1] - cfg.windows * cfg.window_s)  # the windows must end inside the trace
+    given = min(max(0, math.ceil(cfg.first_window_s)), latest + 1)
+    candidates = [*range(given, latest + 1), *range(given)]
+    return next((s for s in candidates if _empty_stretch(cfg, ts, float(s)) is None), None)
+
+
+def _gap_hint(cfg: RunConfig, ts: Sequence[float]) -> str:
+    """Where the trace's requests are and which --start-s would fill every window."""
+    spans = busy_spans(ts, cfg.window_s)
+    where = (f"its requests lie in {describe_spans(spans)} (gaps of {cfg.window_s:g} s or more between "
+             "spans)")
+    start = working_start(cfg, ts)
+    if start is None:
+        return (f"{where}; no --start-s gives {cfg.windows} windows of {cfg.window_s:g} s that all hold "
+                "requests: use fewer or longer windows (--windows, --window-s)")
+    return f"{where}; --start-s {start} gives {cfg.windows} windows of {cfg.window_s:g} s that all hold requests"
 
 
 def _check_lengths(cfg: RunConfig, reqs: list[TraceRequest], spans: list[tuple[float, float]]) -> None:
@@ -85,23 +122,19 @@ def prepare(cfg: RunConfig) -> Plan:
     if last_end > trace_end:
         raise ConfigError(f"{cfg.windows} windows of {w:g} s from --start-s {first:g} end at {last_end:g} s, "
                           f"but the trace {cfg.trace} ends at {trace_end:g} s; use fewer or shorter windows")
-    windows = []
-    for i in range(cfg.windows):
-        got = time_window(reqs, first + i * w, w)
-        if not got:
-            raise ConfigError(f"window {i} [{first + i * w:g}, {first + (i + 1) * w:g}) s of {cfg.trace} "
-                              "has no requests; choose other windows (--start-s, --window-s)")
-        windows.append(Window(i, first + i * w, w, tuple(got)))
-    warm_start = _warmup_span(cfg, last_end)
+    ts = [r.timestamp for r in original]
+    empty = _empty_stretch(cfg, ts, first)
+    if empty:
+        raise ConfigError(f"{empty} of {cfg.trace} has no requests; {_gap_hint(cfg, ts)}")
+    windows = tuple(Window(i, first + i * w, w, tuple(time_window(reqs, first + i * w, w)))
+                    for i in range(cfg.windows))
+    warm_start = _warmup_span(cfg, first)
     warmup = tuple(time_window(reqs, warm_start, cfg.warmup_s)) if cfg.warmup_s > 0 else ()
-    if cfg.warmup_s > 0 and not warmup:
-        raise ConfigError(f"the warm-up stretch [{warm_start:g}, {warm_start + cfg.warmup_s:g}) s of "
-                          f"{cfg.trace} has no requests; change --warmup-s or --start-s")
     spans = [(first, last_end)] + ([(warm_start, warm_start + cfg.warmup_s)] if warmup else [])
     _check_lengths(cfg, reqs, spans)
     changed = sum(a != b for a, b in zip(original, reqs) if any(lo <= a.timestamp < hi for lo, hi in spans))
     return Plan(
-        cfg=cfg, trace_requests=len(original), trace_sha256=file_sha256(cfg.trace), windows=tuple(windows),
+        cfg=cfg, trace_requests=len(original), trace_sha256=file_sha256(cfg.trace), windows=windows,
         warmup=warmup, warmup_start_s=warm_start, warmup_duration_s=cfg.warmup_s, warmup_load=max(cfg.loads),
         steps=build_schedule(cfg.windows, cfg.loads, cfg.labels, cfg.one_at_a_time, cfg.blocks, cfg.seed),
         model_config=json.loads((Path(cfg.model_dir) / "config.json").read_text()),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -70,6 +71,47 @@ def test_windows_past_the_trace_end_or_empty_are_refused(tmp_path: Path, no_serv
         prepare(make_config(trace, "cpu", windows=6, window_s=10.0, warmup_s=0.0, start_s=0.0))
     with pytest.raises(ConfigError, match=r"window 1 \[10, 20\) s .* has no requests"):
         prepare(make_config(trace, "cpu", windows=2, window_s=10.0, warmup_s=0.0, start_s=0.0))
+
+
+def test_windows_in_a_gap_say_where_requests_are_and_which_start_works(tmp_path: Path,
+                                                                      no_server_starts: None) -> None:
+    # 1 request/s over [0, 12), nothing for 200 s, 1 request/s over [212, 262): the default start (after a
+    # 5-s warm-up) puts window 1 in the gap
+    rows = [(float(t), 10, 5) for t in [*range(12), *range(212, 262)]]
+    trace = _trace(tmp_path / "gap.jsonl", rows)
+    cfg = make_config(trace, "cpu", windows=3, window_s=10.0, warmup_s=5.0)
+    with pytest.raises(ConfigError) as exc:
+        prepare(cfg)
+    msg = str(exc.value)
+    assert msg.startswith(f"window 1 [15, 25) s of {trace} has no requests; ")
+    assert "its requests lie in 0-11 s (12 requests), 212-261 s (50 requests)" in msg
+    m = re.search(r"--start-s (\d+) gives 3 windows of 10 s that all hold requests", msg)
+    assert m, msg
+    start = int(m.group(1))
+    assert 212 <= start <= 231  # three windows and the 5 s warm-up before them inside the second span
+    plan = prepare(make_config(trace, "cpu", windows=3, window_s=10.0, warmup_s=5.0, start_s=float(start)))
+    assert all(w.requests for w in plan.windows) and plan.warmup
+
+
+def test_a_trace_no_start_can_fill_says_so(tmp_path: Path) -> None:
+    rows = [(float(t), 10, 5) for t in [*range(12), *range(212, 224)]]  # two 12-s spans, 200 s apart
+    cfg = make_config(_trace(tmp_path / "gap.jsonl", rows), "cpu", windows=3, window_s=10.0, warmup_s=0.0)
+    with pytest.raises(ConfigError, match="no --start-s gives 3 windows of 10 s that all hold requests: use "
+                                          r"fewer or longer windows \(--windows, --window-s\)"):
+        prepare(cfg)
+
+
+def test_run_dry_run_in_a_gap_is_one_line_with_the_hint(tmp_path: Path, no_server_starts: None,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    trace = _trace(tmp_path / "gap.jsonl", [(float(t), 10, 5) for t in [*range(12), *range(212, 262)]])
+    argv = ["--trace", str(trace), "--device", "cpu", "--windows", "3", "--window-s", "10", "--warmup-s", "5",
+            "--dry-run"]
+    assert run_cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has no requests" in err and "--start-s" in err
+    start = re.search(r"--start-s (\d+) gives", err).group(1)
+    assert run_cli.main([*argv, "--start-s", start]) == 0
+    assert '"windows"' in capsys.readouterr().out
 
 
 def test_request_longer_than_max_model_len_is_named_by_line(tmp_path: Path) -> None:
