@@ -13,7 +13,7 @@ import pytest
 
 from integration.launcher import VllmServer
 from loadgen.records import read_records, succeeded
-from loadgen.replay import clip_tokens, replay, replay_sync
+from loadgen.replay import ServerUnreachable, clip_tokens, replay, replay_sync
 from tests.conftest import start_server, tiny_server_config
 from traces.trace import TraceRequest, load_trace, scale_rate
 
@@ -63,7 +63,11 @@ def test_server_killed_mid_run_every_request_gets_one_record(tmp_path: Path) -> 
         timer = threading.Timer(kill_at_s, kill)
         t = time.perf_counter_ns()
         timer.start()
-        recs = await replay(server.url, reqs, out=out, model=server.model_name, progress=False, timeout_s=60)
+        try:
+            recs = await replay(server.url, reqs, out=out, model=server.model_name, progress=False,
+                                timeout_s=60)
+        except ServerUnreachable as exc:  # the dead-server rule: the rest are recorded as not sent
+            recs = exc.records
         return t, recs
 
     try:
@@ -79,14 +83,18 @@ def test_server_killed_mid_run_every_request_gets_one_record(tmp_path: Path) -> 
     table = "\n".join(f"{r.index} due {r.due_ns / 1e9:.2f} sent {r.sent_ns and r.sent_ns / 1e9} "
                       f"end {r.end_ns and r.end_ns / 1e9} chunks {r.n_chunks} {r.error}" for r in recs)
     msg = f"kill at {kill_rel_s:.3f} s\n{table}"
-    before = [r for r in recs if r.end_ns / 1e9 < kill_rel_s - 0.5]
+    sent = [r for r in recs if r.sent_ns is not None]
+    before = [r for r in sent if r.end_ns / 1e9 < kill_rel_s - 0.5]
     assert len(before) >= 3 and all(succeeded(r) for r in before), msg
-    in_flight = [r for r in recs if r.sent_ns / 1e9 < kill_rel_s and r.end_ns / 1e9 >= kill_rel_s]
+    in_flight = [r for r in sent if r.sent_ns / 1e9 < kill_rel_s and r.end_ns / 1e9 >= kill_rel_s]
     assert in_flight and not any(succeeded(r) for r in in_flight), msg
     assert any(r.n_chunks > 0 for r in in_flight), f"no request was cut mid-stream; {msg}"
     after = [r for r in recs if r.due_ns / 1e9 > kill_rel_s + 0.5]
     assert len(after) >= 5, msg  # the kill fires late when the client is starved of CPU
-    for r in after:  # refused (a pooled keep-alive connection may fail as reset first)
-        assert r.status is None and r.error.startswith(("ClientConnectorError", "ClientOSError")), msg
-    for r in recs:  # every failure came at once, none waited for the 60 s timeout
+    for r in after:  # refused (a pooled keep-alive connection may fail as reset first), or not sent
+        # once the dead-server rule stopped the replay
+        assert r.status is None and r.error.startswith(("connection failed: ClientConnectorError",
+                                                        "ClientOSError", "not sent")), msg
+    assert any(r.error.startswith("not sent") for r in after), f"the dead-server rule never fired; {msg}"
+    for r in sent:  # every failure came at once, none waited for the 60 s timeout
         assert succeeded(r) or r.end_ns - r.sent_ns < 5e9, msg
