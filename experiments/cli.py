@@ -21,7 +21,7 @@ import logging
 import re
 from collections.abc import Sequence
 
-from experiments.config import AA_ARM, DEVICE_DEFAULTS, RESULTS_DIR, ConfigError, RunConfig, make_config
+from experiments.config import DEVICE_DEFAULTS, RESULTS_DIR, ConfigError, RunConfig, make_config
 from experiments.slo import DEFAULT_SLO_FILE, load_slo_file, parse_slo
 from traces.trace import TraceError
 
@@ -53,22 +53,48 @@ def arms_list(text: str) -> tuple[str, ...]:
     return parts
 
 
+def endpoint(text: str) -> tuple[str, str]:
+    """'NAME=URL' -> (NAME, URL); the URL is checked by the config."""
+    name, sep, url = text.partition("=")
+    if not sep or not name.strip() or not url.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=URL like stock=http://127.0.0.1:8000, got {text!r}")
+    return name.strip(), url.strip()
+
+
+DEFAULT_ARMS = ("stock", "patched")
 AA_CHOICES = ("interleaved", "none")
 
 
-def with_aa_arm(arms: tuple[str, ...], aa: str | None, one_at_a_time: bool) -> tuple[str, ...]:
-    """The arms with the interleaved A/A server appended (a second AA_ARM server) when --aa asks for it.
+def chosen_arms(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(arm names, endpoint URLs aligned with them or ()) from --arm, --arms and --endpoint."""
+    given = [flag for flag, v in (("--arms", args.arms), ("--arm", args.arm), ("--endpoint", args.endpoint)) if v]
+    if len(given) > 1:
+        raise ConfigError(f"{' and '.join(given)}: name the arms one way (--endpoint names them itself)")
+    if args.endpoint:
+        return tuple(n for n, _ in args.endpoint), tuple(u for _, u in args.endpoint)
+    return tuple(args.arms or args.arm or DEFAULT_ARMS), ()
 
-    Default (None): interleaved for resident runs whose arms hold one AA_ARM server, none otherwise.
+
+def with_aa_arm(arms: tuple[str, ...], aa: str | None, one_at_a_time: bool,
+                endpoints: bool = False) -> tuple[str, ...]:
+    """The arms with the interleaved A/A server appended (a second server of the first arm, the
+    baseline) when --aa asks for it.
+
+    Default (None): interleaved for resident runs whose arms hold one baseline server, none otherwise
+    (and none for --endpoint runs, where the kit starts no server).
     """
-    already = arms.count(AA_ARM) > 1
+    base = arms[0]
+    already = arms.count(base) > 1
     if aa is None:
-        aa = "none" if one_at_a_time or already else "interleaved"
+        aa = "none" if one_at_a_time or already or endpoints else "interleaved"
     if aa == "none":
         return arms
+    if endpoints:
+        raise ConfigError(f"--aa interleaved: the kit starts no server with --endpoint; give a second "
+                          f"{base} endpoint instead (--endpoint {base}=URL twice)")
     if already:
-        raise ConfigError(f"--aa interleaved: --arms {','.join(arms)} already holds two {AA_ARM} servers")
-    return (*arms, AA_ARM)
+        raise ConfigError(f"--aa interleaved: --arms {','.join(arms)} already holds two {base} servers")
+    return (*arms, base)
 
 
 NO_CLIP = "none"  # the value of --max-input-tokens / --max-output-tokens that turns clipping off
@@ -97,16 +123,39 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help=f"where run directories are created (default: {RESULTS_DIR})")
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                     help="auto (default): cuda when torch sees a CUDA GPU, else cpu (the embedded tiny-model run)")
-    ap.add_argument("--arms", type=arms_list, default=("stock", "patched"),
-                    help="the arms, stock first: every other arm is compared with it, request by request "
-                         "(default stock,patched; stock,stock is a plain A/A run, labels stock-a/stock-b)")
+    a = ap.add_argument_group("arms (what differs between the servers)")
+    a.add_argument("--arm", action="append", metavar="NAME",
+                   help="one arm (repeatable, in order); the first is the baseline every other arm is "
+                        "compared with, request by request. Built in: stock (vLLM as shipped), patched "
+                        "(the kit's fused RMSNorm), vllm_c (vLLM's own CUDA norm kernels), planted:<N>us "
+                        "or planted:<N>ns (positive control: stock plus N of delay per norm call); more in "
+                        "--arms-file (default: stock then patched)")
+    a.add_argument("--arms", type=arms_list, metavar="A,B[,...]",
+                   help="the same as repeated --arm, comma-separated (stock,stock is a plain A/A run, "
+                        "labels stock-a/stock-b)")
+    a.add_argument("--arms-file", type=Path, metavar="FILE.toml",
+                   help="TOML file of [[arm]] tables (name, description, plugins, provider, server_args, "
+                        "env; format: integration/arms.toml) adding arms that --arm can name; run.json "
+                        "records every arm's whole definition")
+    a.add_argument("--allow-arm-differences", action="store_true",
+                   help="let an arm set flags every arm of a run must share (model, dtype, KV-cache size, "
+                        "compile mode, ...: integration/arms.py SHARED_FLAGS); refused otherwise. The "
+                        "report names every arm's difference from the first either way")
+    a.add_argument("--endpoint", action="append", type=endpoint, metavar="NAME=URL",
+                   help="measure a server the user started, as the arm NAME (repeatable, in order, one per "
+                        "arm, instead of --arm): the kit starts and stops none, waits up to 60 s for "
+                        "/v1/models, records what /v1/models and /metrics say of each server, and the "
+                        "report says that the arms' identity is what the user declared. --model must "
+                        "still name the model directory the servers serve (its tokenizer or vocabulary "
+                        "makes the prompts); no --aa, no --one-at-a-time")
     ap.add_argument("--aa", choices=AA_CHOICES, default=None,
-                    help=f"interleaved: add a second {AA_ARM} server (label {AA_ARM}-b) replayed in the same "
+                    help="interleaved: add a second server of the first arm (label <arm>-b) replayed in the same "
                          "randomised order as the other arms, so the A/A noise floor comes from the same "
                          "run, design, clocks and time (one server more, resident with the others; 8B "
                          "shape on one "
                          "H200: --gpu-memory-utilization 0.3); none: no A/A arm. Default: interleaved for "
-                         "resident servers, none with --one-at-a-time or when --arms is already A/A")
+                         "resident servers, none with --one-at-a-time, --endpoint or when the arms are "
+                         "already A/A")
     g = ap.add_argument_group("windows and load")
     g.add_argument("--windows", type=int, help=f"number of consecutive trace windows ({_defaults('windows')})")
     g.add_argument("--window-s", type=float, help=f"window length in trace seconds ({_defaults('window_s')})")
@@ -137,11 +186,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "servers")
     g.add_argument("--blocks", type=int, default=2, help="blocks of windows with --one-at-a-time (default: 2)")
     g.add_argument("--seed", type=int, default=0,
-                   help="seed of the prompts' token ids (the same for every arm) and of the "
-                                                     "randomised arm order (default: 0)")
-    s = ap.add_argument_group("servers (identical for both arms)")
-    s.add_argument("--model", help=f"model name under integration/models or a directory with config.json "
-                                   f"(random weights) ({_defaults('model')})")
+                   help="seed of the prompts (the same for every arm) and of the randomised arm order "
+                        "(default: 0)")
+    s = ap.add_argument_group("servers (identical for every arm the kit starts)")
+    s.add_argument("--model", help=f"model name under integration/models, a directory with config.json only "
+                                   f"(random weights, token-id prompts), or a Hugging Face-format directory "
+                                   f"with weights and a tokenizer (weights loaded; prompts are text whose "
+                                   f"token count under that tokenizer is the trace's, checked against the "
+                                   f"server's usage) ({_defaults('model')})")
     s.add_argument("--dtype", help=f"model dtype ({_defaults('dtype')})")
     s.add_argument("--eager", action=argparse.BooleanOptionalAction, default=None,
                    help=f"--eager: no torch.compile/CUDA graphs; --no-eager: compiled ({_defaults('eager')})")
@@ -181,8 +233,10 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         "max_input_tokens", "max_output_tokens", "blocks", "seed", "request_timeout_s", "server_timeout_s")}
     overrides["knee_factors"] = args.knee
     clips = {k: overrides.pop(k) for k in ("max_input_tokens", "max_output_tokens")}
-    arms = with_aa_arm(args.arms, args.aa, args.one_at_a_time)
+    names, urls = chosen_arms(args)
+    arms = with_aa_arm(names, args.aa, args.one_at_a_time, bool(urls))
     cfg = make_config(args.trace, None if args.device == "auto" else args.device, arms=arms,
+                      arms_file=args.arms_file, endpoints=urls, allow_arm_differences=args.allow_arm_differences,
                       one_at_a_time=args.one_at_a_time, slos=slos, slo_file=args.slo_file,
                       progress=not args.no_progress, extra_server_args=tuple(args.server_arg), **overrides,
                       **{k: v for k, v in clips.items() if isinstance(v, int)})

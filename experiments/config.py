@@ -11,18 +11,21 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from experiments.slo import SLO
-from integration.arms import ARMS
+from integration import arms as arm_defs
+from integration.endpoint import normalize_url
 from integration.launcher import MODELS_DIR
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 GIB = 1 << 30
 DEVICES = ("cpu", "cuda")
 MAX_ARMS = 4
-AA_ARM = "stock"  # the arm whose second server gives the interleaved A/A comparison (--aa interleaved)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_ARM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")  # arm names become labels and log names
+ENDPOINT_ARM = "declared by the user: a server it started (--endpoint); the kit knows only its name"
 
 
 class ConfigError(ValueError):
@@ -64,6 +67,9 @@ class RunConfig:
     kv_cache_memory_bytes: int
     start_s: float | None = None  # None: right after the warm-up stretch (= warmup_s)
     arms: tuple[str, ...] = ("stock", "patched")  # the first is the baseline of every comparison
+    arms_file: Path | None = None  # TOML [[arm]] tables (integration/arms.toml format) beside the built-ins
+    endpoints: tuple[str, ...] = ()  # one URL per arm: servers the user started (the kit starts none)
+    allow_arm_differences: bool = False  # arms may set flags every arm shares (arms.SHARED_FLAGS)
     name: str | None = None
     results_dir: Path = RESULTS_DIR
     one_at_a_time: bool = False
@@ -90,6 +96,22 @@ class RunConfig:
         """Unique arm labels used in tags, one per arm (see arm_labels)."""
         return arm_labels(self.arms)
 
+    @cached_property
+    def arm_definitions(self) -> tuple[arm_defs.Arm, ...]:
+        """The Arm of every arm, in order: built in, from --arms-file, or planted:<N>us; an endpoint's
+        arm that none of these names is only what the user called it."""
+        extra = load_arms_file(self.arms_file)
+        out = []
+        for name in self.arms:
+            try:
+                out.append(arm_defs.get(name, extra))
+            except ValueError as exc:
+                if not self.endpoints:
+                    hint = "" if self.arms_file else " (or define it in an --arms-file)"
+                    raise ConfigError(f"--arm {name}: {exc}{hint}") from None
+                out.append(arm_defs.Arm(name, description=ENDPOINT_ARM))
+        return tuple(out)
+
     @property
     def model_dir(self) -> Path:
         """Directory holding the model's config.json (a name under integration/models, or a path)."""
@@ -103,11 +125,11 @@ class RunConfig:
     def to_json(self) -> dict:
         """Every setting as JSON-ready values (paths as strings, SLOs as dicts)."""
         d = asdict(self)
-        for key in ("trace", "results_dir", "slo_file"):
+        for key in ("trace", "results_dir", "slo_file", "arms_file"):
             d[key] = None if d[key] is None else str(d[key])
         d["slos"] = None if self.slos is None else [s.to_json() for s in self.slos]
         d["loads"], d["arms"] = list(self.loads), list(self.arms)
-        d["extra_server_args"] = list(self.extra_server_args)
+        d["extra_server_args"], d["endpoints"] = list(self.extra_server_args), list(self.endpoints)
         d["start_s"] = self.first_window_s
         return d
 
@@ -124,6 +146,16 @@ def arm_labels(arms: tuple[str, ...]) -> tuple[str, ...]:
         seen[a] = seen.get(a, 0) + 1
         out.append(a if seen[a] == 1 else f"{a}-{chr(ord('a') + seen[a] - 1)}")
     return tuple(out)
+
+
+def load_arms_file(path: Path | None) -> dict[str, arm_defs.Arm]:
+    """The arms of an --arms-file by name ({} for None); ConfigError naming the file otherwise."""
+    if path is None:
+        return {}
+    try:
+        return arm_defs.load_arm_file(path)
+    except ValueError as exc:
+        raise ConfigError(f"--arms-file {exc}") from None
 
 
 def resolve_model(model: str) -> Path:
@@ -150,9 +182,11 @@ def _validate(c: RunConfig) -> None:
     """Raise ConfigError naming the first bad setting."""
     _check(c.device in DEVICES, f"--device must be one of {DEVICES}, got {c.device!r}")
     _check(Path(c.trace).is_file(), f"--trace {c.trace}: no such file")
-    _check(2 <= len(c.arms) <= MAX_ARMS and c.arms[0] == "stock" and all(a in ARMS for a in c.arms),
-           f"--arms must be 2 to {MAX_ARMS} of {sorted(ARMS)}, stock first (the baseline), "
-           f"got {','.join(c.arms)!r}")
+    _check(2 <= len(c.arms) <= MAX_ARMS, f"--arm/--arms: 2 to {MAX_ARMS} arms, the first the baseline of "
+           f"every comparison, got {','.join(c.arms)!r}")
+    bad = [a for a in c.arms if not _ARM_NAME_RE.match(a)]
+    _check(not bad, f"--arm {bad[0] if bad else ''!r}: use letters, digits, '.', '_', ':' and '-' only")
+    _validate_arms(c)
     _check(isinstance(c.windows, int) and c.windows >= 1, f"--windows must be an int >= 1, got {c.windows!r}")
     _check(_finite_positive(c.window_s), f"--window-s must be a finite number > 0, got {c.window_s!r}")
     _check(isinstance(c.warmup_s, (int, float)) and math.isfinite(c.warmup_s) and c.warmup_s >= 0,
@@ -196,6 +230,27 @@ def _validate(c: RunConfig) -> None:
     _check(c.slos is None or len({s.name for s in c.slos}) == len(c.slos),
            "--slo names must be unique")
     resolve_model(c.model)
+
+
+def _validate_arms(c: RunConfig) -> None:
+    """Arms resolve; none sets a shared flag unless allowed; endpoints one per arm, resident."""
+    for arm in c.arm_definitions:
+        shared = arm.shared_flags_set()
+        _check(not shared or c.allow_arm_differences,
+               f"--arm {arm.name} sets {' '.join(shared)}, which every arm of a run shares (model, dtype, "
+               "KV cache, compile mode, ...: integration/arms.py SHARED_FLAGS); pass "
+               "--allow-arm-differences to run it anyway (the report names the difference)")
+    if not c.endpoints:
+        return
+    _check(len(c.endpoints) == len(c.arms),
+           f"--endpoint: every arm needs one ({len(c.endpoints)} URLs for arms {','.join(c.arms)})")
+    try:
+        urls = [normalize_url(u) for u in c.endpoints]
+    except ValueError as exc:
+        raise ConfigError(f"--endpoint {exc}") from None
+    _check(len(set(urls)) == len(urls), f"--endpoint: the same server is given twice ({', '.join(urls)})")
+    _check(not c.one_at_a_time, "--endpoint: the kit cannot stop or restart a server it did not start, so "
+                                "--one-at-a-time does not apply")
 
 
 def detect_device() -> str:

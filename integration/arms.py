@@ -60,13 +60,29 @@ class Arm:
 
     def shared_flags_set(self) -> list[str]:
         """The SHARED_FLAGS this arm's own server flags set (empty: it differs only in its kernel)."""
-        return [a for a in self.extra_args if a.split("=", 1)[0] in SHARED_FLAGS]
+        return [a for a in self.extra_args if is_shared_flag(a)]
 
     def difference(self) -> list[str]:
         """What this arm sets beyond vLLM as shipped, one item each (for the report)."""
         items = [f"VLLM_PLUGINS={','.join(self.plugins)}"] if self.plugins else []
         items += [f"--ir-op-priority.{op}={self.provider},..." for op in IR_OPS] if self.provider else []
         return items + list(self.extra_args) + [f"{k}={v}" for k, v in self.extra_env]
+
+    def differences_from(self, base: "Arm") -> list[str]:
+        """What this arm sets that `base` does not ("+ item") and what `base` sets that it does not
+        ("- item"); empty when they run the same server."""
+        mine, theirs = self.difference(), base.difference()
+        return [f"+ {x}" for x in mine if x not in theirs] + [f"- {x}" for x in theirs if x not in mine]
+
+    def to_json(self) -> dict:
+        """The arm's whole definition in the arm-file keys, so a run record needs no arm file."""
+        return {"name": self.name, "description": self.description, "plugins": list(self.plugins),
+                "provider": self.provider, "server_args": list(self.extra_args), "env": dict(self.extra_env)}
+
+    @classmethod
+    def from_json(cls, data: dict, where: str = "arm record") -> "Arm":
+        """The arm `to_json` wrote (ValueError naming `where` otherwise)."""
+        return _arm_from_table(data, where)
 
     def ir_op_priority(self, eager: bool) -> dict[str, list[str]]:
         """{op: [provider, fallbacks...]} for each IR op ({} when the arm keeps vLLM's defaults)."""
@@ -85,6 +101,16 @@ class Arm:
         """The same choice as keyword arguments of vLLM's offline `LLM(...)`."""
         priority = self.ir_op_priority(eager)
         return {"ir_op_priority": priority} if priority else {}
+
+
+def is_shared_flag(arg: str) -> bool:
+    """Whether a server argument sets one of SHARED_FLAGS (`--flag`, `--flag=v`, `--flag.key=v`,
+    `--under_scored`, `-O3`)."""
+    name = arg.split("=", 1)[0]
+    if name.startswith("--"):
+        name = "--" + name[2:].replace("_", "-")
+    return any(name == f or name.startswith(f + ".") for f in SHARED_FLAGS) or (
+        name.startswith("-O") and not name.startswith("--") and name[2:].isdigit())
 
 
 BUILTIN_FILE = Path(__file__).with_name("arms.toml")

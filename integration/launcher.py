@@ -33,10 +33,11 @@ class ServerDied(RuntimeError):
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """Everything that defines one server; two arms differ only in `arm`."""
+    """Everything that defines one server; two arms differ only in `arm` (a built-in arm's name or
+    an Arm, e.g. from an arm file)."""
 
     model_dir: Path
-    arm: str
+    arm: str | arms.Arm
     port: int
     host: str = "127.0.0.1"
     dtype: str = "auto"
@@ -50,11 +51,16 @@ class ServerConfig:
     extra_env: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
-        arms.get(self.arm)  # ValueError naming the known arms
+        arm_of(self)  # ValueError naming the known arms
         if not (Path(self.model_dir) / "config.json").is_file():
             raise FileNotFoundError(f"model dir {self.model_dir} has no config.json")
         if self.host != "127.0.0.1":
             raise ValueError("servers listen on 127.0.0.1 only")
+
+
+def arm_of(cfg: "ServerConfig") -> arms.Arm:
+    """The Arm a server config runs."""
+    return cfg.arm if isinstance(cfg.arm, arms.Arm) else arms.get(cfg.arm)
 
 
 def compile_range_args(cfg: "ServerConfig") -> list[str]:
@@ -112,7 +118,7 @@ def server_command(cfg: ServerConfig) -> list[str]:
         cmd += ["--max-model-len", str(cfg.max_model_len)]
     if cfg.max_num_seqs is not None:
         cmd += ["--max-num-seqs", str(cfg.max_num_seqs)]
-    return cmd + compile_range_args(cfg) + arms.get(cfg.arm).server_args(cfg.eager) + list(cfg.extra_args)
+    return cmd + compile_range_args(cfg) + arm_of(cfg).server_args(cfg.eager) + list(cfg.extra_args)
 
 
 def free_port() -> int:
@@ -134,7 +140,7 @@ class VllmServer:
 
     def start(self) -> None:
         """Launch the server in its own process group (so stop() reaches its workers too)."""
-        arm = arms.get(self.config.arm)
+        arm = arm_of(self.config)
         arms.check_plugin_installed(arm)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **arm.env(), **dict(self.config.extra_env)}
@@ -161,7 +167,7 @@ class VllmServer:
 
     def _died(self) -> ServerDied:
         code = self.proc.returncode if self.proc else None
-        return ServerDied(f"vLLM server ({self.config.arm}, port {self.config.port}) exited with code "
+        return ServerDied(f"vLLM server ({arm_of(self.config).name}, port {self.config.port}) exited with code "
                           f"{code}; log {self.log_path}, last lines:\n{self.log_tail()}")
 
     def check_alive(self) -> None:

