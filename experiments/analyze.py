@@ -1,29 +1,40 @@
 """Analyse an experiments run directory: goodput per SLO, paired differences, attribution, report.
 
-    python -m experiments.analyze RUN_DIR [--slo NAME:TTFT_MS:TPOT_MS[:E2E_MS] ...] [--slo-file FILE]
+    python -m experiments.analyze RUN_DIR [--out DIR | --in-place] [--slo NAME:TTFT_MS:TPOT_MS[:E2E_MS] ...]
 
-Reads run.json and requests.jsonl(.gz), writes report.json, report.md and PNG plots into RUN_DIR.
+Reads run.json and requests.jsonl(.gz) and writes report.json, report.md and PNG plots. A run's first
+analysis (experiments/orchestrate.py, after the replays) writes them into RUN_DIR; a re-analysis
+writes beside the existing report, into RUN_DIR/reanalysis/ (or --out), unless --in-place.
+report.json records the analysis inputs ("inputs": SLO tiers, A/A report, patched policy, step
+profile, kernel results) and a re-analysis takes them from there unless a flag replaces one, so an
+unchanged run re-analysed by unchanged code reproduces its report.json exactly.
 Works on partial runs: cells (window x load x arm) that were not completed are listed, not dropped.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import sys
+import zlib
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from experiments import attribution, comparisons, goodput, knee, noisefloor, plots, report
-from experiments.slo import DEFAULT_SLO_FILE, SLO, load_slo_file, parse_slo
 from experiments.runrecord import RUN_SCHEMA_VERSION
+from experiments.slo import DEFAULT_SLO_FILE, SLO, load_slo_file, parse_slo
 from kernels.environment import gpu_slug
-from kernels.resultfile import read_json
+from kernels.resultfile import ResultFileError, read_json
 from loadgen.records import RequestRecord, read_records
+from traces.cliargs import OneLineParser, add_debug_flag, fail
 
+PROG = "python -m experiments.analyze"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SECONDARY = ("tpot_p50_ms", "ttft_p90_ms")  # per-window latency summaries, beside the paired ratios
+REANALYSIS = "reanalysis"  # the folder inside a run directory a re-analysis writes into by default
 
 
 def load_run(run_dir: Path) -> dict:
@@ -42,12 +53,23 @@ def load_run(run_dir: Path) -> dict:
     return run
 
 
+def _read_records(path: Path) -> list[RequestRecord]:
+    """read_records, with a truncated or corrupt gzip file named and said so (not a bare EOFError)."""
+    try:
+        return read_records(path)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise ResultFileError(f"{path}: truncated or corrupt gzip file ({exc}): the records after the damage "
+                              "are missing; copy the file again from where the run wrote it") from None
+    except UnicodeDecodeError as exc:
+        raise ResultFileError(f"{path}: not UTF-8 text ({exc.reason}); is it a records file?") from None
+
+
 def load_records(run_dir: Path) -> tuple[list[RequestRecord], str | None]:
     """Records from requests.jsonl.gz or requests.jsonl (the longer if both exist), and the file used."""
     found = [p for p in (run_dir / "requests.jsonl.gz", run_dir / "requests.jsonl") if p.is_file()]
     if not found:
         return [], None
-    loaded = [(read_records(p), p.name) for p in found]
+    loaded = [(_read_records(p), p.name) for p in found]
     return max(loaded, key=lambda x: len(x[0]))
 
 
@@ -65,8 +87,8 @@ def completeness(run: dict, measured: pd.DataFrame) -> tuple[set, list[dict], li
                 have = counts.get(cell, 0)
                 if cell in done:
                     if have != expected_n[cell[1]]:
-                        warnings.append({"arm": lab, "window": cell[1], "load": cell[2],
-                                         "warning": f"{have} records, window has {expected_n[cell[1]]} requests"})
+                        warnings.append({"arm": lab, "window": cell[1], "load": cell[2], "warning":
+                                         f"{have} records, window has {expected_n[cell[1]]} requests"})
                     continue
                 why = f"incomplete: {have} of {expected_n[cell[1]]} records, excluded" if have else "not run"
                 missing.append({"arm": lab, "window": cell[1], "load": cell[2], "reason": why})
@@ -81,7 +103,8 @@ def _mask(flags: list[bool], df: pd.DataFrame) -> pd.Series:
 def _check_labels(run: dict, df: pd.DataFrame) -> None:
     unknown = sorted(set(df["arm"]) - set(run["arm_labels"]))
     if unknown:
-        raise ValueError(f"requests carry arm labels {unknown} not in run.json arm_labels {run['arm_labels']}")
+        raise ValueError(f"requests carry arm labels {unknown} not in run.json arm_labels "
+                         f"{run['arm_labels']}")
 
 
 def _per_slo(slo: SLO, measured: pd.DataFrame, cells: pd.DataFrame, pair: list[str]) -> dict:
@@ -119,20 +142,75 @@ def _policy_override(run: dict, table: Path) -> dict:
         return arms.policy_record(model.get("config") or {}, model.get("dtype") or "auto",
                                   "eager" if model.get("eager") else "compiled", table=table)
     except ValueError as exc:
-        raise ValueError(f"run.json model {model.get('name')!r}: {exc} (needed for --patched-policy)") from None
+        raise ValueError(f"run.json model {model.get('name')!r}: {exc} "
+                         "(needed for --patched-policy)") from None
+
+
+def run_slos(run: dict) -> list[SLO]:
+    """The SLO tiers the run was made with (run.json config "slos"), else experiments/slos.toml."""
+    recorded = (run.get("config") or {}).get("slos")
+    return [SLO(**s) for s in recorded] if recorded else load_slo_file(DEFAULT_SLO_FILE)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What a report is derived from besides run.json and the records (report.json "inputs").
+
+    Paths are read as given; report.json shows them relative to the project root when inside it.
+    ``profile``/``kernel_results`` None: the committed defaults for the run's GPU (environment.json).
+    """
+
+    slos: tuple[SLO, ...] = ()  # () : the run's own tiers (run_slos)
+    aa_report: Path | None = None
+    patched_policy: Path | None = None
+    profile: Path | None = None
+    kernel_results: Path | None = None
+    notes: tuple[str, ...] = field(default=(), compare=False)  # where each came from, for the CLI
+
+
+def _shown(path: Path | None) -> str | None:
+    return None if path is None else attribution.shown_path(path, PROJECT_ROOT)
+
+
+def _from_root(text: str | None) -> Path | None:
+    """A path recorded in a report: relative ones are relative to the project root."""
+    return None if text is None else PROJECT_ROOT / text
+
+
+def recorded_inputs(run_dir: Path) -> Inputs:
+    """The inputs recorded in RUN_DIR/report.json (a run's own analysis or the last --in-place one);
+    Inputs() when there is no report, or one written before reports recorded their inputs."""
+    path = Path(run_dir) / "report.json"
+    if not path.is_file():
+        return Inputs()
+    rec = read_json(path, report.REPORT_SCHEMA_VERSION, "report").get("inputs")
+    if rec is None:
+        return Inputs(notes=(f"{path} records no inputs (an older report): the run's SLO tiers and today's "
+                             "defaults are used",))
+    try:
+        return Inputs(slos=tuple(SLO(**s) for s in rec["slos"]), aa_report=_from_root(rec["aa_report"]),
+                      patched_policy=_from_root(rec["patched_policy"]), profile=_from_root(rec["profile"]),
+                      kernel_results=_from_root(rec["kernel_results"]),
+                      notes=(f"inputs as recorded in {path}",))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ResultFileError(f"{path}: bad \"inputs\" entry ({exc!r})") from None
 
 
 def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: Path | None = None,
-                patched_policy: Path | None = None) -> dict:
-    """Analyse RUN_DIR, write report.json, report.md and PNGs into it, and return the report dict.
+                patched_policy: Path | None = None, profile: Path | None = None,
+                kernel_results: Path | None = None, out_dir: Path | None = None) -> dict:
+    """Analyse RUN_DIR, write report.json, report.md and PNGs into out_dir (default RUN_DIR itself) and
+    return the report dict.
 
-    ``slos`` defaults to experiments/slos.toml; ``aa_report`` is an A/A run's report.json whose
-    per-window spread is drawn as the noise floor (an A/A run is its own noise floor);
-    ``patched_policy`` is the policy table the patched arm used, for a run.json that does not record it.
+    ``slos`` defaults to the tiers in run.json, else experiments/slos.toml; ``aa_report`` is an A/A
+    run's report.json whose per-window spread is drawn as the noise floor (an A/A run is its own noise
+    floor); ``patched_policy`` is the policy table the patched arm used, for a run.json that does not
+    record it; ``profile`` and ``kernel_results`` replace the attribution's defaults for the run's GPU.
     """
     run_dir = Path(run_dir)
+    out_dir = run_dir if out_dir is None else Path(out_dir)
     run = load_run(run_dir)
-    slos = list(slos) if slos else load_slo_file(DEFAULT_SLO_FILE)
+    slos = list(slos) if slos else run_slos(run)
     records, source = load_records(run_dir)
     df = goodput.records_frame(records, slos)
     _check_labels(run, df)
@@ -157,8 +235,11 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
     env_path = run_dir / "environment.json"
     env = read_json(env_path, None, "environment record") if env_path.is_file() else {}
     gpu = gpu_slug(env["gpu"]) if isinstance(env.get("gpu"), str) else None
-    attrib = attribution.attribute(run, labels[0], PROJECT_ROOT, gpu,
-                                   policy=_policy_override(run, patched_policy) if patched_policy else None)
+    policy = None
+    if patched_policy is not None:
+        policy = {**_policy_override(run, patched_policy), "table": _shown(patched_policy)}
+    attrib = attribution.attribute(run, labels[0], PROJECT_ROOT, gpu, profile_path=profile,
+                                   kernel_path=kernel_results, policy=policy)
     analysis = report.Analysis(
         run=run, env=env, slos=slos, per_slo=per_slo, secondary=secondary,
         latency=goodput.latency_table(complete), attribution=attrib, missing=missing,
@@ -169,34 +250,103 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
     )
     result = report.build_report(analysis)
     result["noise_floor"] = noisefloor.noise_floor(result, aa_report)
-    result["plots"] = plots.write_plots(run_dir, complete, per_slo, secondary, labels, result)
-    report.write_report(run_dir, result)
+    if aa_report is not None and result["noise_floor"]["source"] == str(aa_report):
+        result["noise_floor"]["source"] = _shown(aa_report)  # the same wherever analyze runs from
+    result["inputs"] = {"slos": [s.to_json() for s in slos], "aa_report": _shown(aa_report),
+                        "patched_policy": _shown(patched_policy), "profile": attrib["profile"],
+                        "kernel_results": attrib["kernel_results"]}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result["plots"] = plots.write_plots(out_dir, complete, per_slo, secondary, labels, result)
+    report.write_report(out_dir, result)
     return result
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point; see --help."""
-    ap = argparse.ArgumentParser(prog="python -m experiments.analyze", description=__doc__.split("\n\n")[0])
-    ap.add_argument("run_dir", type=Path, help="an experiments run directory (holds run.json, requests.jsonl[.gz])")
-    ap.add_argument("--slo", action="append", default=[], metavar="NAME:TTFT_MS:TPOT_MS[:E2E_MS]",
-                    help="an SLO tier to evaluate (repeatable); replaces the tiers of --slo-file")
-    ap.add_argument("--slo-file", type=Path, default=DEFAULT_SLO_FILE,
-                    help=f"TOML file of [[slo]] tiers (default {DEFAULT_SLO_FILE.name}: interactive, chat, relaxed)")
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of experiments.analyze."""
+    ap = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    ap.add_argument("run_dir", type=Path,
+                    help="an experiments run directory (holds run.json, requests.jsonl[.gz])")
+    where = ap.add_mutually_exclusive_group()
+    where.add_argument("--out", type=Path, default=None, metavar="DIR",
+                       help=f"write report.json, report.md and the PNGs here (created; default: "
+                            f"RUN_DIR/{REANALYSIS}/ when RUN_DIR already holds a report.json, else RUN_DIR)")
+    where.add_argument("--in-place", action="store_true",
+                       help="overwrite RUN_DIR's own report files (default: write beside them)")
+    tiers = ap.add_mutually_exclusive_group()
+    tiers.add_argument("--slo", action="append", default=[], metavar="NAME:TTFT_MS:TPOT_MS[:E2E_MS]",
+                       help="an SLO tier to evaluate (repeatable); replaces the recorded tiers")
+    tiers.add_argument("--slo-file", type=Path, default=None,
+                       help=f"TOML file of [[slo]] tiers (default: the tiers recorded in report.json, else "
+                            f"run.json's, else {DEFAULT_SLO_FILE.name}: interactive, chat, relaxed)")
     ap.add_argument("--aa-report", type=Path, default=None, metavar="REPORT_JSON",
-                    help="report.json of an A/A run: its per-window spread is the noise floor drawn and reported")
+                    help="report.json of an A/A run: its per-window spread is the noise floor drawn and "
+                         "reported (default: the one recorded in report.json)")
     ap.add_argument("--patched-policy", type=Path, default=None, metavar="POLICY_JSON",
-                    help="the policy table the patched arm dispatched by, for a run.json that does not record "
-                         "it (runs before patched_policy was recorded); the attribution counts the kernel's "
-                         "saving only at step sizes this table sends to the fused kernel")
-    args = ap.parse_args(argv)
+                    help="the policy table the patched arm dispatched by, for a run.json that does not "
+                         "record it (runs before patched_policy was recorded); the attribution counts the "
+                         "kernel's saving only at step sizes this table sends to the fused kernel (default: "
+                         "the one recorded in report.json)")
+    ap.add_argument("--profile", type=Path, default=None, metavar="PROFILE_JSON",
+                    help="the step profile of the attribution (default: the one recorded in report.json, "
+                         "else the committed profile of the GPU named in environment.json)")
+    ap.add_argument("--kernel-results", type=Path, default=None, metavar="RESULTS_JSON",
+                    help="the kernel results of the attribution (default: as recorded, else "
+                         "kernels/results/<gpu>.json)")
+    add_debug_flag(ap)
+    return ap
+
+
+def _out_dir(args: argparse.Namespace) -> Path:
+    """Where this analysis writes: --out; RUN_DIR with --in-place or no report yet; else the reanalysis
+    folder inside RUN_DIR."""
+    if args.out is not None:
+        if args.out.exists() and not args.out.is_dir():
+            raise ValueError(f"--out {args.out}: exists and is not a folder")
+        return args.out
+    if args.in_place or not (args.run_dir / "report.json").is_file():
+        return args.run_dir
+    return args.run_dir / REANALYSIS
+
+
+def _inputs(args: argparse.Namespace) -> Inputs:
+    """The recorded inputs with each one a flag gives replaced."""
+    rec = recorded_inputs(args.run_dir)
+    slos = tuple(parse_slo(s) for s in args.slo) if args.slo else rec.slos
+    if args.slo_file is not None:
+        slos = tuple(load_slo_file(args.slo_file))
+    pick = lambda flag, recorded: recorded if flag is None else flag  # noqa: E731
+    return Inputs(slos=slos, aa_report=pick(args.aa_report, rec.aa_report),
+                  patched_policy=pick(args.patched_policy, rec.patched_policy),
+                  profile=pick(args.profile, rec.profile),
+                  kernel_results=pick(args.kernel_results, rec.kernel_results), notes=rec.notes)
+
+
+def _changed(before: Path, after: Path) -> str:
+    """Which top-level entries of the report at `after` differ from the report at `before`."""
+    old, new = read_json(before, None, "report"), read_json(after, None, "report")
+    keys = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    return f"differs from {before} in: {', '.join(keys)}" if keys else f"identical to {before}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point (0 written, 2 bad flag or unreadable run); see --help."""
+    args = build_parser().parse_args(argv)
     try:
-        slos = [parse_slo(s) for s in args.slo] if args.slo else load_slo_file(args.slo_file)
-        result = analyze_run(args.run_dir, slos, aa_report=args.aa_report, patched_policy=args.patched_policy)
+        load_run(args.run_dir)  # names run.json and what is wrong with it before anything else
+        out, inputs = _out_dir(args), _inputs(args)
+        for note in inputs.notes:
+            print(note)
+        result = analyze_run(args.run_dir, inputs.slos, aa_report=inputs.aa_report,
+                             patched_policy=inputs.patched_policy, profile=inputs.profile,
+                             kernel_results=inputs.kernel_results, out_dir=out)
     except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print((args.run_dir / "report.md").read_text(encoding="utf-8").split("\n\n")[0])
-    print(f"status {result['status']}; wrote {args.run_dir / 'report.md'} and report.json")
+        if args.debug:
+            raise
+        return fail(PROG, str(exc))
+    print((out / "report.md").read_text(encoding="utf-8").split("\n\n")[0])
+    print(f"status {result['status']}; wrote {out / 'report.md'} and report.json")
+    if out != args.run_dir and (args.run_dir / "report.json").is_file():
+        print(f"report.json {_changed(args.run_dir / 'report.json', out / 'report.json')}")
     return 0
 
 

@@ -148,7 +148,7 @@ def _kernel_bench(path: Path) -> list[dict]:
     return rows
 
 
-def _shown(path: Path, root: Path) -> str:
+def shown_path(path: Path, root: Path) -> str:
     """Path relative to the project root when it lies inside it (reports stay portable)."""
     try:
         return str(path.resolve().relative_to(root.resolve()))
@@ -182,8 +182,9 @@ def attribute(run: Mapping, baseline: str, root: Path, gpu: str | None, profile_
         profile_path = root / found if found else None
     if kernel_path is None and gpu is not None:
         kernel_path = root / "kernels" / "results" / f"{gpu}.json"
-    base = {"upper_bound": True, "gpu": gpu, "profile": _shown(profile_path, root) if profile_path else None,
-            "kernel_results": _shown(kernel_path, root) if kernel_path else None,
+    base = {"upper_bound": True, "gpu": gpu,
+            "profile": shown_path(profile_path, root) if profile_path else None,
+            "kernel_results": shown_path(kernel_path, root) if kernel_path else None,
             "histogram_arm": baseline, "predicted_step_change_pct": None}
     if run.get("device") == "cpu":
         return {**base, "status": "cpu", "predicted_step_change_pct": 0.0,

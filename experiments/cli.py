@@ -19,6 +19,7 @@ import dataclasses
 import json
 import logging
 import re
+import tempfile
 from collections.abc import Sequence
 
 from experiments.config import DEVICE_DEFAULTS, RESULTS_DIR, ConfigError, RunConfig, make_config
@@ -253,6 +254,21 @@ def _print_plan(cfg: RunConfig) -> None:
                       "schedule": [s.to_json() for s in plan.steps]}, indent=1))
 
 
+def check_results_dir(path: Path) -> None:
+    """Raise ConfigError naming --results-dir when no run directory can be made under `path` (its
+    nearest existing folder is probed with a temporary directory; nothing is left behind)."""
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"--results-dir {path}: {probe} is not a folder")
+    try:
+        tempfile.TemporaryDirectory(dir=probe).cleanup()
+    except OSError as exc:
+        raise ConfigError(f"--results-dir {path}: cannot create a run directory in {probe} "
+                          f"({exc.strerror})") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -266,6 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.dry_run:
             _print_plan(cfg)
             return 0
+        check_results_dir(cfg.results_dir)
         run_dir = run_experiment(cfg, argv=["experiments/run.py", *argv])
     except (ConfigError, TraceError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)

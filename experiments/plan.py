@@ -93,7 +93,8 @@ def _gap_hint(cfg: RunConfig, ts: Sequence[float]) -> str:
     if start is None:
         return (f"{where}; no --start-s gives {cfg.windows} windows of {cfg.window_s:g} s that all hold "
                 "requests: use fewer or longer windows (--windows, --window-s)")
-    return f"{where}; --start-s {start} gives {cfg.windows} windows of {cfg.window_s:g} s that all hold requests"
+    return (f"{where}; --start-s {start} gives {cfg.windows} windows of {cfg.window_s:g} s that all hold "
+            "requests")
 
 
 def _check_lengths(cfg: RunConfig, reqs: list[TraceRequest], spans: list[tuple[float, float]]) -> None:

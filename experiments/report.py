@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 from experiments import comparisons, stats
@@ -178,7 +177,6 @@ def build_report(a: Analysis) -> dict:
             "measured_tpot_paired_change_pct": (primary.get("tpot_ms") or {}).get("estimate_pct"),
             "measured_tpot_paired_ci95_pct": (primary.get("tpot_ms") or {}).get("ci95_pct")},
         "schema_version": REPORT_SCHEMA_VERSION, "tool_version": run.get("tool_version"),
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "device": run.get("device"), "aa": {"is_aa": aa is not None, "why": aa, "controls": [
             lab for lab in labels[1:] if a.in_run_floor and lab == a.in_run_floor["pair"][1]]},
         "status": status, "run_status": run.get("status"), "stopped_reason": run.get("stopped_reason"),

@@ -57,8 +57,10 @@ def format_gaps(g: dict) -> list[str]:
     """Text lines of a traces.gaps.gap_summary() result."""
     lines = [f"empty bins   {g['empty_bins']} of {g['bins']} bins of {g['bin_s']:g} s"]
     if g["longest_gap_s"] is not None:
-        lines.append(f"longest gap  {g['longest_gap_s']:.6f} s, after the arrival at {g['longest_gap_after_s']:.6f} s")
-    lines.append(f"idle         {g['idle_stretches']} gaps >= {g['idle_s']:g} s, {g['idle_s_total']:.6f} s in all")
+        lines.append(f"longest gap  {g['longest_gap_s']:.6f} s, after the arrival at "
+                     f"{g['longest_gap_after_s']:.6f} s")
+    lines.append(f"idle         {g['idle_stretches']} gaps >= {g['idle_s']:g} s, "
+                 f"{g['idle_s_total']:.6f} s in all")
     spans = [Span(**s) for s in g["busy_spans"]]
     lines.append(f"busy spans   {len(spans)}: {describe_spans(spans)}")
     return lines

@@ -114,6 +114,20 @@ def test_run_dry_run_in_a_gap_is_one_line_with_the_hint(tmp_path: Path, no_serve
     assert '"windows"' in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("where", ["/proc", "/proc/a/b", "file/below"])
+def test_results_dir_that_cannot_hold_a_run_is_one_line_naming_the_flag(
+        tmp_path: Path, no_server_starts: None, capsys: pytest.CaptureFixture, where: str) -> None:
+    trace = _trace(tmp_path / "t.jsonl", [(float(t), 10, 5) for t in range(60)])
+    (tmp_path / "file").write_text("not a folder")
+    results = where if where.startswith("/") else str(tmp_path / where)
+    code = run_cli.main(["--trace", str(trace), "--device", "cpu", "--results-dir", results, "--windows", "2",
+                         "--window-s", "10", "--warmup-s", "5"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: --results-dir {results}: ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "t.jsonl"]  # nothing left behind
+
+
 def test_request_longer_than_max_model_len_is_named_by_line(tmp_path: Path) -> None:
     trace = _trace(tmp_path / "t.jsonl", [(0.0, 10, 5), (1.0, 900, 200), (2.0, 10, 5), (5.0, 10, 5)])
     cfg = make_config(trace, "cpu", windows=1, window_s=3.0, warmup_s=0.0, start_s=0.0, max_model_len=900)

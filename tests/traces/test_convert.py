@@ -86,7 +86,8 @@ MOONCAKE = '{"timestamp": 0, "input_length": 5, "output_length": 6}\n'
 
 
 @pytest.mark.parametrize("spelling", ["same", "dotted", "symlink", "hardlink"])
-def test_refuses_to_write_over_its_input(tmp_path: Path, capsys: pytest.CaptureFixture, spelling: str) -> None:
+def test_refuses_to_write_over_its_input(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                         spelling: str) -> None:
     src = tmp_path / "x.jsonl"
     src.write_text(MOONCAKE)
     dst = {"same": src, "dotted": tmp_path / "." / "x.jsonl", "symlink": tmp_path / "link.jsonl",
@@ -104,7 +105,8 @@ def test_refuses_to_write_over_its_input(tmp_path: Path, capsys: pytest.CaptureF
     assert src.read_text() == MOONCAKE
 
 
-def test_report_into_a_missing_folder_fails_before_writing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_report_into_a_missing_folder_fails_before_writing(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture) -> None:
     src, dst, rep = tmp_path / "m.jsonl", tmp_path / "out.jsonl", tmp_path / "no" / "such" / "r.json"
     src.write_text(MOONCAKE)
     assert main(["--format", "mooncake", str(src), str(dst), "--report", str(rep)]) == 2

@@ -1,0 +1,65 @@
+"""Every committed run under experiments/results/ re-analysed from its recorded inputs reproduces its
+committed report.json and report.md byte for byte."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments.analyze import main, recorded_inputs
+from integration.proof import profiles
+from kernels.environment import gpu_slug
+
+RESULTS = Path(__file__).resolve().parents[2] / "experiments" / "results"
+RUNS = sorted(p.parent for p in RESULTS.glob("*/run.json"))
+# report.json holds no wall-clock field (no "created"): nothing in it may differ between analyses
+NEW_IN_EACH_ANALYSIS: tuple[str, ...] = ()
+
+
+def _differing_keys(a: dict, b: dict) -> list[str]:
+    return [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k) and k not in NEW_IN_EACH_ANALYSIS]
+
+
+def test_there_are_committed_runs() -> None:
+    assert len(RUNS) >= 5, RUNS
+    for run_dir in RUNS:
+        assert (run_dir / "requests.jsonl.gz").is_file() and (run_dir / "report.json").is_file(), run_dir
+
+
+@pytest.mark.parametrize("run_dir", RUNS, ids=lambda p: p.name)
+def test_reanalysis_reproduces_the_committed_report(run_dir: Path, tmp_path: Path) -> None:
+    committed = json.loads((run_dir / "report.json").read_text(encoding="utf-8"))
+    assert "inputs" in committed, f"{run_dir}/report.json records no analysis inputs"
+    assert main([str(run_dir), "--out", str(tmp_path)]) == 0
+    fresh = json.loads((tmp_path / "report.json").read_text(encoding="utf-8"))
+    assert _differing_keys(committed, fresh) == []
+    assert (tmp_path / "report.json").read_bytes() == (run_dir / "report.json").read_bytes()
+    assert (tmp_path / "report.md").read_bytes() == (run_dir / "report.md").read_bytes()
+
+
+@pytest.mark.parametrize("run_dir", [r for r in RUNS if r.name.startswith("h200-")], ids=lambda p: p.name)
+def test_the_gpu_comes_from_the_run_folder_and_the_profile_from_the_report(run_dir: Path) -> None:
+    env = json.loads((run_dir / "environment.json").read_text(encoding="utf-8"))
+    attribution = json.loads((run_dir / "report.json").read_text(encoding="utf-8"))["attribution"]
+    assert attribution["gpu"] == gpu_slug(env["gpu"]) == "h200"
+    inputs = recorded_inputs(run_dir)
+    assert inputs.profile is not None and inputs.profile.is_file()
+    assert str(inputs.profile).endswith(attribution["profile"])
+
+
+def test_todays_default_profile_does_not_change_a_reanalysis(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    run_dir = RESULTS / "h200-llama8b-chat"
+    monkeypatch.setattr(profiles, "default_profile", lambda gpu, mode: Path("integration/results/other.json"))
+    assert main([str(run_dir), "--out", str(tmp_path / "recorded")]) == 0
+    assert (tmp_path / "recorded" / "report.json").read_bytes() == (run_dir / "report.json").read_bytes()
+    # the default is what a run with nothing recorded gets: the control that the patch took effect
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("run.json", "requests.jsonl.gz", "environment.json"):
+        (bare / name).write_bytes((run_dir / name).read_bytes())
+    assert main([str(bare)]) == 0
+    attribution = json.loads((bare / "report.json").read_text())["attribution"]
+    assert attribution["profile"] == "integration/results/other.json"
