@@ -43,13 +43,13 @@ def records_frame(records: Sequence[RequestRecord], slos: Sequence[SLO]) -> pd.D
             "phase": str(r.tags["phase"]), "index": r.index, "ok": succeeded(r), "error": r.error,
             "due_ms": r.due_ns / 1e6, "end_ms": None if r.end_ns is None else r.end_ns / 1e6,
             "input_tokens": r.input_tokens, "output_tokens": r.output_tokens,
-            "completion_tokens": r.completion_tokens,
+            "prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
             "ttft_ms": ttft_ms(r), "tpot_ms": tpot_ms(r), "e2e_ms": e2e_ms(r), "lateness_ms": lateness_ms(r),
         }
         row.update({met_column(s): meets(r, s) for s in slos})
         rows.append(row)
     columns = [*REQUIRED_TAGS, "index", "ok", "error", "due_ms", "end_ms", "input_tokens", "output_tokens",
-               "completion_tokens", "ttft_ms", "tpot_ms", "e2e_ms", "lateness_ms",
+               "prompt_tokens", "completion_tokens", "ttft_ms", "tpot_ms", "e2e_ms", "lateness_ms",
                *(met_column(s) for s in slos)]
     df = pd.DataFrame(rows, columns=columns)
     for col in ("end_ms", "ttft_ms", "tpot_ms", "e2e_ms", "lateness_ms"):

@@ -235,11 +235,13 @@ class Runner:
                                   progress=self.cfg.progress, vocab_size=self.plan.vocab_size,
                                   prompts=self.prompts)
         except ReplayStopped as exc:  # every request has its record on disk; a dead server says so
+            self.record.check_prompt_tokens(label, exc.records)
             if server.is_alive():
                 raise StopRun(f"replay of {what} on {label} stopped: {exc.reason}{self._tail(label)}") from None
             raise StopRun(f"{died(label, server)} in {what}: {exc.reason}{self._tail(label)}") from None
         except (OSError, RuntimeError, ValueError) as exc:
             raise StopRun(f"replay of {what} on {label} failed: {exc!r}{self._tail(label)}") from None
+        self.record.check_prompt_tokens(label, records)
         if not server.is_alive():
             raise StopRun(f"{died(label, server)} in {what}{self._tail(label)}")
         if not any(succeeded(r) for r in records):

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments import comparisons, stats
+from experiments import comparisons, planted, stats
 from experiments.report_md import render_markdown
 from experiments.slo import SLO
 from kernels.resultfile import write_json, write_text
@@ -157,6 +157,24 @@ def _floor_comparisons(a: Analysis) -> dict | None:
             "secondary": {m: p["comparison"] for m, p in f["secondary"].items()}}
 
 
+def arm_details(run: Mapping, env: Mapping) -> dict[str, dict]:
+    """label -> the arm's definition (run.json's record, else the built-in of that name), its
+    difference from the first arm, who started its server and, for an endpoint, what it said."""
+    labels, names = list(run["arm_labels"]), list(run["arms"])
+    recorded = run.get("arm_definitions") or {}
+    defs = {lab: planted.arm_definition(run, lab, name) for lab, name in zip(labels, names)}
+    base = defs[labels[0]]
+    out = {}
+    for lab in labels:
+        arm, rec = defs[lab], recorded.get(lab) or {}
+        out[lab] = {**(arm.to_json() if arm else {"name": names[labels.index(lab)]}),
+                    "vs_baseline": arm.differences_from(base) if arm and base else None,
+                    "shared_flags_set": arm.shared_flags_set() if arm else [],
+                    "endpoint": rec.get("endpoint"), "identity": rec.get("identity"),
+                    "recorded": bool(rec), "said_of_itself": (env.get("endpoints") or {}).get(lab)}
+    return out
+
+
 def build_report(a: Analysis) -> dict:
     """The report.json dict (docs/DESIGN.md contract keys first)."""
     run, labels = a.run, list(a.run["arm_labels"])
@@ -183,6 +201,9 @@ def build_report(a: Analysis) -> dict:
         "missing": a.missing, "warnings": a.warnings,
         "records": {"file": a.source, "total": a.n_records, "warmup_excluded": a.excluded.get("warmup", 0),
                     "burnin_excluded": a.excluded.get("burnin", 0)},
+        "arm_definitions": arm_details(run, a.env), "prompts": {**(run.get("prompts") or {}),
+                                                                 "check": run.get("prompt_tokens")},
+        "planted": planted.planted_lines(run, a.latency, a.paired_latency, a.attribution),
         "paired_latency": a.paired_latency, "aa_in_run": _floor_comparisons(a),
         "burnin": a.burnin, "drift": a.drift, "knee": a.knee,
         "latency": a.latency, "secondary": secondary,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping
 
+from experiments.planted import planted_text
+
 
 def _num(x, fmt: str = "{:.3g}") -> str:
     return "n/a" if x is None else fmt.format(x)
@@ -35,7 +37,17 @@ def headline(r: Mapping) -> list[str]:
         why = (r.get("stopped_reason") or f"run status is {r.get('run_status')!r}").splitlines()[0]
         lines.append(f"**PARTIAL RUN** — {len(r['missing'])} arm-window cells missing (listed under Missing); "
                      f"reason: {why}.  ")
+    users = [lab for lab, d in (r.get("arm_definitions") or {}).items() if d.get("endpoint")]
+    if users:
+        lines.append(f"**Servers started by the user** — {', '.join(users)}: the kit started none of them, so "
+                     "each arm's identity (kernels, flags, environment) is what the user declared (see Arms).  ")
+    check = (r.get("prompts") or {}).get("check") or {}
+    if check.get("mismatched"):
+        lines.append(f"**Prompt lengths differ from the trace** — in {check['mismatched']} of {check['checked']} "
+                     "requests the server's usage.prompt_tokens is not the trace's input_tokens (examples "
+                     "under Arms and prompts).  ")
     lines += paired_lines(r)
+    lines += [f"- {planted_text(p)}" for p in r.get("planted") or []]
     lines += [f"- {s['verdict']}" for s in r["slos"]]
     return lines + latency_lines(r)
 
@@ -292,6 +304,43 @@ def _explained(a: Mapping, tpot: Mapping) -> list[str]:
             + ("" if inside else ": the difference is not explained by the norm kernels' GPU time")]
 
 
+def arm_lines(r: Mapping) -> list[str]:
+    """Every arm: its description, its difference from the first arm, who started its server (and
+    what an endpoint said of itself), then the prompts and the server-reported prompt lengths."""
+    defs = r.get("arm_definitions") or {}
+    if not defs:
+        return []
+    base = r["arm_labels"][0]
+    out = ["## Arms and prompts", ""]
+    for lab, d in defs.items():
+        diff = d.get("vs_baseline")
+        what = ("the baseline" if lab == base else "runs the same server as the baseline" if diff == []
+                else f"differs from {base} in: {'; '.join(diff)}" if diff else "difference not known")
+        who = d.get("identity") or ("started by the kit" if d.get("recorded") else "not recorded (older run)")
+        line = f"- **{lab}** ({d.get('name')}): {d.get('description') or 'no description'} — {what}; {who}"
+        if d.get("shared_flags_set"):
+            line += f"; sets shared flags {' '.join(d['shared_flags_set'])} (allowed with --allow-arm-differences)"
+        said = d.get("said_of_itself")
+        if said:
+            model = said.get("model") or {}
+            infos = said.get("metrics_info")
+            names = ", ".join(sorted(infos)) if isinstance(infos, dict) else str(infos)
+            line += (f". It said of itself: model {model.get('id')} (root {model.get('root')}, max_model_len "
+                     f"{model.get('max_model_len')}); /metrics info: {names or 'none'}")
+        out.append(line)
+    p = r.get("prompts") or {}
+    check = p.get("check") or {}
+    kind = ("text, exact token counts under " + str(p.get("tokenizer")) if p.get("kind") == "text"
+            else f"token ids below {p.get('vocab_size')}" if p.get("kind") else "token ids (not recorded)")
+    if not check:
+        return out + ["", f"Prompts: {kind}. Server-reported prompt tokens: not checked (the run predates "
+                      "the check).", ""]
+    examples = f"; first mismatches: {check['examples']}" if check.get("examples") else ""
+    return out + ["", f"Prompts: {kind}. Server-reported prompt tokens equal the trace's in "
+                  f"{check['checked'] - check['mismatched']} of {check['checked']} requests that reported "
+                  f"usage{examples}.", ""]
+
+
 def render_markdown(r: Mapping) -> str:
     """The whole report.md text."""
     cmd = r.get("command") or []
@@ -317,7 +366,7 @@ def render_markdown(r: Mapping) -> str:
         lines += ["## Why the run stopped", "", "```", r["stopped_reason"].rstrip(), "```", ""]
     if r["warnings"]:
         lines += ["## Warnings", ""] + [f"- {w}" for w in r["warnings"]] + [""]
-    lines += knee_lines(r) + _slo_tables(r) + _latency_table(r) + design_lines(r) + _power_and_attribution(r)
+    lines += arm_lines(r) + knee_lines(r) + _slo_tables(r) + _latency_table(r) + design_lines(r) + _power_and_attribution(r)
     lines += ["## Plots", ""] + [f"![{p}]({p})" for p in r.get("plots", [])] + [""]
     if cmd and str(cmd[0]).endswith(".py"):
         cmd = ["python", *cmd]

@@ -19,9 +19,11 @@ from integration.arms import PROVIDER
 from integration.endpoint import Endpoint
 from integration.launcher import arm_of, server_command
 from kernels.resultfile import write_json
+from loadgen.records import RequestRecord
 
 RUN_SCHEMA_VERSION = 1  # run.json's format; experiments.analyze.load_run checks it
 TOOL_VERSION = "0.1.0"
+MISMATCH_EXAMPLES = 5  # prompt-length mismatches kept as examples in run.json
 CPU_NOTE = ("A/A run: on CPU the patched arm's fused RMSNorm (a CUDA kernel) is not available, so the "
             "patched arm falls back to stock everywhere and both arms run the same kernels; differences "
             "between them measure the noise floor, not the kernel.")
@@ -167,6 +169,22 @@ class RunRecord:
             env[key] = {**env.get(key, {}), **value} if isinstance(value, dict) and isinstance(
                 env.get(key), dict) else value
         write_json(path, env)
+
+    def check_prompt_tokens(self, label: str, records: Sequence[RequestRecord]) -> None:
+        """Count the records whose server-reported usage.prompt_tokens differs from the trace's
+        input_tokens (run.json "prompt_tokens": per arm and in all, with the first examples)."""
+        check = self.data.setdefault("prompt_tokens", {"checked": 0, "mismatched": 0, "per_arm": {},
+                                                       "examples": []})
+        arm = check["per_arm"].setdefault(label, {"checked": 0, "mismatched": 0})
+        for r in records:
+            if r.prompt_tokens is None:
+                continue
+            for c in (check, arm):
+                c["checked"] += 1
+                c["mismatched"] += r.prompt_tokens != r.input_tokens
+            if r.prompt_tokens != r.input_tokens and len(check["examples"]) < MISMATCH_EXAMPLES:
+                check["examples"].append({**r.tags, "index": r.index, "input_tokens": r.input_tokens,
+                                          "prompt_tokens": r.prompt_tokens})
 
     def add_histogram(self, label: str, load: float, hist: dict) -> None:
         per_arm = self.data["step_histograms"].setdefault(label, {})

@@ -14,7 +14,8 @@ ALLOWED = {
     "traces": ("traces",),
     "loadgen": ("loadgen", "traces"),
     "experiments": ("experiments", "traces", "loadgen", "kernels.resultfile", "kernels.environment",
-                    "integration.arms", "integration.launcher", "integration.proof.profiles"),
+                    "integration.arms", "integration.launcher", "integration.endpoint",
+                    "integration.proof.profiles", "integration.proof.normcalls"),
 }
 
 

@@ -1,0 +1,51 @@
+"""A run directory's requests as one pandas DataFrame, for a user's own analysis.
+
+    import experiments
+    df = experiments.load_run("experiments/results/cpu-tiny-aa")
+    df[df.phase == "measure"].groupby(["arm", "load"]).tpot_ms.median()
+
+One row per request of every arm and phase (warm-up, burn-in, knee search and measured replays,
+errors included), with the derived metrics of experiments.goodput.records_frame (ttft_ms, tpot_ms,
+e2e_ms, lateness_ms, `succeeded`) and one `met:<tier>` column per SLO tier. report.json stays the
+summary; this is the data under it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from experiments import goodput
+from experiments.runrecord import RUN_SCHEMA_VERSION
+from experiments.slo import DEFAULT_SLO_FILE, SLO, load_slo_file
+from kernels.resultfile import read_json
+from loadgen.records import read_records
+
+RECORD_FILES = ("requests.jsonl.gz", "requests.jsonl")  # what a finished run and a running one write
+
+
+def load_run(path: str | Path, slos: Sequence[SLO] | None = None) -> pd.DataFrame:
+    """Every request of the run directory `path`: arm (label), arm_name, window, load, phase, burnin
+    (the burn-in replay's number, else NA), index, succeeded, error, token counts asked and reported
+    (prompt_tokens_match: the server's usage.prompt_tokens equals the trace's input_tokens), times
+    and latencies in ms, and met:<tier> per SLO (`slos`, default experiments/slos.toml).
+    FileNotFoundError when `path` holds no run.json or no records."""
+    run_dir = Path(path)
+    if not (run_dir / "run.json").is_file():
+        raise FileNotFoundError(f"{run_dir}: no run.json (is it an experiments run directory?)")
+    run = read_json(run_dir / "run.json", RUN_SCHEMA_VERSION, "run record")
+    found = [run_dir / name for name in RECORD_FILES if (run_dir / name).is_file()]
+    if not found:
+        raise FileNotFoundError(f"{run_dir}: no {' or '.join(RECORD_FILES)}")
+    records = max((read_records(p) for p in found), key=len)  # a running run's plain file may be longer
+    tiers = list(slos) if slos is not None else load_slo_file(DEFAULT_SLO_FILE)
+    df = goodput.records_frame(records, tiers).rename(columns={"ok": "succeeded"})
+    names = dict(zip(run["arm_labels"], run["arms"]))
+    df.insert(1, "arm_name", df["arm"].map(names))
+    df.insert(5, "burnin", pd.array([r.tags.get("burnin") for r in records], dtype="Int64"))
+    reported = df["prompt_tokens"].astype("Int64")
+    df["prompt_tokens"] = reported
+    df["prompt_tokens_match"] = (reported == df["input_tokens"]).astype("boolean")
+    return df

@@ -1,0 +1,39 @@
+"""experiments.load_run: the committed CPU run's requests as one DataFrame, row for record."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import experiments
+from loadgen.records import read_records, succeeded, tpot_ms, ttft_ms
+
+RUN = Path(__file__).resolve().parents[2] / "experiments" / "results" / "cpu-tiny-aa"
+
+
+def test_one_row_per_record_with_arm_window_load_phase_and_metrics() -> None:
+    df = experiments.load_run(RUN)
+    records = read_records(RUN / "requests.jsonl.gz")
+    run = json.loads((RUN / "run.json").read_text())
+    assert len(df) == len(records)
+    assert set(df["arm"]) == set(run["arm_labels"])
+    assert dict(zip(df["arm"], df["arm_name"])) == dict(zip(run["arm_labels"], run["arms"]))
+    assert set(df["phase"]) == {r.tags["phase"] for r in records}
+    measured = df[df["phase"] == "measure"]
+    per_arm = sum(w["requests"] for w in run["windows"]) * len(run["loads"])
+    assert measured.groupby("arm").size().to_dict() == {lab: per_arm for lab in run["arm_labels"]}
+    for row, rec in zip(df.itertuples(), records):
+        assert (row.arm, row.window, row.load, row.index) == (rec.tags["arm"], rec.tags["window"],
+                                                               rec.tags["load"], rec.index)
+        assert row.succeeded == succeeded(rec)
+        assert row.ttft_ms == pytest.approx(ttft_ms(rec)) and row.tpot_ms == pytest.approx(tpot_ms(rec))
+    burn = df[df["phase"] == "burnin"]
+    assert burn["burnin"].notna().all() and df.loc[df["phase"] != "burnin", "burnin"].isna().all()
+    assert {"met:interactive", "met:chat", "met:relaxed", "e2e_ms", "prompt_tokens_match"} <= set(df.columns)
+
+
+def test_a_directory_without_a_run_is_named(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no run.json"):
+        experiments.load_run(tmp_path)
