@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from integration.arms import IR_OPS as OPS
-from kernels.checks import DTYPE_NAMES  # noqa: F401 (ops.py reads it from here)
 
 MAX_SCAN_ROWS = 1 << 17  # a range reaching past this is declined (no policy scan that long)
 

@@ -37,7 +37,10 @@ ROWS = (1, 7, 257, 8192)
 
 @dataclass(frozen=True)
 class Case:
-    """One validation case; layout 'strided' pads rows, 'offset' misaligns the base pointer."""
+    """One validation case; layout 'strided' pads rows, 'offset' misaligns the base pointer, 'heads'
+    is a [rows (tokens), heads, hidden] view of a buffer whose token stride is heads * hidden + pad
+    (vLLM's q/k head norms over the qkv output), starting `pad` elements in (guarded gaps between
+    tokens)."""
 
     op: str
     dtype: str
@@ -46,26 +49,55 @@ class Case:
     pattern: str = "normal"
     layout: str = "contiguous"
     variant: str | None = None
+    heads: int = 1
+    pad: int = 0
 
     @property
     def row_stride(self) -> int:
+        """Elements from one token (row) to the next."""
+        if self.layout == "heads":
+            return self.heads * self.hidden + self.pad
         if self.layout != "strided":
             return self.hidden
         return -(-(self.hidden + 1) // 8) * 8  # padded to a multiple of 8 (keeps 16-byte rows)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of the view the kernel gets."""
+        return (self.rows, self.heads, self.hidden) if self.layout == "heads" else (self.rows, self.hidden)
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """Strides of that view."""
+        return (self.row_stride, self.hidden, 1) if self.layout == "heads" else (self.row_stride, 1)
 
 
 def full_cases() -> list[Case]:
     """The full suite: every op, dtype, width, row count and pattern, plus layouts and launch shapes."""
     cases = [Case(op, dt, r, h, p) for op, dt, h, r, p in
              itertools.product(OPS, DTYPES, WIDTHS, ROWS, PATTERNS)]
-    return cases + _layout_and_variant_cases((7, 257))
+    return cases + _layout_and_variant_cases((7, 257)) + head_cases(False)
+
+
+def head_cases(reduced: bool) -> list[Case]:
+    """Strided 3-D [tokens, heads, head_dim] views (two strides between rows), with guarded gaps between
+    tokens: head_dim 64/128/256, heads 1-64, token strides padded by nothing, 8 elements, an odd 3
+    (scalar accesses), and as q of a qkv output with 8 kv heads (2 * 8 * head_dim after the q heads)."""
+    dims, heads, tokens = ((64, 128), (1, 8), (3,)) if reduced else ((64, 128, 256), (1, 2, 8, 32, 64), (1, 7, 33))
+    out: list[Case] = []
+    for op, dt, d, h, t in itertools.product(OPS, DTYPES, dims, heads, tokens):
+        if dt != "bf16" and (h not in (1, 8, 64) or t != 7) and not reduced:
+            continue
+        for pad in (0, 8, 3, 16 * d):
+            out.append(Case(op, dt, t, d, "normal", "heads", heads=h, pad=pad))
+    return out
 
 
 def reduced_cases() -> list[Case]:
     """A small suite for compute-sanitizer: few rows, all widths, both ops, all dtypes."""
     cases = [Case(op, dt, r, h, p) for op, dt, h, r, p in
              itertools.product(OPS, DTYPES, (1, 31, 33, 127, 4096, 8193), (1, 5), ("normal", "zeros"))]
-    return cases + _layout_and_variant_cases((5,))
+    return cases + _layout_and_variant_cases((5,)) + head_cases(True)
 
 
 def negative_control_cases() -> list[Case]:
@@ -80,7 +112,9 @@ def _layout_and_variant_cases(rows: tuple[int, ...]) -> list[Case]:
         out += [Case(op, dt, r, h, "normal", "strided") for h in (31, 33, 4096)]
         out += [Case(op, dt, r, h, "normal", "offset") for h in (33, 4096)]
         out += [Case(op, dt, r, h, "normal", variant=v) for h in (127, 2048, 4096)
-                for v in ("t8r4", "t32r4", "t256r1", "t1024r1")]
+                for v in ("t8r4", "t32r4", "t256r1", "t1024r1", "t64r2", "t32r4p", "t256r1p", "t512r1p")]
+        out += [Case(op, dt, r, h, "normal", "heads", v, heads=8, pad=8) for h in (64, 128)
+                for v in ("t16r8p", "t32r4p")]
     return out
 
 
@@ -127,15 +161,15 @@ class Guarded:
 
 
 def guarded(case: Case, device: torch.device, guard: int = GUARD) -> Guarded:
-    """Allocate a buffer with `guard` sentinel elements around the rows (NaN sentinel, poisoned view)."""
-    stride = case.row_stride
-    front = guard + (1 if case.layout == "offset" else 0)
-    body = (case.rows - 1) * stride + case.hidden
+    """Allocate a buffer with `guard` sentinel elements around the rows (NaN sentinel, poisoned view);
+    the gaps between rows (padded strides) hold the sentinel too."""
+    front = guard + (1 if case.layout == "offset" else 0) + (case.pad if case.layout == "heads" else 0)
+    body = (case.rows - 1) * case.row_stride + case.heads * case.hidden
     n = front + body + guard
     dt = TORCH_DTYPES[case.dtype]
     buf = torch.full((n,), float("nan"), dtype=dt, device=device)
-    view = buf.as_strided((case.rows, case.hidden), (stride, 1), front)
+    view = buf.as_strided(case.shape, case.strides, front)
     valid = torch.zeros((n,), dtype=torch.bool, device=device)
-    valid.as_strided((case.rows, case.hidden), (stride, 1), front).fill_(True)
+    valid.as_strided(case.shape, case.strides, front).fill_(True)
     bits = int(buf[:1].view(INT_VIEW[case.dtype]).item())
     return Guarded(buf, view, valid, bits)

@@ -5,6 +5,8 @@ Imports torch only; no CUDA or CuPy needed, so the policy can decline inputs on 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from kernels.shapes import MAX_HIDDEN
@@ -19,22 +21,53 @@ class UnsupportedInput(ValueError):
     """The fused kernel cannot take these tensors; the message says which and why."""
 
 
-def row_stride(t: torch.Tensor) -> int | None:
-    """Stride between consecutive rows when `t` is a uniform stack of rows, else None."""
-    if t.dim() <= 1:
-        return t.shape[-1] if t.dim() == 1 else None
-    if t.stride(-1) != 1 and t.shape[-1] > 1:
+@dataclass(frozen=True)
+class RowLayout:
+    """Where row r of a [..., width] tensor starts: (r // inner) * outer_stride + (r % inner) * inner_stride
+    elements in. One stride between rows is inner = 1; a [tokens, heads, width] view of a wider buffer
+    (vLLM's q/k head norms) is inner = heads, outer_stride = the token stride, inner_stride = width."""
+
+    inner: int
+    outer_stride: int
+    inner_stride: int
+
+
+def row_groups(t: torch.Tensor) -> list[tuple[int, int]] | None:
+    """The leading dims of `t` (size-1 dims dropped) merged where one stride steps over them:
+    [(count, stride)], outermost first; None when the last dim is not contiguous."""
+    if t.dim() == 0 or (t.shape[-1] > 1 and t.stride(-1) != 1):
         return None
-    dims = [(n, s) for n, s in zip(t.shape[:-1], t.stride()[:-1]) if n != 1]
-    if not dims:
-        return t.shape[-1]
-    step = dims[-1][1]
-    expect = step
-    for n, s in reversed(dims):
-        if s != expect:
-            return None
-        expect = s * n
-    return step
+    groups: list[tuple[int, int]] = []
+    for n, s in reversed([(n, s) for n, s in zip(t.shape[:-1], t.stride()[:-1]) if n != 1]):
+        if groups and s == groups[-1][1] * groups[-1][0]:
+            groups[-1] = (groups[-1][0] * n, groups[-1][1])
+        else:
+            groups.append((n, s))
+    return groups[::-1]
+
+
+def row_layout(t: torch.Tensor, inner: int | None = None) -> RowLayout | None:
+    """The RowLayout of `t` (with `inner` rows per outer step where given), None where its rows need more
+    than two strides, its last dim is not contiguous, or its grouping cannot have that `inner`."""
+    groups = row_groups(t)
+    if groups is None or len(groups) > 2:
+        return None
+    if len(groups) == 2:
+        (_, s0), (n1, s1) = groups
+        return RowLayout(n1, s0, s1) if inner in (None, n1) else None
+    step = groups[0][1] if groups else t.shape[-1]
+    k = inner or 1
+    return RowLayout(k, k * step, step)
+
+
+def common_layouts(tensors: list[torch.Tensor]) -> list[RowLayout] | None:
+    """One RowLayout per tensor (same shape), all with the same rows per outer step; None if none exists."""
+    inners = {len(g) == 2 and g[-1][0] for g in map(row_groups, tensors) if g is not None} - {False}
+    if len(inners) > 1:
+        return None
+    inner = inners.pop() if inners else 1
+    out = [row_layout(t, inner) for t in tensors]
+    return None if any(lay is None for lay in out) else out  # type: ignore[return-value]
 
 
 def _tensor_reason(name: str, t: object, ref: torch.Tensor | None, device_type: str) -> str | None:
@@ -57,8 +90,9 @@ def _rows_reason(name: str, t: torch.Tensor) -> str | None:
         return f"{name} is a 0-d tensor; expected [..., hidden]"
     if t.shape[-1] > 1 and t.stride(-1) != 1:
         return f"{name} rows are not contiguous (stride of the last dim is {t.stride(-1)}, must be 1)"
-    if row_stride(t) is None:
-        return f"{name} rows are not evenly spaced (shape {tuple(t.shape)}, strides {t.stride()})"
+    if row_layout(t) is None:
+        return (f"{name} rows are not evenly spaced in at most two strides (shape {tuple(t.shape)}, "
+                f"strides {t.stride()})")
     return None
 
 
@@ -95,6 +129,10 @@ def unsupported_reason(
             return reason
         if tuple(t.shape) != tuple(x.shape):
             return f"{name} shape {tuple(t.shape)} differs from x shape {tuple(x.shape)}"
+    given = [t for t in (residual, out) if t is not None]
+    if given and common_layouts([x, *given]) is None:
+        return (f"x strides {x.stride()} and {'residual' if residual is not None else 'out'} strides "
+                f"{given[0].stride()} split the rows differently (shape {tuple(x.shape)})")
     if out is not None and out.numel() and out.data_ptr() == x.data_ptr():
         return "out is x: rms_norm writes a separate output (use fused_add_rms_norm for in place)"
     return None

@@ -7,6 +7,12 @@
 //   RPB        rows per block (TPR * RPB is a multiple of 32 and at most 1024)
 //   ITERS      vectors each thread holds in registers (ITERS * TPR * VEC >= the vector part of a row)
 //   FUSED_ADD  0: out = norm(x) * w.  1: residual = x + residual; x = norm(residual) * w (in place)
+//   PDL        1: programmatic dependent launch (sm_90+). The weight is loaded and every address is
+//              computed before `griddepcontrol.wait` (which returns once the kernel before this one
+//              on the stream has finished and its writes are visible), and `launch_dependents` lets
+//              the next kernel start its own prologue right after. So the weight must not be written
+//              by the kernel launched just before (model weights never are). Launched without the
+//              programmatic-serialization attribute both instructions are no-ops.
 //   NEG_DROP_EPS, NEG_SKIP_LAST  negative-control builds: eps left out / last column never written.
 //     Validation must fail with either; they are never used outside kernels/validate.py.
 //
@@ -14,8 +20,20 @@
 // residual, and the variance is taken from that rounded value; norm(x) = T(x * rsqrt(mean(x^2) + eps))
 // is rounded to T before the multiply by the weight, and the product is rounded to T once more.
 //
-// One global read of each row: x (and residual) are loaded once into registers, reduced with warp
-// shuffles (plus one shared-memory step when a row spans several warps), scaled and stored.
+// Rows: row r starts at (r / inner) * outer stride + (r % inner) * inner stride of each tensor (its
+// own two strides; see row_offset).
+//
+// One global read of each row: x (and residual) are loaded once into registers, ITERS 16-byte vectors
+// per thread all issued before the first use, reduced with warp shuffles (plus one shared-memory step
+// when a row spans several warps), scaled and stored.
+
+#if PDL
+#define PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define PDL_LAUNCH_DEPENDENTS() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define PDL_WAIT()
+#define PDL_LAUNCH_DEPENDENTS()
+#endif
 
 #if DTYPE_ID == 0
 typedef float T;
@@ -45,9 +63,41 @@ __device__ __forceinline__ T from_f(float f) {
 #error "DTYPE_ID must be 0 (fp32), 1 (fp16) or 2 (bf16)"
 #endif
 
+// A vector of VEC elements. Two 16-bit elements share one 32-bit word, so that a thread holding
+// 8 bf16 vectors keeps them in 32 registers, not 64 (ptxas: 213 registers for t64r2 fused add with
+// one register per element).
+#if DTYPE_ID != 0 && VEC % 2 == 0
+#define PACK 2
+#else
+#define PACK 1
+#endif
+#if PACK == 2
+typedef unsigned int W;
+#else
+typedef T W;
+#endif
 struct alignas(VEC * sizeof(T)) VecT {
-  T v[VEC];
+  W w[VEC / PACK];
 };
+
+__device__ __forceinline__ T get_el(const VecT& v, int j) {
+#if PACK == 2
+  const unsigned int word = v.w[j >> 1];
+  return (T)((j & 1) ? (word >> 16) : (word & 0xffffu));
+#else
+  return v.w[j];
+#endif
+}
+
+__device__ __forceinline__ void set_el(VecT& v, int j, T e) {
+#if PACK == 2
+  const unsigned int word = v.w[j >> 1];
+  v.w[j >> 1] = (j & 1) ? ((word & 0xffffu) | ((unsigned int)e << 16))
+                        : ((word & 0xffff0000u) | (unsigned int)e);
+#else
+  v.w[j] = e;
+#endif
+}
 
 #define BLOCK_THREADS (TPR * RPB)
 #define WARP_SPAN (TPR < 32 ? TPR : 32)
@@ -72,30 +122,42 @@ __device__ __forceinline__ T scale_one(float v, float s, T w) {
   return from_f(to_f(from_f(v * s)) * to_f(w));
 }
 
+// Element offset of row `row` in a tensor whose rows step by `inner_stride` within a group of `inner`
+// rows and by `outer_stride` from one group to the next (a [tokens, heads, width] view of a wider buffer,
+// as vLLM's q/k head norms pass it; inner = 1 for one stride between rows).
+__device__ __forceinline__ long long row_offset(long long group, long long in_group, long long outer_stride,
+                                                long long inner_stride) {
+  return group * outer_stride + in_group * inner_stride;
+}
+
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS)
-rmsnorm_kernel(T* __restrict__ out, const long long out_stride,
-               T* __restrict__ x, const long long x_stride,
-               T* __restrict__ res, const long long res_stride,
+rmsnorm_kernel(T* __restrict__ out, const long long out_so, const long long out_si,
+               T* __restrict__ x, const long long x_so, const long long x_si,
+               T* __restrict__ res, const long long res_so, const long long res_si,
                const T* __restrict__ weight, const float eps,
-               const int rows, const int hidden) {
+               const int rows, const int inner, const int hidden) {
   const int lane = threadIdx.x % TPR;
   const int sub = threadIdx.x / TPR;
   const long long row = (long long)blockIdx.x * RPB + sub;
   const bool active = row < rows;
+  const long long r = active ? row : 0;
+  const long long group = r / inner;
+  const long long in_group = r - group * inner;
   const int nvec = hidden / VEC;
   const int tail = hidden - nvec * VEC;
   const int tail_col = nvec * VEC + lane;
   const bool has_tail = active && lane < tail;
 
-  T* xr = x + (active ? row : 0) * x_stride;
+  T* xr = x + row_offset(group, in_group, x_so, x_si);
 #if FUSED_ADD
-  T* rr = res + (active ? row : 0) * res_stride;
+  T* rr = res + row_offset(group, in_group, res_so, res_si);
   T* dst = xr;
 #else
-  T* dst = out + (active ? row : 0) * out_stride;
+  T* dst = out + row_offset(group, in_group, out_so, out_si);
 #endif
 
-  // Issue every load of the row before the first use.
+  // Issue every load of the row before the first use: the weight first (before PDL_WAIT: it is not
+  // written by the kernel before this one), then x and the residual.
   VecT xv[ITERS], wv[ITERS];
 #if FUSED_ADD
   VecT rv[ITERS];
@@ -103,50 +165,56 @@ rmsnorm_kernel(T* __restrict__ out, const long long out_stride,
 #pragma unroll
   for (int i = 0; i < ITERS; ++i) {
     const int v = lane + i * TPR;
-    if (active && v < nvec) {
-      xv[i] = reinterpret_cast<const VecT*>(xr)[v];
-      wv[i] = reinterpret_cast<const VecT*>(weight)[v];
-#if FUSED_ADD
-      rv[i] = reinterpret_cast<const VecT*>(rr)[v];
-#endif
-    }
+    if (active && v < nvec) wv[i] = reinterpret_cast<const VecT*>(weight)[v];
   }
   T xt = 0, wt = 0;
 #if FUSED_ADD
   T rt = 0;
 #endif
+  if (has_tail) wt = weight[tail_col];
+  PDL_WAIT();
+  PDL_LAUNCH_DEPENDENTS();
+#pragma unroll
+  for (int i = 0; i < ITERS; ++i) {
+    const int v = lane + i * TPR;
+    if (active && v < nvec) {
+      xv[i] = reinterpret_cast<const VecT*>(xr)[v];
+#if FUSED_ADD
+      rv[i] = reinterpret_cast<const VecT*>(rr)[v];
+#endif
+    }
+  }
   if (has_tail) {
     xt = xr[tail_col];
-    wt = weight[tail_col];
 #if FUSED_ADD
     rt = rr[tail_col];
 #endif
   }
 
-  float f[ITERS][VEC];
+  // The row stays in registers as T (the rounded sum for the fused add): converted again to fp32 for
+  // the scaling, so a thread holds no fp32 copy of its ITERS vectors (8 bf16 vectors per thread
+  // used 255 registers with one).
   float ft = 0.f;
   float ss = 0.f;
 #pragma unroll
   for (int i = 0; i < ITERS; ++i) {
     const int v = lane + i * TPR;
-    const bool ok = active && v < nvec;
+    if (active && v < nvec) {
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      float a = 0.f;
-      if (ok) {
-        a = to_f(xv[i].v[j]);
+      for (int j = 0; j < VEC; ++j) {
 #if FUSED_ADD
-        const T z = from_f(a + to_f(rv[i].v[j]));
-        rv[i].v[j] = z;
-        a = to_f(z);
+        const T z = from_f(to_f(get_el(xv[i], j)) + to_f(get_el(rv[i], j)));
+        set_el(rv[i], j, z);
+        const float a = to_f(z);
+#else
+        const float a = to_f(get_el(xv[i], j));
 #endif
+        ss += a * a;
       }
-      f[i][j] = a;
-      ss += a * a;
-    }
 #if FUSED_ADD
-    if (ok) reinterpret_cast<VecT*>(rr)[v] = rv[i];
+      reinterpret_cast<VecT*>(rr)[v] = rv[i];
 #endif
+    }
   }
   if (has_tail) {
     ft = to_f(xt);
@@ -171,10 +239,16 @@ rmsnorm_kernel(T* __restrict__ out, const long long out_stride,
     if (active && v < nvec) {
       VecT o;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) o.v[j] = scale_one(f[i][j], s, wv[i].v[j]);
+      for (int j = 0; j < VEC; ++j) {
+#if FUSED_ADD
+        set_el(o, j, scale_one(to_f(get_el(rv[i], j)), s, get_el(wv[i], j)));
+#else
+        set_el(o, j, scale_one(to_f(get_el(xv[i], j)), s, get_el(wv[i], j)));
+#endif
+      }
 #ifdef NEG_SKIP_LAST
       if (tail == 0 && v == nvec - 1) {
-        for (int j = 0; j < VEC - 1; ++j) dst[v * VEC + j] = o.v[j];
+        for (int j = 0; j < VEC - 1; ++j) dst[v * VEC + j] = get_el(o, j);
         continue;
       }
 #endif

@@ -1,56 +1,41 @@
-"""Fused RMSNorm (CuPy/NVRTC): compile cache, launch, and the public torch-facing wrappers.
+"""Fused RMSNorm (CuPy/NVRTC): compile cache, launch plans, and the public torch-facing wrappers.
 
     rms_norm(x, weight, eps, out=None, variant=None) -> Tensor
     fused_add_rms_norm(x, residual, weight, eps, variant=None) -> None   (in place, vLLM semantics)
 
 Tensors go in and out by pointer (no copies); kernels launch on PyTorch's current CUDA stream, so
 calls can be captured in a CUDA graph once each (dtype, shape) was run eagerly first (that compiles).
+A call is a dict lookup of its launch plan (kernels.plans: shape, strides, alignment, stream) and one
+prebuilt launch (kernels.launch); the checks and the planning run only when a plan is new.
 Rounding matches vLLM's CUDA kernels (see rmsnorm.cu and kernels/reference.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
-import numpy as np
 import torch
 
-from kernels.checks import DTYPE_NAMES, UnsupportedInput, row_stride, unsupported_reason
-from kernels.shapes import DTYPE_IDS, LaunchShape, auto_shape, iters_needed, shape_fits, vector_width
+from kernels import launch
+from kernels.checks import UnsupportedInput, unsupported_reason
+from kernels.plans import BuildKey, LaunchSpec, PlanCache, build_key, launch_shape, plan_spec
 
 SOURCE_PATH = Path(__file__).with_name("rmsnorm.cu")
 NEGATIVE_CONTROLS = {"epsilon": "NEG_DROP_EPS", "tail": "NEG_SKIP_LAST"}
-
-
-@dataclass(frozen=True)
-class BuildKey:
-    """One compiled kernel: storage dtype, op, vector width, launch shape, extra -D flags."""
-
-    dtype: str
-    fused_add: bool
-    vec: int
-    tpr: int
-    rpb: int
-    iters: int
-    flags: tuple[str, ...] = ()
-
-    def options(self) -> tuple[str, ...]:
-        defs = {
-            "DTYPE_ID": DTYPE_IDS[self.dtype], "VEC": self.vec, "TPR": self.tpr, "RPB": self.rpb,
-            "ITERS": self.iters, "FUSED_ADD": int(self.fused_add),
-        }
-        return ("-std=c++17",) + tuple(f"-D{k}={v}" for k, v in defs.items()) + tuple(
-            f"-D{f}" for f in self.flags
-        )
-
+# Called with (op, dtype, hidden, vec, device) whenever a new launch plan is made (integration.ops
+# compiles ahead there every kernel its policy may launch for that alignment).
+PLAN_HOOKS: list[Callable[[str, str, int, int, int], object]] = []
 
 _KERNELS: dict[tuple[BuildKey, int], Any] = {}
-_STREAMS: dict[int, Any] = {}
 _SMS: dict[int, int] = {}
 _flags: tuple[str, ...] = ()
+PLANS = PlanCache()
+# PyTorch's current stream of a device as an int, what Inductor's generated code asks per launch
+# (torch builds without CUDA lack it; no call gets this far there)
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream",
+                      lambda dev: torch.cuda.current_stream(dev).cuda_stream)
 
 
 def _cupy() -> Any:
@@ -61,11 +46,6 @@ def _cupy() -> Any:
             f"CuPy is not importable ({exc}); install cupy-cuda13x (CUDA 13) or cupy-cuda12x (CUDA 12)"
         ) from exc
     return cupy
-
-
-def _require_gpu() -> None:
-    if not torch.cuda.is_available():
-        raise RuntimeError("no CUDA GPU is visible to PyTorch (torch.cuda.is_available() is False)")
 
 
 @contextlib.contextmanager
@@ -82,7 +62,7 @@ def negative_control(name: str) -> Iterator[None]:
 
 
 def compiled(key: BuildKey, device: int) -> Any:
-    """The CuPy kernel function for `key` on `device`, compiled once (NVRTC) and cached."""
+    """The CuPy kernel function for `key` on `device`, compiled once (NVRTC), loaded, and cached."""
     fn = _KERNELS.get((key, device))
     if fn is None:
         cp = _cupy()
@@ -94,86 +74,96 @@ def compiled(key: BuildKey, device: int) -> Any:
     return fn
 
 
-def _stream(device: int) -> Any:
-    ptr = torch.cuda.current_stream(device).cuda_stream
-    s = _STREAMS.get(ptr)
-    if s is None:
-        s = _cupy().cuda.ExternalStream(ptr, device)
-        _STREAMS[ptr] = s
-    return s
-
-
-def _sm_count(device: int) -> int:
+def sm_count(device: int) -> int:
+    """Multiprocessors of `device` (asked once)."""
     n = _SMS.get(device)
     if n is None:
         n = _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
     return n
 
 
-def plan(x: torch.Tensor, weight: torch.Tensor, tensors: list[torch.Tensor], fused_add: bool,
-         variant: str | None) -> tuple[BuildKey, int, int]:
-    """Build key, rows and grid size for a call (raises UnsupportedInput for a shape that can't run)."""
-    hidden = x.shape[-1]
-    rows = x.numel() // hidden if hidden else 0
-    dtype = DTYPE_NAMES[x.dtype]
-    strides = [row_stride(t) for t in tensors]
-    vec = vector_width(x.element_size(), strides, [t.data_ptr() for t in tensors + [weight]])
-    device = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    shape = LaunchShape.parse(variant) if variant else auto_shape(rows, hidden, vec, _sm_count(device))
-    reason = shape_fits(shape, hidden, vec)
-    if reason is not None:
-        raise UnsupportedInput(reason)
-    key = BuildKey(dtype, fused_add, vec, shape.tpr, shape.rpb, iters_needed(hidden, vec, shape.tpr), _flags)
-    return key, rows, -(-rows // shape.rpb)
+def warm(op: str, dtype: str, hidden: int, vec: int, device: int,
+         choices: Iterable[tuple[int, str | None]]) -> int:
+    """Compile the kernels that calls of (op, dtype, hidden, vector width) at these (rows, variant)
+    would launch (variant None: the shape-based choice at that row count); returns how many distinct
+    builds that is. Shapes that cannot run the width are left out (such a call is refused anyway)."""
+    sms, pdl_ok = sm_count(device), launch.route() == "driver"
+    keys = set()
+    for rows, variant in choices:
+        try:
+            shape = launch_shape(rows, hidden, vec, variant, sms)
+        except UnsupportedInput:
+            continue
+        keys.add(build_key(op, dtype, hidden, vec, shape, pdl_ok, _flags))
+    for key in keys:
+        compiled(key, device)
+    return len(keys)
 
 
-def _launch(key: BuildKey, rows: int, grid: int, hidden: int, eps: float, out: torch.Tensor | None,
-            x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor) -> None:
-    device = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    fn = compiled(key, device)
-
-    def ptr(t: torch.Tensor | None) -> tuple[np.uint64, np.int64]:
-        if t is None:
-            return np.uint64(0), np.int64(0)
-        return np.uint64(t.data_ptr()), np.int64(row_stride(t))
-
-    args = (*ptr(out), *ptr(x), *ptr(residual), np.uint64(weight.data_ptr()), np.float32(eps),
-            np.int32(rows), np.int32(hidden))
+def _new_plan(spec: LaunchSpec, device: int, stream: int) -> Callable[[int, int, int, int, float], None]:
+    """The prebuilt launcher of a spec (a no-op for zero rows); runs PLAN_HOOKS first."""
+    for hook in PLAN_HOOKS:
+        hook(spec.op, spec.key.dtype, spec.hidden, spec.key.vec, device)
+    if spec.rows == 0:
+        return lambda o, x, r, w, eps: None
+    fn = compiled(spec.key, device)
     with _cupy().cuda.Device(device):
-        fn((grid,), (key.tpr * key.rpb,), args, stream=_stream(device))
+        return launch.launcher(fn, spec.grid, spec.block, stream, device, spec.key.pdl, spec.strides,
+                               spec.rows, spec.inner, spec.hidden)
 
 
-def _check(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None,
-           out: torch.Tensor | None) -> None:
-    reason = unsupported_reason(x, weight, residual=residual, out=out)
-    if reason is not None:
-        raise UnsupportedInput(reason)
-    _require_gpu()
+def _plan(key: tuple, op: str, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None,
+          out: torch.Tensor | None, variant: str | None, device: int, stream: int) -> Callable:
+    """The launcher cached under `key`, made (checks, planning, build) when the key is new."""
+    run = PLANS.get(key)
+    if run is None:
+        reason = unsupported_reason(x, weight, residual=residual, out=out)
+        if reason is not None:
+            raise UnsupportedInput(reason)
+        spec = plan_spec(op, x, weight, residual, out, variant, sm_count(device),
+                         launch.route() == "driver", _flags)
+        run = PLANS.put(key, _new_plan(spec, device, stream))
+    return run
+
+
+def _device(x: torch.Tensor, weight: torch.Tensor) -> int:
+    """x's CUDA device index; UnsupportedInput naming the problem for anything else."""
+    if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor) or x.get_device() < 0:
+        raise UnsupportedInput(unsupported_reason(x, weight) or f"x is on {x.device}, not a CUDA device")
+    return x.get_device()
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None,
              variant: str | None = None) -> torch.Tensor:
     """y = T(x * rsqrt(mean(x^2) + eps)) * weight over the last dim; writes `out` (allocated if None).
 
-    variant: a launch shape 't<threads per row>r<rows per block>' or None for the shape-based choice.
+    variant: a launch shape 't<threads per row>r<rows per block>[p]' or None for the shape-based choice.
     """
-    _check(x, weight, None, out)
+    dev = _device(x, weight)
     if out is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if x.numel() == 0:
-        return out
-    key, rows, grid = plan(x, weight, [x, out], False, variant)
-    _launch(key, rows, grid, x.shape[-1], eps, out, x, None, weight)
+    xp, op_, wp = x.data_ptr(), out.data_ptr(), weight.data_ptr()
+    stream = _raw_stream(dev)
+    key = ("rms_norm", variant, _flags, x.dtype, x.shape, x.stride(), out.dtype, out.shape, out.stride(),
+           weight.dtype, weight.shape, weight.stride(), dev, out.get_device(), weight.get_device(),
+           (xp | op_ | wp) & 15, stream)
+    run = _plan(key, "rms_norm", x, weight, None, out, variant, dev, stream)
+    if op_ == xp and x.numel():
+        raise UnsupportedInput("out is x: rms_norm writes a separate output (use fused_add_rms_norm for in place)")
+    run(op_, xp, 0, wp, eps)
     return out
 
 
 def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                        variant: str | None = None) -> None:
     """In place, as vLLM: residual <- T(x + residual); x <- rms_norm(residual) * weight."""
-    _check(x, weight, residual, None)
-    if x.numel() == 0:
-        return
-    if residual.data_ptr() == x.data_ptr():
+    dev = _device(x, weight)
+    xp, rp, wp = x.data_ptr(), residual.data_ptr(), weight.data_ptr()
+    stream = _raw_stream(dev)
+    key = ("fused_add_rms_norm", variant, _flags, x.dtype, x.shape, x.stride(), residual.dtype,
+           residual.shape, residual.stride(), weight.dtype, weight.shape, weight.stride(), dev,
+           residual.get_device(), weight.get_device(), (xp | rp | wp) & 15, stream)
+    run = _plan(key, "fused_add_rms_norm", x, weight, residual, None, variant, dev, stream)
+    if rp == xp and x.numel():
         raise UnsupportedInput("residual is x: the two in-place buffers must be distinct")
-    key, rows, grid = plan(x, weight, [x, residual], True, variant)
-    _launch(key, rows, grid, x.shape[-1], eps, None, x, residual, weight)
+    run(0, xp, rp, wp, eps)

@@ -15,15 +15,22 @@ MAX_THREADS = 1024
 MAX_HIDDEN = MAX_THREADS * MAX_ROW_FLOATS_PER_THREAD  # 65536: wider rows go to stock
 DTYPE_IDS = {"fp32": 0, "fp16": 1, "bf16": 2}
 ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
-_NAME = re.compile(r"^t(\d+)r(\d+)$")
+_NAME = re.compile(r"^t(\d+)r(\d+)(p?)$")
+# vectors per thread of the launch shapes the benchmark times at each grid shape; 8 was slowest of
+# these at both 1 and 4096 rows x 4096 in the first v2 smoke run on the H200 (2.78 / 21.3 us against
+# 1.72 / 17.5 us), so it is not timed
+VECTORS_PER_THREAD = (1, 2, 4)
+PDL_MAX_ROWS = 1024  # programmatic dependent launch candidates are timed up to this many rows
 
 
 @dataclass(frozen=True)
 class LaunchShape:
-    """Threads per row (tpr) and rows per block (rpb); named 't<tpr>r<rpb>'."""
+    """Threads per row (tpr), rows per block (rpb), programmatic dependent launch (pdl);
+    named 't<tpr>r<rpb>' or 't<tpr>r<rpb>p' (pdl)."""
 
     tpr: int
     rpb: int
+    pdl: bool = False
 
     def __post_init__(self) -> None:
         pow2_small = self.tpr in (4, 8, 16)
@@ -38,7 +45,7 @@ class LaunchShape:
 
     @property
     def name(self) -> str:
-        return f"t{self.tpr}r{self.rpb}"
+        return f"t{self.tpr}r{self.rpb}" + ("p" if self.pdl else "")
 
     @property
     def block(self) -> int:
@@ -46,11 +53,17 @@ class LaunchShape:
 
     @staticmethod
     def parse(name: str) -> "LaunchShape":
-        """Parse 't<tpr>r<rpb>' (e.g. 't256r1'); ValueError naming the bad string otherwise."""
+        """Parse 't<tpr>r<rpb>' or 't<tpr>r<rpb>p' (e.g. 't256r1', 't512r1p'); ValueError naming the
+        bad string otherwise."""
         m = _NAME.match(name)
         if not m:
-            raise ValueError(f"variant {name!r}: expected 't<threads per row>r<rows per block>', e.g. 't256r1'")
-        return LaunchShape(int(m.group(1)), int(m.group(2)))
+            raise ValueError(f"variant {name!r}: expected 't<threads per row>r<rows per block>[p]', "
+                             "e.g. 't256r1' or 't512r1p'")
+        return LaunchShape(int(m.group(1)), int(m.group(2)), m.group(3) == "p")
+
+    def without_pdl(self) -> "LaunchShape":
+        """The same shape launched without programmatic dependent launch."""
+        return LaunchShape(self.tpr, self.rpb)
 
 
 def vector_width(itemsize: int, row_strides: list[int], data_ptrs: list[int]) -> int:
@@ -97,15 +110,44 @@ def _threads_for(count: int) -> int:
     return min(MAX_THREADS, -(-count // 32) * 32)
 
 
-def auto_shape(rows: int, hidden: int, vec: int, sms: int = 132) -> LaunchShape:
-    """Launch shape chosen from the shape alone.
+def shape_for(hidden: int, vec: int, vectors_per_thread: int, pdl: bool = False) -> LaunchShape:
+    """The launch shape giving each thread about `vectors_per_thread` vectors of a row: fewest
+    threads per row that cover it, at least a warp-sized block (rows share a block of 128 threads
+    when a row takes fewer), and enough threads for the scalar tail."""
+    nvec = max(1, hidden // vec)
+    tpr = _threads_for(-(-nvec // vectors_per_thread))
+    while iters_needed(hidden, vec, tpr) * vec > MAX_ROW_FLOATS_PER_THREAD and tpr < MAX_THREADS:
+        tpr = _threads_for(tpr * 2)
+    if hidden % vec:
+        tpr = max(tpr, _threads_for(hidden % vec + 1))
+    rpb = max(1, 128 // tpr)
+    while (tpr * rpb) % 32:
+        rpb += 1
+    return LaunchShape(tpr, rpb, pdl)
 
-    One vector per thread (a row spread over up to 1024 threads): measured on the H200
-    (kernels/results/h200.json of 2026-12-02, first run), t256r1 at 8192 x 2048 bf16 took 22.1 us
-    against 26.0 us for 4 vectors per thread (t64r2) and 36.7 us for 8 (t32r4); at 512 rows 3.12 vs
-    3.30 us (2 per thread). Fewer registers per thread give more resident warps to hide latency.
-    Narrow rows share a block (128 threads) unless that leaves fewer blocks than multiprocessors.
-    `rows` only sets rows per block.
+
+def candidates(rows: int, hidden: int, vec: int) -> list[LaunchShape]:
+    """Launch shapes the benchmark times at one grid shape (distinct, each able to run it):
+    VECTORS_PER_THREAD vectors per thread, plus the same with programmatic dependent launch up to
+    PDL_MAX_ROWS rows (where launch latency is a large part of a call)."""
+    out: list[LaunchShape] = []
+    for pdl in ((False, True) if rows <= PDL_MAX_ROWS else (False,)):
+        for k in VECTORS_PER_THREAD:
+            shape = shape_for(hidden, vec, k, pdl)
+            if shape not in out and shape_fits(shape, hidden, vec) is None:
+                out.append(shape)
+    return out
+
+
+def auto_shape(rows: int, hidden: int, vec: int, sms: int = 132) -> LaunchShape:
+    """Launch shape chosen from the shape alone, where no measured choice (policy table) names one.
+
+    One vector per thread (a row spread over up to 1024 threads), as the first H200 run measured
+    best (kernels/results/h200-first-run.json: t256r1 at 8192 x 2048 bf16 22.1 us against 26.0 us
+    for 4 vectors per thread and 36.7 us for 8; at 512 rows 3.12 vs 3.30 us). Narrow rows share a
+    block (128 threads) unless that leaves fewer blocks than multiprocessors. `rows` only sets rows
+    per block. Never programmatic dependent launch: a caller that did not ask for it may write the
+    weight in the kernel just before.
     """
     nvec = max(1, hidden // vec)
     tpr = _threads_for(nvec)

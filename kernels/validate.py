@@ -39,7 +39,8 @@ def run_case(case: Case, seed: int, guard: int) -> dict:
     """Run one case; returns its record (passed, errors against both rounding conventions, guards)."""
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(seed)
-    x_vals = make_values(case.pattern, case.rows, case.hidden, case.dtype, gen, dev)
+    rows = case.rows * case.heads
+    x_vals = make_values(case.pattern, rows, case.hidden, case.dtype, gen, dev).view(case.shape)
     w = make_weight(case.hidden, case.dtype, gen, dev)
     x = guarded(case, dev, guard)
     x.view.copy_(x_vals)
@@ -53,7 +54,7 @@ def run_case(case: Case, seed: int, guard: int) -> dict:
             refs = {c: rms_norm_ref(x_vals, w, EPS, c) for c in ("vllm", "fp32")}
             res_ok = True
         else:
-            r_vals = make_values(case.pattern, case.rows, case.hidden, case.dtype, gen, dev)
+            r_vals = make_values(case.pattern, rows, case.hidden, case.dtype, gen, dev).view(case.shape)
             res = guarded(case, dev, guard)
             res.view.copy_(r_vals)
             bufs.append(res)
@@ -111,7 +112,7 @@ def summarize(records: list[dict], seconds: float) -> dict:
 
 def _describe(r: dict) -> str:
     c = r["case"]
-    return (f"{c.op} {c.dtype} rows={c.rows} hidden={c.hidden} {c.pattern} {c.layout} "
+    return (f"{c.op} {c.dtype} rows={c.rows} heads={c.heads} pad={c.pad} hidden={c.hidden} {c.pattern} {c.layout} "
             f"variant={c.variant}: ratio={r['ratio']:.3g} guards_ok={r['guards_ok']} "
             f"residual_exact={r['residual_exact']}")
 

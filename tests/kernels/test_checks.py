@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.checks import row_stride, unsupported_reason
+from kernels.checks import RowLayout, common_layouts, row_layout, unsupported_reason
 
 
 def _reason(x, w, **kw):  # noqa: ANN001, ANN202
@@ -44,8 +44,32 @@ def test_out_must_not_be_x() -> None:
     assert "out is x" in _reason(x, torch.ones(8), out=x)
 
 
-def test_row_stride_of_uniform_and_uneven_stacks() -> None:
-    assert row_stride(torch.zeros(3, 5, 8)) == 8
-    assert row_stride(torch.zeros(4, 24)[:, :8]) == 24
-    assert row_stride(torch.zeros(1, 8)) == 8
-    assert row_stride(torch.zeros(3, 6, 8)[:, :5, :]) is None  # rows 0..4 then a gap
+def test_row_layout_of_one_and_two_strides() -> None:
+    assert row_layout(torch.zeros(3, 5, 8)) == RowLayout(1, 8, 8)
+    assert row_layout(torch.zeros(4, 24)[:, :8]) == RowLayout(1, 24, 24)
+    assert row_layout(torch.zeros(1, 8)) == RowLayout(1, 8, 8)
+    assert row_layout(torch.zeros(3, 6, 8)[:, :5, :]) == RowLayout(5, 48, 8)  # 5 rows, then a gap
+    assert row_layout(torch.zeros(2, 3, 6, 8)[:, :, :5, :]) == RowLayout(5, 48, 8)  # outer dims merge
+    assert row_layout(torch.zeros(2, 4, 6, 8)[:, :3, :5, :]) is None  # three strides
+    assert row_layout(torch.zeros(8, 2).t()) is None  # columns are not rows
+
+
+def test_qwen3_head_views_take_two_strides() -> None:
+    qkv = torch.zeros(7, (32 + 16) * 128, dtype=torch.bfloat16)
+    q = qkv[:, :32 * 128].view(7, 32, 128)
+    k = qkv[:, 32 * 128:40 * 128].view(7, 8, 128)
+    w = torch.ones(128, dtype=torch.bfloat16)
+    assert row_layout(q) == RowLayout(32, 48 * 128, 128) and row_layout(k) == RowLayout(8, 48 * 128, 128)
+    assert _reason(q, w) is None and _reason(k, w) is None
+    assert _reason(q, w, out=torch.empty(q.shape, dtype=q.dtype)) is None  # out: one stride, same split
+
+
+def test_common_layouts_split_every_tensor_alike() -> None:
+    x = torch.zeros(4, 6, 8)[:, :3, :]  # groups of 3 rows
+    out = torch.zeros(4, 3, 8)
+    assert common_layouts([x, out]) == [RowLayout(3, 48, 8), RowLayout(3, 24, 8)]
+    x4 = torch.zeros(6, 5, 8)[:, :4, :].view(2, 3, 4, 8)  # groups of 4 rows (12 tokens of 4 heads)
+    r4 = torch.zeros(2, 13, 4, 8)[:, :3]  # groups of 12 rows, same shape
+    assert row_layout(x4) == RowLayout(4, 40, 8) and row_layout(r4) == RowLayout(12, 416, 8)
+    assert common_layouts([x4, r4]) is None
+    assert "split the rows differently" in _reason(x4, torch.ones(8), residual=r4)

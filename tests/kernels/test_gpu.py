@@ -83,3 +83,48 @@ def test_errors_name_the_problem() -> None:
         rms_norm(x.cpu(), torch.ones(64, dtype=torch.bfloat16), EPS)
     with pytest.raises(UnsupportedInput, match="rows are not contiguous"):
         rms_norm(x.t(), torch.ones(4, device="cuda", dtype=torch.bfloat16), EPS)
+
+
+@pytest.mark.parametrize("head_dim,heads", [(64, 1), (128, 8), (128, 32), (256, 64)])
+def test_head_norm_views_of_a_qkv_buffer(head_dim: int, heads: int) -> None:
+    from kernels.rmsnorm import rms_norm
+
+    g = torch.Generator(device="cuda").manual_seed(heads)
+    qkv = torch.randn(9, (heads + 16) * head_dim, generator=g, device="cuda").to(torch.bfloat16)
+    q = qkv[:, :heads * head_dim].view(9, heads, head_dim)  # token stride (heads + 16) * head_dim
+    w = (1 + 0.5 * torch.randn(head_dim, generator=g, device="cuda")).to(torch.bfloat16)
+    before = qkv.clone()
+    out = rms_norm(q, w, EPS)
+    _close(out, rms_norm_ref(q, w, EPS), "bf16")
+    assert torch.equal(qkv, before)  # x is only read
+
+
+@pytest.mark.parametrize("route", ["driver", "cupy"])
+def test_pdl_chain_in_a_cuda_graph(route: str) -> None:
+    if route == "driver":
+        pytest.importorskip("cuda.bindings.driver", reason="needs cuda-bindings for cuLaunchKernelEx")
+    from kernels import launch
+    from kernels.rmsnorm import PLANS, fused_add_rms_norm
+
+    launch.set_route(route)
+    PLANS.clear()
+    try:
+        x = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)
+        r = torch.randn_like(x)
+        w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+        ref_x, ref_r = x.clone(), r.clone()
+        for _ in range(20):  # the same chain eagerly, plain build
+            fused_add_rms_norm(ref_x, ref_r, w, EPS, variant="t512r1")
+        gx, gr = x.clone(), r.clone()
+        fused_add_rms_norm(gx, gr, w, EPS, variant="t512r1p")  # builds outside the capture
+        gx.copy_(x), gr.copy_(r)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(20):  # each call reads what the one before wrote
+                fused_add_rms_norm(gx, gr, w, EPS, variant="t512r1p")
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(gr, ref_r) and torch.equal(gx, ref_x)
+    finally:
+        launch.set_route(None)
+        PLANS.clear()

@@ -19,7 +19,9 @@ def test_vector_width_is_gcd_of_16_bytes_strides_and_pointers() -> None:
 def test_launch_shape_names_and_limits() -> None:
     assert LaunchShape.parse("t256r1") == LaunchShape(256, 1)
     assert LaunchShape(8, 4).name == "t8r4"
-    with pytest.raises(ValueError, match="expected 't<threads per row>r<rows per block>'"):
+    assert LaunchShape.parse("t512r1p") == LaunchShape(512, 1, True) and LaunchShape(512, 1, True).name == "t512r1p"
+    assert LaunchShape(512, 1, True).without_pdl() == LaunchShape(512, 1)
+    with pytest.raises(ValueError, match=r"expected 't<threads per row>r<rows per block>\[p\]'"):
         LaunchShape.parse("warp")
     with pytest.raises(ValueError, match="multiple of 32"):
         LaunchShape(8, 1)  # 8 threads: not a whole warp
@@ -47,3 +49,12 @@ def test_auto_shape_is_deterministic_and_one_vector_per_thread() -> None:
     assert auto_shape(64, 4096, 8) == LaunchShape(512, 1)
     assert auto_shape(64, 4096, 8) == auto_shape(64, 4096, 8)
     assert auto_shape(8192, 128, 4) == LaunchShape(32, 4)  # narrow rows share a block
+
+
+def test_candidates_time_pdl_only_up_to_its_row_limit() -> None:
+    from kernels.shapes import PDL_MAX_ROWS, candidates
+
+    small, large = candidates(8, 4096, 8), candidates(PDL_MAX_ROWS + 1, 4096, 8)
+    assert [s.name for s in small] == ["t512r1", "t256r1", "t128r1", "t512r1p", "t256r1p", "t128r1p"]
+    assert [s.name for s in large] == ["t512r1", "t256r1", "t128r1"]
+    assert all(shape_fits(s, 128, 8) is None for s in candidates(512, 128, 8))
