@@ -2,8 +2,10 @@
 
 Per shape: every arm is captured as a CUDA graph of many launches over rotating buffers (working
 set above L2 where memory allows), then replayed in two rounds of 8 timed replays, arms in a
-seeded random order per round. A row keeps every sample; the run-to-run spread of an arm is the
-gap between its two rounds' medians.
+seeded random order per round. The fused arms are the launch-shape candidates of the shape
+(kernels.shapes.candidates: 1, 2, 4 and 8 vectors per thread, with and without programmatic
+dependent launch); the row's variant is the fastest of them by median, and every candidate's samples
+are kept. The run-to-run spread of an arm is the gap between its two rounds' medians.
 
     python -m kernels.bench --out bench.json [--quick]
 """
@@ -23,18 +25,19 @@ import torch
 
 from kernels import rmsnorm, stock
 from kernels.cases import TORCH_DTYPES
-from kernels.shapes import auto_shape, vector_width
+from kernels.shapes import LaunchShape, auto_shape, candidates, vector_width
 from kernels.timing import capture, copy_bandwidth, replay_us
 
 EPS = 1e-6
-ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 32768)
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 HIDDEN = (2048, 4096, 5120, 8192)
 SUBSET_ROWS = (1, 16, 128, 1024, 8192)  # fp16 / fp32 at hidden 4096
+# head norms (Qwen3's q/k norm, rms_norm over width 128): rows = tokens x heads, from 1 token x 8 kv
+# heads to 8192 tokens x 32 q heads; 512 x 128 is the seed study's case
+HEAD_WIDTH = 128
+HEAD_ROWS = (8, 32, 64, 256, 512, 1024, 2048, 8192, 32768, 65536, 262144)
 OPS = ("rms_norm", "fused_add_rms_norm")
 ROUNDS, PER_ROUND = 2, 8  # 16 samples per arm and shape
-STUDY = (("fp32", 512, 128), ("fp32", 8192, 128), ("fp32", 512, 1024), ("fp32", 8192, 1024),
-         ("bf16", 512, 2048), ("bf16", 8192, 2048))
-STUDY_SHAPES = ("t32r4", "t256r1")
 WORKING_SET_TARGET = 1.5  # x L2 size
 MEMORY_CAP = 8 << 30  # bytes of rotating buffers at most
 
@@ -44,6 +47,7 @@ def grid(quick: bool = False) -> list[tuple[str, str, int, int]]:
     if quick:
         return [(op, "bf16", r, 4096) for op in OPS for r in (1, 4096)]
     shapes = [(op, "bf16", r, h) for op in OPS for h in HIDDEN for r in ROWS]
+    shapes += [("rms_norm", "bf16", r, HEAD_WIDTH) for r in HEAD_ROWS]
     shapes += [(op, dt, r, 4096) for dt in ("fp16", "fp32") for op in OPS for r in SUBSET_ROWS]
     return shapes
 
@@ -64,25 +68,28 @@ def sizing(op: str, rows: int, hidden: int, itemsize: int, l2_bytes: int) -> tup
     return nbuf, n_calls
 
 
+def _fused_arm(op: str, xs: list, rs: list, w: torch.Tensor, nbuf: int, variant: str) -> Callable[[int], object]:
+    if op == "rms_norm":
+        return lambda i: rmsnorm.rms_norm(xs[i % nbuf], w, EPS, variant=variant)
+    return lambda i: rmsnorm.fused_add_rms_norm(xs[i % nbuf], rs[i % nbuf], w, EPS, variant=variant)
+
+
 def _arms(op: str, x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, nbuf: int,
-          fused_variant: str, vllm: tuple) -> dict[str, Callable[[int], object]]:
-    """Arm name -> call(i). Every rms_norm arm allocates its output per call (from the graph's
-    pool under capture), as vLLM's ops do, so that no arm writes a rotating buffer the others don't."""
+          variants: list[str], vllm: tuple) -> dict[str, Callable[[int], object]]:
+    """Arm name -> call(i): 'fused:<variant>' per candidate, then the stock arms. Every rms_norm arm
+    allocates its output per call (from the graph's pool under capture), as vLLM's ops do, so that no
+    arm writes a rotating buffer the others don't."""
     xs, rs = list(x.unbind(0)), list(r.unbind(0))
     stock.mark_rows_dynamic(*xs, *rs)
     hidden = x.shape[-1]
-    arms: dict[str, Callable[[int], object]] = {}
+    arms: dict[str, Callable[[int], object]] = {f"fused:{v}": _fused_arm(op, xs, rs, w, nbuf, v) for v in variants}
+    comp = stock.inductor(op, x.dtype, hidden)
     if op == "rms_norm":
-        comp = stock.inductor(op)
-        arms["fused"] = lambda i: rmsnorm.rms_norm(xs[i % nbuf], w, EPS, variant=fused_variant)
         arms["inductor"] = lambda i: comp(xs[i % nbuf], w, EPS)
         arms["torch"] = lambda i: torch.nn.functional.rms_norm(xs[i % nbuf], (hidden,), w, EPS)
         if vllm[0] is not None:
             arms["vllm_c"] = lambda i: vllm[0](torch.empty_like(xs[i % nbuf]), xs[i % nbuf], w, EPS)
     else:
-        comp = stock.inductor(op)
-        arms["fused"] = lambda i: rmsnorm.fused_add_rms_norm(xs[i % nbuf], rs[i % nbuf], w, EPS,
-                                                             variant=fused_variant)
         arms["inductor"] = lambda i: comp(xs[i % nbuf], rs[i % nbuf], w, EPS)
         if vllm[1] is not None:
             arms["vllm_c"] = lambda i: vllm[1](xs[i % nbuf], rs[i % nbuf], w, EPS)
@@ -109,8 +116,9 @@ def time_arms(arms: dict[str, Callable[[int], object]], n_calls: int, rng: rando
 
 
 def bench_shape(op: str, dtype: str, rows: int, hidden: int, l2_bytes: int, rng: random.Random,
-                vllm: tuple, variant: str | None = None, stock_arms: bool = True) -> dict:
-    """One grid row: fused and stock samples, medians, spreads, roofline left for the caller."""
+                vllm: tuple) -> dict:
+    """One grid row: every fused candidate's and stock arm's samples, the fastest candidate's
+    medians as the row's, roofline left for the caller."""
     tdt = TORCH_DTYPES[dtype]
     isz = torch.empty((), dtype=tdt).element_size()
     nbuf, n_calls = sizing(op, rows, hidden, isz, l2_bytes)
@@ -118,27 +126,28 @@ def bench_shape(op: str, dtype: str, rows: int, hidden: int, l2_bytes: int, rng:
     r = torch.randn(nbuf, rows, hidden, device="cuda").to(tdt)
     w = (1 + 0.5 * torch.randn(hidden, device="cuda")).to(tdt)
     vec = vector_width(isz, [hidden], [x.data_ptr(), r.data_ptr(), w.data_ptr()])
-    variant = variant or auto_shape(rows, hidden, vec).name
-    arms = _arms(op, x, r, w, nbuf, variant, vllm)
-    if not stock_arms:
-        arms = {"fused": arms["fused"]}
-    res = time_arms(arms, n_calls, rng)
-    del x, r, arms
+    variants = [s.name for s in candidates(rows, hidden, vec)]
+    auto = auto_shape(rows, hidden, vec).name
+    variants += [auto] if auto not in variants else []
+    res = time_arms(_arms(op, x, r, w, nbuf, variants, vllm), n_calls, rng)
+    del x, r
     torch.cuda.empty_cache()
-    fused = res.pop("fused")
-    if isinstance(fused, str):
-        raise RuntimeError(f"fused arm failed at {op} {dtype} {rows}x{hidden}: {fused}")
+    fused = {k.split(":", 1)[1]: res.pop(k) for k in list(res) if k.startswith("fused:")}
+    failed = {k: v for k, v in fused.items() if isinstance(v, str)}
+    timed = {k: v for k, v in fused.items() if isinstance(v, list)}
+    if not timed:
+        raise RuntimeError(f"every fused arm failed at {op} {dtype} {rows}x{hidden}: {failed}")
+    best = min(timed, key=lambda k: statistics.median(timed[k]))
     ws = nbuf * bytes_moved(op, rows, hidden, isz)
-    row = {"op": op, "dtype": dtype, "rows": rows, "hidden": hidden, "variant": variant,
-           **summary(fused), "samples_us": fused, "samples_per_round": PER_ROUND,
-           "buffers": nbuf, "launches_per_replay": n_calls, "working_set_bytes": ws,
-           "l2": "cold" if ws > l2_bytes else "warm"}
-    if stock_arms:
-        med = {k: (statistics.median(v) if isinstance(v, list) else None) for k, v in res.items()}
-        row["stock"] = {f"{k}_us": med.get(k) for k in ("inductor", "vllm_c", "torch")}
-        row["stock_samples_us"] = {k: v for k, v in res.items() if isinstance(v, list)}
-        row["stock_errors"] = {k: v for k, v in res.items() if isinstance(v, str)}
-    return row
+    med = {k: (statistics.median(v) if isinstance(v, list) else None) for k, v in res.items()}
+    return {"op": op, "dtype": dtype, "rows": rows, "hidden": hidden, "variant": best, "auto_variant": auto,
+            "pdl": LaunchShape.parse(best).pdl, **summary(timed[best]), "samples_us": timed[best],
+            "candidates_us": timed, "candidate_errors": failed, "samples_per_round": PER_ROUND,
+            "buffers": nbuf, "launches_per_replay": n_calls, "working_set_bytes": ws,
+            "l2": "cold" if ws > l2_bytes else "warm",
+            "stock": {f"{k}_us": med.get(k) for k in ("inductor", "vllm_c", "torch")},
+            "stock_samples_us": {k: v for k, v in res.items() if isinstance(v, list)},
+            "stock_errors": {k: v for k, v in res.items() if isinstance(v, str)}}
 
 
 def summary(samples: list[float]) -> dict:
@@ -156,7 +165,8 @@ def run(quick: bool, seed: int, vllm: tuple, log: Callable[[str], None] = print)
     for op, dt in sorted({(op, dt) for op, dt, _, _ in shapes}):
         for h in sorted({h for o, d, _, h in shapes if (o, d) == (op, dt)}):
             stock.prepare_inductor(op, TORCH_DTYPES[dt], h)
-    log(f"inductor arms compiled in {time.perf_counter() - t0:.1f} s")
+    graphs = stock.compiled_graphs()
+    log(f"inductor arms compiled in {time.perf_counter() - t0:.1f} s ({graphs} graphs)")
     rows = []
     for op, dt, r, h in shapes:
         row = bench_shape(op, dt, r, h, l2, rng, vllm)
@@ -165,17 +175,9 @@ def run(quick: bool, seed: int, vllm: tuple, log: Callable[[str], None] = print)
         rows.append(row)
         log(f"{op:18s} {dt} {r:6d}x{h:5d} {row['variant']:8s} fused {row['median_us']:8.2f} us  "
             + "  ".join(f"{k[:-3]} {v:8.2f}" for k, v in row["stock"].items() if v is not None))
-    study = []
-    for dt, r, h in (STUDY[:1] if quick else STUDY):
-        entry = {"op": "rms_norm", "dtype": dt, "rows": r, "hidden": h}
-        for v in STUDY_SHAPES:
-            s = bench_shape("rms_norm", dt, r, h, l2, rng, vllm, variant=v, stock_arms=False)
-            entry[v] = {"median_us": s["median_us"], "samples_us": s["samples_us"]}
-        study.append(entry)
-        log(f"launch study {dt} {r}x{h}: " + ", ".join(f"{v} {entry[v]['median_us']:.2f} us"
-                                                       for v in STUDY_SHAPES))
     bw_after = copy_bandwidth()
-    return {"copy_bandwidth": {"before": bw, "after": bw_after}, "bench": rows, "launch_shape_study": study}
+    return {"copy_bandwidth": {"before": bw, "after": bw_after}, "bench": rows,
+            "inductor_graphs": {"after_prepare": graphs, "after_bench": stock.compiled_graphs()}}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """The one command that produces kernels/results/h200.json on a GPU machine.
 
-Validation (full suite), both negative controls, compute-sanitizer memcheck and racecheck over the
-reduced suite (run beside validation, finished before any timing), the benchmark grid with every
+Validation (full suite), both negative controls, compute-sanitizer memcheck, racecheck and initcheck
+over the reduced suite (run beside validation, finished before any timing), the benchmark grid with every
 stock arm, the policy table, and the targets.
 
     python -m kernels.suite --out kernels/results/h200.json --policy-out kernels/results/policy-h200.json
@@ -20,12 +20,12 @@ from pathlib import Path
 
 import torch
 
-from kernels import bench, policy, report, stock, validate
+from kernels import bench, launch, policy, report, stock, validate
 from kernels.cases import full_cases, negative_control_cases, reduced_cases
 from kernels.environment import clocks, describe
 
 SCHEMA_VERSION = 1
-SANITIZER_TOOLS = ("memcheck", "racecheck")
+SANITIZER_TOOLS = ("memcheck", "racecheck", "initcheck")
 _SUMMARY = re.compile(r"(ERROR SUMMARY|RACECHECK SUMMARY): (\d+) (error|hazard)")
 
 
@@ -33,7 +33,11 @@ def start_sanitizer(tool: str, log_dir: Path, kernel_filter: bool = True) -> tup
     """Start compute-sanitizer `tool` over the reduced suite (exact-size allocations, no caching)."""
     log = log_dir / f"sanitizer-{tool}.log"
     cmd = ["compute-sanitizer", "--tool", tool, "--print-limit", "20"]
-    if kernel_filter:
+    if tool == "initcheck":
+        # every kernel instrumented (a filter hides the writes of PyTorch's fill and copy kernels, so
+        # their buffers read as uninitialized), host-side copies by PyTorch not checked
+        cmd += ["--check-api-memory-access", "no"]
+    elif kernel_filter:
         cmd += ["--kernel-name", "kns=rmsnorm_kernel"]
     cmd += [sys.executable, "-m", "kernels.validate", "--reduced", "--exact-alloc"]
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
@@ -127,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     env = describe(stock.vllm_version())
     env["vllm_c_error"] = vllm[2]
     env["clocks_before"] = clocks()
+    env["launch_route"] = launch.route()  # 'driver': cuLaunchKernelEx, PDL builds launch with PDL
     if args.no_sanitizer:
         sanitizer, val = [{"tool": t, "clean": None, "not_run": "--no-sanitizer"} for t in SANITIZER_TOOLS], \
             validation_block(args.quick)
@@ -143,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     env["copy_bandwidth"] = measured["copy_bandwidth"]
     results = finish({"schema_version": SCHEMA_VERSION, "command": " ".join(["python -m kernels.suite"] + (argv or sys.argv[1:])),
                       "quick": args.quick, "environment": env, "validation": val,
-                      "bench": measured["bench"], "launch_shape_study": measured["launch_shape_study"],
+                      "bench": measured["bench"], "inductor_graphs": measured["inductor_graphs"],
                       "seconds": round(time.perf_counter() - t0, 1)})
     out.write_text(json.dumps(results) + "\n")
     pol_path = Path(args.policy_out) if args.policy_out else out.with_name("policy-" + out.name)

@@ -2,9 +2,10 @@
 
     python -m integration.proof.launchcost --out OUT/launch-cost.json
 
-Above vLLM's CUDA-graph sizes every norm call of the patched arm runs through Python: the custom
-op (torch.ops.rmsnorm_fused.fused_add_rms_norm), integration.ops (policy answer, counters),
-kernels.rmsnorm (input checks, launch plan) and CuPy's launch. This times each layer on the CPU:
+Above vLLM's CUDA-graph sizes every norm call of the patched arm runs through Python: the op
+(torch.ops.rmsnorm_fused.fused_add_rms_norm, torch.library.Library define/impl), integration.ops
+(policy answer, counters), kernels.rmsnorm (launch-plan lookup) and the prebuilt launch
+(cuLaunchKernelEx, or CuPy where cuda-bindings is missing). This times each layer on the CPU:
 batches of calls with the GPU work queued, perf_counter_ns around the batch, a synchronize after it
 (outside the timing); rows=1 keeps the GPU far ahead of the CPU, so a batch measures launch cost.
 A plain PyTorch in-place add is the reference for one aten kernel launch. It also writes the
@@ -30,12 +31,18 @@ def _layers(x: torch.Tensor, res: torch.Tensor, w: torch.Tensor, eps: float) -> 
     from integration import ops
     from kernels import rmsnorm
 
-    key, rows, grid = rmsnorm.plan(x, w, [x, res], True, None)
+    rmsnorm.fused_add_rms_norm(x, res, w, eps)  # makes the plan
+    before = set(rmsnorm.PLANS._plans)
+    rmsnorm.fused_add_rms_norm(x, res, w, eps, variant="t512r1p")
+    (pdl_key,) = set(rmsnorm.PLANS._plans) - before
+    launch = rmsnorm.PLANS.get(pdl_key)
+    xp, rp, wp = x.data_ptr(), res.data_ptr(), w.data_ptr()
     return {
-        "custom_op": lambda: torch.ops.rmsnorm_fused.fused_add_rms_norm(x, res, w, eps),
+        "library_op": lambda: torch.ops.rmsnorm_fused.fused_add_rms_norm(x, res, w, eps),
         "integration_ops": lambda: ops.run_fused_add_rms_norm(x, res, w, eps, "compiled"),
         "kernels_rmsnorm": lambda: rmsnorm.fused_add_rms_norm(x, res, w, eps),
-        "cupy_launch_only": lambda: rmsnorm._launch(key, rows, grid, x.shape[-1], eps, None, x, res, w),
+        "kernels_rmsnorm_pdl": lambda: rmsnorm.fused_add_rms_norm(x, res, w, eps, variant="t512r1p"),
+        "prebuilt_launch_only": lambda: launch(0, xp, rp, wp, eps),
         "aten_add_reference": lambda: x.add_(res),
     }
 
@@ -79,7 +86,7 @@ def measure(rows: int, hidden: int, calls: int, batches: int) -> dict:
     return {"rows": rows, "hidden": hidden, "dtype": "bf16", "calls_per_batch": calls,
             "per_call_us": samples,
             "median_per_call_us": {k: sorted(v)[len(v) // 2] for k, v in samples.items()},
-            "cprofile_custom_op": profile_text(layers["custom_op"], calls)}
+            "cprofile_library_op": profile_text(layers["library_op"], calls)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     from kernels import environment as kernel_env
 
     shapes = [measure(int(r), a.hidden, a.calls, a.batches) for r in a.rows.split(",") if r]
-    doc = {"schema_version": 1, "command": "python -m integration.proof.launchcost " + " ".join(argv or sys.argv[1:]),
+    from kernels import launch
+
+    doc = {"schema_version": 2, "launch_route": launch.route(), "goal_us_per_fused_call": 12.0, "command": "python -m integration.proof.launchcost " + " ".join(argv or sys.argv[1:]),
            "torch": torch.__version__, "gpu": kernel_env.smi("name,driver_version"), "shapes": shapes}
     Path(a.out).write_text(json.dumps(doc, indent=1))
     for s in shapes:

@@ -28,10 +28,19 @@ def test_speedups_follow_the_policy() -> None:
 
 
 def test_targets_literal() -> None:
-    rows = [_row(1, 1.0, 2.0, 2.25, "fused:t512r1"), _row(512, 10.0, 9.0, 9.5, "stock", roofline=9.0)]
+    rows = [_row(1, 1.0, 2.0, 2.25, "fused:t512r1"), _row(512, 10.0, 9.0, 9.5, "stock", roofline=8.1),
+            _row(8192, 100.0, 98.0, 99.0, "stock", roofline=96.0)]
     t = targets({"bench": rows})
-    assert t["geomean_speedup_bf16"]["vs_best_stock"] == pytest.approx(math.sqrt(2.0 * 1.0))
-    assert t["geomean_speedup_bf16"]["met"] is True
-    assert t["fused_faster_where_dispatched"] == {"met": True, "fused_shapes": 1, "slower_shapes": []}
-    assert t["copy_bandwidth_fraction_256_4096_rows"]["min"] == pytest.approx(0.9)
-    assert t["us_per_call_at_most_128_rows"]["max"] == 1.0 and t["us_per_call_at_most_128_rows"]["met"]
+    g = t["geomean_speedup_bf16_rows_1_8192_hidden_2048_4096_8192"]
+    assert g["vs_best_stock"] == pytest.approx(2.0 ** (1 / 3)) and g["met"] is True
+    assert t["policy_never_slower_than_best_stock"] == {"met": True, "slower_shapes": [], "fused_shapes": 1}
+    assert t["copy_bandwidth_rms_norm_256_2048_rows"]["min"] == pytest.approx(0.9)  # stock 9.0 us
+    assert t["copy_bandwidth_rms_norm_256_2048_rows"]["fused_min"] == pytest.approx(0.81)
+    assert t["copy_bandwidth_rms_norm_8192_rows_and_more"]["min"] == pytest.approx(96 / 98)
+    small = t["us_per_call_at_most_128_rows_hidden_4096"]
+    assert small["max"] == 1.0 and small["met"]
+
+
+def test_a_fused_choice_slower_than_stock_is_named() -> None:
+    t = targets({"bench": [_row(4, 2.0, 1.5, 1.8, "fused:t512r1p")]})
+    assert t["policy_never_slower_than_best_stock"]["slower_shapes"] == ["rms_norm bf16 4x4096"]

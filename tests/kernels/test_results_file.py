@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kernels import policy, report
-from kernels.bench import OPS, ROWS, HIDDEN
+from kernels.bench import HEAD_ROWS, HEAD_WIDTH, HIDDEN, OPS, ROWS
 
 RESULTS = Path(__file__).resolve().parents[2] / "kernels" / "results" / "h200.json"
 
@@ -42,7 +42,14 @@ def test_every_row_has_raw_samples_and_consistent_statistics(results: dict) -> N
 
 def test_bf16_grid_is_complete(results: dict) -> None:
     got = {(r["op"], r["rows"], r["hidden"]) for r in results["bench"] if r["dtype"] == "bf16"}
-    assert got == {(op, r, h) for op in OPS for r in ROWS for h in HIDDEN}
+    want = {(op, r, h) for op in OPS for r in ROWS for h in HIDDEN}
+    assert got == want | {("rms_norm", r, HEAD_WIDTH) for r in HEAD_ROWS}
+
+
+def test_row_variant_is_the_fastest_candidate(results: dict) -> None:
+    for row in results["bench"]:
+        meds = {v: statistics.median(s) for v, s in row["candidates_us"].items()}
+        assert row["variant"] == min(meds, key=meds.get) and row["samples_us"] == row["candidates_us"][row["variant"]]
 
 
 def test_policy_rows_follow_from_the_samples(results: dict) -> None:
@@ -62,7 +69,7 @@ def test_validation_passed_controls_failed_sanitizer_clean(results: dict) -> Non
     assert val["passed"] and val["cases_run"] >= 1000 and val["failures_total"] == 0
     for name in ("epsilon", "tail"):
         assert val["negative_controls"][name]["failed_as_it_must"], name
-    assert {s["tool"] for s in val["sanitizer"]} == {"memcheck", "racecheck"}
+    assert {s["tool"] for s in val["sanitizer"]} == {"memcheck", "racecheck", "initcheck"}
     assert all(s["clean"] and s["findings"] == 0 for s in val["sanitizer"])
 
 
