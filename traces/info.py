@@ -24,7 +24,7 @@ from traces.trace import (
     file_sha256,
     load_trace,
     scale_rate,
-    summarize,
+    trace_summary,
     time_window,
     write_trace,
 )
@@ -33,7 +33,7 @@ PROG = "python -m traces.info"
 
 
 def format_summary(summary: dict) -> str:
-    """Human-readable text of a summarize() result."""
+    """Human-readable text of a trace_summary() result."""
     if summary["count"] == 0:
         return "count        0 requests"
     rate = summary["rate_rps"]
@@ -127,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(PROG, str(exc))
     if args.out is not None and not reqs:
         return fail(PROG, "the selected window holds no requests; nothing to write")
-    summary = summarize(reqs)
+    summary = trace_summary(reqs)
     summary["gaps"] = gap_summary([r.timestamp for r in reqs], args.bin_s, args.idle_s)
     if args.json:
         print(json.dumps({"trace": str(args.trace), "sha256": file_sha256(args.trace), **summary}, indent=2))

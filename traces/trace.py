@@ -189,7 +189,7 @@ def _token_stats(values: np.ndarray) -> dict:
     return stats
 
 
-def summarize(reqs: Sequence[TraceRequest]) -> dict:
+def trace_summary(reqs: Sequence[TraceRequest]) -> dict:
     """Summary statistics of a trace.
 
     Keys: count, start_s, end_s (first/last timestamp), duration_s (end_s - start_s),

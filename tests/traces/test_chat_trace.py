@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from traces.convert import convert
-from traces.trace import file_sha256, load_trace, summarize
+from traces.trace import file_sha256, load_trace, trace_summary
 
 REPO = Path(__file__).resolve().parents[2]
 CHAT = REPO / "traces" / "chat.jsonl"
@@ -30,7 +30,7 @@ def test_chat_trace_loads() -> None:
     assert len(reqs) == 19_366
     assert reqs[0].timestamp == 0.0
     assert all(r.hash_ids is None for r in reqs)
-    s = summarize(reqs)
+    s = trace_summary(reqs)
     assert s["duration_s"] == 3501.721937
     # the shared README's figures: input mean 1,155, median 1,020, max 14,050; output 211, 129, 1,000
     assert round(s["input_tokens"]["mean"]) == 1155 and s["input_tokens"]["p50"] == 1020

@@ -14,7 +14,7 @@ from traces.trace import (
     file_sha256,
     load_trace,
     scale_rate,
-    summarize,
+    trace_summary,
     time_window,
     write_trace,
 )
@@ -129,7 +129,7 @@ def test_scale_rate_divides_timestamps() -> None:
 
 
 def test_summarize_literal_numbers() -> None:
-    s = summarize(REQS)
+    s = trace_summary(REQS)
     assert s["count"] == 4
     assert s["start_s"] == 0.0 and s["end_s"] == 12.5 and s["duration_s"] == 12.5
     assert s["rate_rps"] == pytest.approx(3 / 12.5)  # 0.24: (count - 1) / duration
@@ -143,9 +143,9 @@ def test_summarize_literal_numbers() -> None:
 
 
 def test_summarize_edge_cases() -> None:
-    empty = summarize([])
+    empty = trace_summary([])
     assert empty["count"] == 0 and empty["rate_rps"] is None and empty["input_tokens"] is None
-    one = summarize([TraceRequest(3.0, 5, 6)])
+    one = trace_summary([TraceRequest(3.0, 5, 6)])
     assert one["count"] == 1 and one["duration_s"] == 0.0 and one["rate_rps"] is None
     assert one["input_tokens"]["p99"] == 5.0
 
