@@ -24,7 +24,7 @@ from kernels import bench, launch, policy, report, stock, validate
 from kernels.cases import full_cases, negative_control_cases, reduced_cases
 from kernels.environment import clocks, describe
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: launch-shape candidates per row, faithful Inductor arm, issue-10 targets, initcheck
 SANITIZER_TOOLS = ("memcheck", "racecheck", "initcheck")
 _SUMMARY = re.compile(r"(ERROR SUMMARY|RACECHECK SUMMARY): (\d+) (error|hazard)")
 

