@@ -42,14 +42,15 @@ WORKING_SET_TARGET = 1.5  # x L2 size
 MEMORY_CAP = 8 << 30  # bytes of rotating buffers at most
 
 
-def grid(quick: bool = False) -> list[tuple[str, str, int, int]]:
-    """(op, dtype, rows, hidden): bf16 over the whole grid, fp16/fp32 at hidden 4096 on a subset."""
+def grid(quick: bool = False, widths: set[int] | None = None) -> list[tuple[str, str, int, int]]:
+    """(op, dtype, rows, hidden): bf16 over the whole grid, fp16/fp32 at hidden 4096 on a subset;
+    `widths`: only those hidden sizes (a partial grid, recorded as such by the suite)."""
     if quick:
         return [(op, "bf16", r, 4096) for op in OPS for r in (1, 4096)]
     shapes = [(op, "bf16", r, h) for op in OPS for h in HIDDEN for r in ROWS]
     shapes += [("rms_norm", "bf16", r, HEAD_WIDTH) for r in HEAD_ROWS]
     shapes += [(op, dt, r, 4096) for dt in ("fp16", "fp32") for op in OPS for r in SUBSET_ROWS]
-    return shapes
+    return [s for s in shapes if widths is None or s[3] in widths]
 
 
 def bytes_moved(op: str, rows: int, hidden: int, itemsize: int) -> int:
@@ -68,7 +69,8 @@ def sizing(op: str, rows: int, hidden: int, itemsize: int, l2_bytes: int) -> tup
     return nbuf, n_calls
 
 
-def _fused_arm(op: str, xs: list, rs: list, w: torch.Tensor, nbuf: int, variant: str) -> Callable[[int], object]:
+def _fused_arm(op: str, xs: list, rs: list, w: torch.Tensor, nbuf: int,
+               variant: str) -> Callable[[int], object]:
     if op == "rms_norm":
         return lambda i: rmsnorm.rms_norm(xs[i % nbuf], w, EPS, variant=variant)
     return lambda i: rmsnorm.fused_add_rms_norm(xs[i % nbuf], rs[i % nbuf], w, EPS, variant=variant)
@@ -82,7 +84,8 @@ def _arms(op: str, x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, nbuf: int,
     xs, rs = list(x.unbind(0)), list(r.unbind(0))
     stock.mark_rows_dynamic(*xs, *rs)
     hidden = x.shape[-1]
-    arms: dict[str, Callable[[int], object]] = {f"fused:{v}": _fused_arm(op, xs, rs, w, nbuf, v) for v in variants}
+    arms: dict[str, Callable[[int], object]] = {f"fused:{v}": _fused_arm(op, xs, rs, w, nbuf, v)
+                                                for v in variants}
     comp = stock.inductor(op, x.dtype, hidden)
     if op == "rms_norm":
         arms["inductor"] = lambda i: comp(xs[i % nbuf], w, EPS)
@@ -155,12 +158,13 @@ def summary(samples: list[float]) -> dict:
     return {"median_us": statistics.median(samples), "min_us": min(samples), "max_us": max(samples)}
 
 
-def run(quick: bool, seed: int, vllm: tuple, log: Callable[[str], None] = print) -> dict:
+def run(quick: bool, seed: int, vllm: tuple, log: Callable[[str], None] = print,
+        widths: set[int] | None = None) -> dict:
     """Copy bandwidth, the grid and the launch-shape study; rows carry roofline_us (no policy yet)."""
     rng = random.Random(seed)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     bw = copy_bandwidth()
-    shapes = grid(quick)
+    shapes = grid(quick, widths)
     t0 = time.perf_counter()
     for op, dt in sorted({(op, dt) for op, dt, _, _ in shapes}):
         for h in sorted({h for o, d, _, h in shapes if (o, d) == (op, dt)}):

@@ -83,7 +83,8 @@ def head_cases(reduced: bool) -> list[Case]:
     """Strided 3-D [tokens, heads, head_dim] views (two strides between rows), with guarded gaps between
     tokens: head_dim 64/128/256, heads 1-64, token strides padded by nothing, 8 elements, an odd 3
     (scalar accesses), and as q of a qkv output with 8 kv heads (2 * 8 * head_dim after the q heads)."""
-    dims, heads, tokens = ((64, 128), (1, 8), (3,)) if reduced else ((64, 128, 256), (1, 2, 8, 32, 64), (1, 7, 33))
+    full = ((64, 128, 256), (1, 2, 8, 32, 64), (1, 7, 33))
+    dims, heads, tokens = ((64, 128), (1, 8), (3,)) if reduced else full
     out: list[Case] = []
     for op, dt, d, h, t in itertools.product(OPS, DTYPES, dims, heads, tokens):
         if dt != "bf16" and (h not in (1, 8, 64) or t != 7) and not reduced:

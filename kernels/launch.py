@@ -116,7 +116,7 @@ def launcher(fn: Any, grid: int, block: int, stream: int, device: int, pdl: bool
     tail = (np.int32(rows), np.int32(inner), np.int32(hidden))
 
     def run_cupy(o: int, x: int, r: int, w: int, eps: float) -> None:
-        fn((grid,), (block,), (np.uint64(o), so[0], so[1], np.uint64(x), so[2], so[3], np.uint64(r), so[4], so[5],
-                               np.uint64(w), np.float32(eps), *tail), stream=cstream)
+        fn((grid,), (block,), (np.uint64(o), so[0], so[1], np.uint64(x), so[2], so[3], np.uint64(r), so[4],
+                               so[5], np.uint64(w), np.float32(eps), *tail), stream=cstream)
 
     return run_cupy

@@ -149,7 +149,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tenso
            (xp | op_ | wp) & 15, stream)
     run = _plan(key, "rms_norm", x, weight, None, out, variant, dev, stream)
     if op_ == xp and x.numel():
-        raise UnsupportedInput("out is x: rms_norm writes a separate output (use fused_add_rms_norm for in place)")
+        raise UnsupportedInput("out is x: rms_norm writes a separate output "
+                               "(use fused_add_rms_norm for in place)")
     run(op_, xp, 0, wp, eps)
     return out
 

@@ -82,12 +82,13 @@ def run_sanitizers(log_dir: Path, timeout_s: float, validate_meanwhile) -> tuple
     return results, meanwhile
 
 
-def validation_block(quick: bool) -> dict:
-    """Full suite and both negative controls."""
+def validation_block(quick: bool, reduced: bool = False) -> dict:
+    """Full suite (the reduced one where asked) and both negative controls."""
     def pick(cases: list) -> list:  # --quick: a smoke test over three widths, bf16 and fp32
         return [c for c in cases if c.hidden in (31, 4096, 8193) and c.dtype != "fp16"] if quick else cases
 
-    main = validate.run_suite(pick(reduced_cases()) if quick else full_cases())
+    main = validate.run_suite(pick(reduced_cases()) if quick else reduced_cases() if reduced else full_cases())
+    main["suite"] = "quick" if quick else "reduced" if reduced else "full"
     negatives = {}
     for name in ("epsilon", "tail"):
         s = validate.run_suite(pick(negative_control_cases()), negative=name)
@@ -116,10 +117,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy-out", help="policy table to write (default: policy-h200.json beside --out)")
     ap.add_argument("--log-dir", help="folder for sanitizer logs (default: beside --out)")
     ap.add_argument("--quick", action="store_true", help="reduced validation and a few bench shapes (smoke test)")
+    ap.add_argument("--reduced-validation", action="store_true",
+                    help="validate with the reduced suite (what the sanitizers run) instead of the full one")
+    ap.add_argument("--hidden", help="comma list: benchmark only these hidden sizes (a partial grid, "
+                    "recorded in the file as 'grid_widths')")
     ap.add_argument("--no-sanitizer", action="store_true", help="skip compute-sanitizer (recorded as not run)")
     ap.add_argument("--sanitizer-timeout", type=float, default=300.0, help="seconds per sanitizer run")
     ap.add_argument("--seed", type=int, default=0, help="seed of the arm-order shuffle")
     args = ap.parse_args(argv)
+    try:
+        widths = {int(w) for w in args.hidden.split(",")} if args.hidden else None
+    except ValueError:
+        print(f"suite: --hidden {args.hidden!r}: expected a comma list of integers", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("suite: no CUDA GPU visible (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
@@ -134,20 +144,22 @@ def main(argv: list[str] | None = None) -> int:
     env["launch_route"] = launch.route()  # 'driver': cuLaunchKernelEx, PDL builds launch with PDL
     if args.no_sanitizer:
         sanitizer, val = [{"tool": t, "clean": None, "not_run": "--no-sanitizer"} for t in SANITIZER_TOOLS], \
-            validation_block(args.quick)
+            validation_block(args.quick, args.reduced_validation)
     else:
-        sanitizer, val = run_sanitizers(log_dir, args.sanitizer_timeout, lambda: validation_block(args.quick))
+        sanitizer, val = run_sanitizers(log_dir, args.sanitizer_timeout,
+                                        lambda: validation_block(args.quick, args.reduced_validation))
     val["sanitizer"] = sanitizer
     print(json.dumps({"validation_passed": val["passed"], "cases": val["cases_run"],
                       "negative_controls": val["negative_controls"],
                       "sanitizer": [(s["tool"], s.get("clean"), s.get("summary")) for s in sanitizer],
                       "seconds": round(time.perf_counter() - t0, 1)}), flush=True)
-    measured = bench.run(args.quick, args.seed, vllm, log=lambda s: print(s, flush=True))
+    measured = bench.run(args.quick, args.seed, vllm, log=lambda s: print(s, flush=True), widths=widths)
     env["clocks_after"] = clocks()
     env["copy_bandwidth_bytes_per_s"] = measured["copy_bandwidth"]["before"]["bytes_per_s"]
     env["copy_bandwidth"] = measured["copy_bandwidth"]
     results = finish({"schema_version": SCHEMA_VERSION, "command": " ".join(["python -m kernels.suite"] + (argv or sys.argv[1:])),
-                      "quick": args.quick, "environment": env, "validation": val,
+                      "quick": args.quick, "grid_widths": sorted(widths) if widths else "all",
+                      "environment": env, "validation": val,
                       "bench": measured["bench"], "inductor_graphs": measured["inductor_graphs"],
                       "seconds": round(time.perf_counter() - t0, 1)})
     out.write_text(json.dumps(results) + "\n")

@@ -112,7 +112,8 @@ def summarize(records: list[dict], seconds: float) -> dict:
 
 def _describe(r: dict) -> str:
     c = r["case"]
-    return (f"{c.op} {c.dtype} rows={c.rows} heads={c.heads} pad={c.pad} hidden={c.hidden} {c.pattern} {c.layout} "
+    return (f"{c.op} {c.dtype} rows={c.rows} heads={c.heads} pad={c.pad} hidden={c.hidden} {c.pattern} "
+            f"{c.layout} "
             f"variant={c.variant}: ratio={r['ratio']:.3g} guards_ok={r['guards_ok']} "
             f"residual_exact={r['residual_exact']}")
 

@@ -27,7 +27,8 @@ from typing import Callable
 import torch
 
 
-def _layers(x: torch.Tensor, res: torch.Tensor, w: torch.Tensor, eps: float) -> dict[str, Callable[[], object]]:
+def _layers(x: torch.Tensor, res: torch.Tensor, w: torch.Tensor,
+            eps: float) -> dict[str, Callable[[], object]]:
     from integration import ops
     from kernels import rmsnorm
 

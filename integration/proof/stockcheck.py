@@ -28,7 +28,9 @@ TOLERANCE = 0.10
 def _hidden(model: str) -> int:
     """hidden_size of a profile's model directory (its path as recorded, under integration/models)."""
     parts = Path(model).parts
-    local = PROJECT_ROOT.joinpath(*parts[parts.index("integration"):]) if "integration" in parts else Path(model)
+    if "integration" not in parts:
+        return int(json.loads((Path(model) / "config.json").read_text())["hidden_size"])
+    local = PROJECT_ROOT.joinpath(*parts[parts.index("integration"):])
     return int(json.loads((local / "config.json").read_text())["hidden_size"])
 
 
@@ -77,12 +79,14 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, KeyError, ResultFileError) as exc:
         print(f"stockcheck: {exc}", file=sys.stderr)
         return 2
-    results["in_vllm_check"] = {"command": "python -m integration.proof.stockcheck " + " ".join(argv or sys.argv[1:]),
+    command = "python -m integration.proof.stockcheck " + " ".join(argv or sys.argv[1:])
+    results["in_vllm_check"] = {"command": command,
                                 "tolerance": TOLERANCE, "sizes": sizes}
     path.write_text(json.dumps(results) + "\n")
     for e in sizes:
         iso = e["isolated_inductor_us_per_call"]
-        print(f"{e['profile']}: rows {e['rows']}: in vLLM {e['in_vllm_stock_us_per_call']:.2f} us/call, isolated "
+        print(f"{e['profile']}: rows {e['rows']}: in vLLM {e['in_vllm_stock_us_per_call']:.2f} us/call, "
+              "isolated "
               + (f"{iso:.2f} ({e['ratio']:.3f}x) {'pass' if e['within_10pct'] else 'FAIL'}" if iso else "-"))
     return 0
 

@@ -61,7 +61,8 @@ def test_unrunnable_shape_names_the_limit() -> None:
 def test_build_key_of_warm_and_of_a_call_agree() -> None:
     x = torch.zeros(300, 2048, dtype=BF16)
     shape = launch_shape(300, 2048, 8, None, 132)
-    assert build_key("rms_norm", "bf16", 2048, 8, shape, True) == _spec("rms_norm", x, torch.empty_like(x)).key
+    want = _spec("rms_norm", x, torch.empty_like(x)).key
+    assert build_key("rms_norm", "bf16", 2048, 8, shape, True) == want
     assert build_key("rms_norm", "bf16", 2048, 8, LaunchShape(64, 2, True), False).pdl is False
 
 

@@ -19,7 +19,8 @@ def test_vector_width_is_gcd_of_16_bytes_strides_and_pointers() -> None:
 def test_launch_shape_names_and_limits() -> None:
     assert LaunchShape.parse("t256r1") == LaunchShape(256, 1)
     assert LaunchShape(8, 4).name == "t8r4"
-    assert LaunchShape.parse("t512r1p") == LaunchShape(512, 1, True) and LaunchShape(512, 1, True).name == "t512r1p"
+    assert LaunchShape.parse("t512r1p") == LaunchShape(512, 1, True)
+    assert LaunchShape(512, 1, True).name == "t512r1p"
     assert LaunchShape(512, 1, True).without_pdl() == LaunchShape(512, 1)
     with pytest.raises(ValueError, match=r"expected 't<threads per row>r<rows per block>\[p\]'"):
         LaunchShape.parse("warp")
