@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from experiments.config import RunConfig, make_config
-from experiments.orchestrate import run_experiment, start_arms
+from experiments.orchestrate import run_experiment
 from experiments.schedule import Step
+from experiments.servers import start_arms
 from integration.launcher import VllmServer
 from loadgen.records import read_records
 
@@ -36,7 +37,8 @@ def short_cfg(tmp_path_factory: pytest.TempPathFactory) -> RunConfig:
 
 
 @pytest.fixture(scope="module")
-def servers(short_cfg: RunConfig, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, VllmServer]]:
+def servers(short_cfg: RunConfig,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, VllmServer]]:
     started = start_arms(short_cfg, tmp_path_factory.mktemp("server-logs"))
     yield started
     for s in started.values():
