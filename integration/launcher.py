@@ -167,7 +167,8 @@ class VllmServer:
 
     def _died(self) -> ServerDied:
         code = self.proc.returncode if self.proc else None
-        return ServerDied(f"vLLM server ({arm_of(self.config).name}, port {self.config.port}) exited with code "
+        return ServerDied(f"vLLM server ({arm_of(self.config).name}, port {self.config.port}) exited "
+                          f"with code "
                           f"{code}; log {self.log_path}, last lines:\n{self.log_tail()}")
 
     def check_alive(self) -> None:
