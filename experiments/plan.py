@@ -17,9 +17,8 @@ from pathlib import Path
 
 from experiments.config import ConfigError, RunConfig
 from experiments.schedule import Step, build_schedule
-from loadgen.replay import clip_tokens
 from traces.gaps import busy_spans, count_in, describe_spans
-from traces.trace import TraceError, TraceRequest, file_sha256, load_trace, time_window
+from traces.trace import TraceError, TraceRequest, clip_tokens, file_sha256, load_trace, time_window
 
 
 @dataclass(frozen=True)

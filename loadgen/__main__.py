@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from loadgen.records import RequestRecord, read_records
-from loadgen.replay import DEAD_AFTER, EVENT_LOOPS, ReplayStopped, base_url, clip_tokens, replay_sync
+from loadgen.replay import DEAD_AFTER, EVENT_LOOPS, ReplayStopped, base_url, replay_sync
 from loadgen.summary import format_summary, summarize_records
 from traces.cliargs import (
     OneLineParser,
@@ -22,7 +22,7 @@ from traces.cliargs import (
     positive_float,
     positive_int,
 )
-from traces.trace import TraceError, load_trace, scale_rate, time_window
+from traces.trace import TraceError, clip_tokens, load_trace, scale_rate, time_window
 
 PROG = "python -m loadgen"
 

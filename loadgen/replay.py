@@ -16,7 +16,6 @@ Pass a number to cap it anyway (for a server that limits connections).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import math
 import resource
@@ -50,17 +49,6 @@ def due_times_ns(requests: Sequence[TraceRequest]) -> list[int]:
             raise ValueError(f"request {i}: timestamp {ts} is before request {i - 1}'s; sort the list")
         due.append(ns)
     return due
-
-
-def clip_tokens(requests: Sequence[TraceRequest], max_input: int | None = None,
-                max_output: int | None = None) -> list[TraceRequest]:
-    """Requests with input/output token counts capped (None: no cap); for quick runs on small servers."""
-    for name, cap in (("max_input", max_input), ("max_output", max_output)):
-        if cap is not None and cap < 1:
-            raise ValueError(f"{name} must be >= 1 or None, got {cap}")
-    return [dataclasses.replace(r, input_tokens=min(r.input_tokens, max_input or r.input_tokens),
-                                output_tokens=min(r.output_tokens, max_output or r.output_tokens))
-            for r in requests]
 
 
 async def fetch_model_name(session: aiohttp.ClientSession, url: str) -> str:

@@ -17,7 +17,7 @@ import hashlib
 import json
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +179,17 @@ def scale_rate(reqs: Sequence[TraceRequest], speedup: float) -> list[TraceReques
         TraceRequest(round(r.timestamp / speedup, _TS_DIGITS), r.input_tokens, r.output_tokens, r.hash_ids)
         for r in reqs
     ]
+
+
+def clip_tokens(requests: Sequence[TraceRequest], max_input: int | None = None,
+                max_output: int | None = None) -> list[TraceRequest]:
+    """Requests with input/output token counts capped (None: no cap); for quick runs on small servers."""
+    for name, cap in (("max_input", max_input), ("max_output", max_output)):
+        if cap is not None and cap < 1:
+            raise ValueError(f"{name} must be >= 1 or None, got {cap}")
+    return [replace(r, input_tokens=min(r.input_tokens, max_input or r.input_tokens),
+                    output_tokens=min(r.output_tokens, max_output or r.output_tokens))
+            for r in requests]
 
 
 def _token_stats(values: np.ndarray) -> dict:

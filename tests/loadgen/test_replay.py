@@ -13,7 +13,7 @@ from loadgen.prompts import token_id_prompts
 from loadgen.records import lateness_ms, read_records, succeeded, tpot_ms, ttft_ms
 from loadgen import dispatch
 from loadgen.dispatch import sleep_until
-from loadgen.replay import ReplayStopped, ServerUnreachable, base_url, clip_tokens, due_times_ns, replay
+from loadgen.replay import ReplayStopped, ServerUnreachable, base_url, due_times_ns, replay
 from traces.trace import TraceRequest
 
 
@@ -220,13 +220,6 @@ def test_bad_schedules_are_named():
         asyncio.run(replay("http://127.0.0.1:1", [], progress=False))
     with pytest.raises(ValueError, match="tags must be JSON-serializable"):
         asyncio.run(replay("http://127.0.0.1:1", [TraceRequest(0.0, 1, 1)], tags={"x": object()}))
-
-
-def test_clip_tokens():
-    reqs = [TraceRequest(0.0, 900, 40, (1, 2)), TraceRequest(1.0, 10, 3)]
-    assert clip_tokens(reqs, 512, 16) == [TraceRequest(0.0, 512, 16, (1, 2)), TraceRequest(1.0, 10, 3)]
-    with pytest.raises(ValueError, match="max_output"):
-        clip_tokens(reqs, None, 0)
 
 
 def test_sleep_until_never_wakes_early():

@@ -13,9 +13,9 @@ import pytest
 
 from integration.launcher import VllmServer
 from loadgen.records import read_records, succeeded
-from loadgen.replay import ServerUnreachable, clip_tokens, replay, replay_sync
+from loadgen.replay import ServerUnreachable, replay, replay_sync
 from tests.conftest import start_server, tiny_server_config
-from traces.trace import TraceRequest, load_trace, scale_rate
+from traces.trace import TraceRequest, clip_tokens, load_trace, scale_rate
 
 CHAT = Path(__file__).resolve().parents[2] / "traces" / "chat.jsonl"
 

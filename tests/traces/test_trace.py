@@ -11,6 +11,7 @@ import pytest
 from traces.trace import (
     TraceError,
     TraceRequest,
+    clip_tokens,
     file_sha256,
     load_trace,
     scale_rate,
@@ -168,3 +169,10 @@ def test_crlf_line_endings_load(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     path.write_bytes(GOOD.replace("\n", "\r\n").encode() * 2)
     assert len(load_trace(path)) == 2
+
+
+def test_clip_tokens():
+    reqs = [TraceRequest(0.0, 900, 40, (1, 2)), TraceRequest(1.0, 10, 3)]
+    assert clip_tokens(reqs, 512, 16) == [TraceRequest(0.0, 512, 16, (1, 2)), TraceRequest(1.0, 10, 3)]
+    with pytest.raises(ValueError, match="max_output"):
+        clip_tokens(reqs, None, 0)
