@@ -11,7 +11,8 @@ with the stock step time from the in-graph step profile weighted by the step siz
 baseline's median TPOT at each load, the prediction averaged over loads in log space as the paired
 estimate averages cells. The control is detected when the paired TPOT interval excludes zero, and
 the prediction holds when it lies inside that interval. On the GPU the delay also costs one kernel
-launch per call, which this prediction leaves out (an under-prediction of about 1 us per call).
+launch per call: where integration.proof.plantedcost measured the delay's in-graph cost per call on
+the run's GPU, N is that measured cost; elsewhere (CPU, or a delay not measured) it is N alone.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Mapping, Sequence
 
 from integration import arms
 from integration.proof.normcalls import norm_shape
+from integration.proof.plantedcost import added_us_per_call, result_path
 
 
 def arm_definition(run: Mapping, label: str, name: str) -> arms.Arm | None:
@@ -90,8 +92,13 @@ def planted_lines(run: Mapping, latency: Sequence[Mapping], paired_latency: Mapp
             out.append({**entry, "status": "no prediction", "reason": str(exc)})
             continue
         calls = sum(shape.expected().values())
-        entry.update(norm_calls_per_step=calls, added_us_per_step=ns * calls / 1000.0,
-                     **prediction(ns * calls / 1000.0, attribution, latency, labels[0]))
+        measured = added_us_per_call(attribution.get("gpu"), ns)
+        per_call_us = ns / 1000.0 if measured is None else measured
+        entry.update(norm_calls_per_step=calls, added_us_per_call=per_call_us,
+                     per_call_source="the delay alone" if measured is None else
+                     f"measured in a CUDA graph ({result_path(attribution['gpu']).name})",
+                     added_us_per_step=per_call_us * calls,
+                     **prediction(per_call_us * calls, attribution, latency, labels[0]))
         tpot = (paired_latency.get(label) or {}).get("tpot_ms") or {}
         ci = tpot.get("ci95_pct")
         pred = entry["predicted_pct"]
@@ -109,7 +116,9 @@ def planted_text(p: Mapping) -> str:
     head = f"planted control {p['arm']} ({p['ns_per_call'] / 1000:g} us per norm call"
     if p.get("norm_calls_per_step") is None:
         return f"{head}): no prediction ({p.get('reason')})"
-    head += f" x {p['norm_calls_per_step']} calls per step = {p['added_us_per_step']:g} us per step)"
+    per_call = p.get("added_us_per_call", p["ns_per_call"] / 1000)
+    head += (f", {per_call:.3g} us added per call from {p.get('per_call_source', 'the delay alone')}"
+             f" x {p['norm_calls_per_step']} calls per step = {p['added_us_per_step']:.4g} us per step)")
     pred = p.get("predicted_pct")
     pred_text = "n/a" if pred is None else f"{pred:+.2f}%"
     text = f"{head}: predicted TPOT {pred_text} (stock step time from {p['step_source']})"

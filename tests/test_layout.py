@@ -15,7 +15,8 @@ ALLOWED = {
     "loadgen": ("loadgen", "traces"),
     "experiments": ("experiments", "traces", "loadgen", "kernels.resultfile", "kernels.environment",
                     "integration.arms", "integration.launcher", "integration.endpoint",
-                    "integration.proof.profiles", "integration.proof.normcalls"),
+                    "integration.proof.profiles", "integration.proof.normcalls",
+                    "integration.proof.plantedcost"),
 }
 
 

@@ -1,0 +1,134 @@
+"""What the planted control really adds per norm call inside a CUDA graph, measured on the GPU.
+
+The planted arm (integration/planted.py) runs the stock norm and then one spin kernel of N ns per
+call. In a captured decode step that costs N plus one more kernel launch, and the launch is not
+known from N. This module measures it the way a step runs it: a CUDA graph of `calls` consecutive
+stock norm calls (torch's fused rms_norm of [rows, hidden] bf16, the native implementation that
+vLLM's stock arm runs as an Inductor kernel), with and without the planted spin after each call,
+replayed many times, stock and planted replays interleaved. The added time per call is the
+difference of per-call medians, with every raw sample kept.
+
+    python -m integration.proof.plantedcost --ns 200,500,1000 --out integration/results/h200-planted-cost.json
+
+experiments/ reads the result through `added_us_per_call(gpu, ns)` (versioned), to predict what a
+planted arm should change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from kernels.resultfile import ResultFileError, read_json, write_json
+
+SCHEMA_VERSION = 1
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
+CALLS = 65  # norm calls per decode step of the 8B Llama shape (2 x 32 layers + the final norm)
+
+
+def result_path(gpu: str) -> Path:
+    """Where the measurement for a GPU (short name, e.g. h200) is committed."""
+    return RESULTS_DIR / f"{gpu}-planted-cost.json"
+
+
+def added_us_per_call(gpu: str | None, ns: int, path: Path | None = None) -> float | None:
+    """The measured in-graph cost (us) that a planted delay of `ns` adds per norm call on `gpu`;
+    None where no measurement of that delay exists. ResultFileError for a damaged file."""
+    path = path or (result_path(gpu) if gpu else None)
+    if path is None or not path.is_file():
+        return None
+    rows = read_json(path, SCHEMA_VERSION, "planted-cost measurement").get("delays")
+    if not isinstance(rows, list):
+        raise ResultFileError(f"{path}: expected a 'delays' list")
+    for i, row in enumerate(rows):
+        try:
+            if int(row["ns"]) == ns:
+                return float(row["added_us_per_call"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ResultFileError(f"{path}: delays[{i}]: need ns and added_us_per_call ({exc!r})") from None
+    return None
+
+
+def measure(ns_list: Sequence[int], rows: int = 32, hidden: int = 4096, calls: int = CALLS,
+            samples: int = 200) -> dict:
+    """Per-call graph replay time of stock norms with and without the planted spin (GPU only)."""
+    import torch
+
+    from kernels.planted import check_ns, compiled, spin
+    from kernels.timing import capture
+
+    for ns in ns_list:
+        check_ns(ns)
+    dev = torch.cuda.current_device()
+    compiled(dev)
+    x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
+    outs = [torch.empty_like(x) for _ in range(calls)]
+
+    def stock(i: int) -> None:
+        outs[i % calls].copy_(torch.nn.functional.rms_norm(x, (hidden,), w, 1e-6))
+
+    def planted(ns: int):
+        def call(i: int) -> None:
+            stock(i)
+            spin(ns, dev)
+        return call
+
+    graphs = {"stock": capture(stock, calls)}
+    graphs.update({f"planted:{ns}": capture(planted(ns), calls) for ns in ns_list})
+    for g in graphs.values():  # warm the clocks
+        for _ in range(20):
+            g.replay()
+    raw: dict[str, list[float]] = {k: [] for k in graphs}
+    events = {k: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(samples)] for k in graphs}
+    for s in range(samples):  # interleaved: every graph once per round
+        for k, g in graphs.items():
+            start, end = events[k][s]
+            start.record()
+            g.replay()
+            end.record()
+    torch.cuda.synchronize()
+    for k in graphs:
+        raw[k] = [a.elapsed_time(b) * 1000.0 / calls for a, b in events[k]]
+    base = statistics.median(raw["stock"])
+    delays = [{"ns": ns, "added_us_per_call": statistics.median(raw[f"planted:{ns}"]) - base,
+               "planted_us_per_call_p50": statistics.median(raw[f"planted:{ns}"])} for ns in ns_list]
+    return {"schema_version": SCHEMA_VERSION, "rows": rows, "hidden": hidden, "dtype": "bf16",
+            "calls_per_graph": calls, "samples": samples, "stock_us_per_call_p50": base,
+            "delays": delays, "raw_us_per_call": raw, "gpu": torch.cuda.get_device_name(dev)}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m integration.proof.plantedcost", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ns", required=True, help="planted delays to measure, comma-separated ns (e.g. 200,500)")
+    p.add_argument("--rows", type=int, default=32, help="rows per norm call (decode tokens; default 32)")
+    p.add_argument("--hidden", type=int, default=4096, help="hidden size (default 4096, the 8B shape)")
+    p.add_argument("--samples", type=int, default=200, help="graph replays per arm (default 200)")
+    p.add_argument("--out", type=Path, required=True, help="JSON result file to write")
+    args = p.parse_args(argv)
+    try:
+        ns_list = [int(v) for v in args.ns.split(",") if v.strip()]
+    except ValueError:
+        p.error(f"--ns {args.ns!r}: expected comma-separated integers")
+    import torch
+
+    if not torch.cuda.is_available():
+        print("error: python -m integration.proof.plantedcost needs a CUDA GPU (torch sees none)",
+              file=sys.stderr)
+        return 2
+    result = measure(ns_list, rows=args.rows, hidden=args.hidden, samples=args.samples)
+    result["command"] = ["python", "-m", "integration.proof.plantedcost", *(argv or sys.argv[1:])]
+    write_json(args.out, result)
+    for d in result["delays"]:
+        print(f"planted {d['ns']} ns: +{d['added_us_per_call']:.3f} us per call in a graph "
+              f"(stock {result['stock_us_per_call_p50']:.3f} us per call)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,38 @@
+"""The planted control's prediction uses the delay's measured in-graph cost where the GPU has one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from experiments.config import make_config
+from experiments.planted import planted_lines, planted_text
+from experiments.runrecord import arm_records
+from integration.proof import plantedcost
+from kernels.resultfile import write_json
+
+TRACE = Path(__file__).resolve().parents[2] / "traces" / "chat.jsonl"
+
+
+def test_prediction_counts_the_measured_launch_not_only_the_delay(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = make_config(TRACE, "cpu", arms=("stock", "planted:500ns"))
+    run = {"arm_labels": list(cfg.labels), "arms": list(cfg.arms), "arm_definitions": arm_records(cfg),
+           "model": {"config": {"architectures": ["LlamaForCausalLM"], "hidden_size": 256,
+                                "num_hidden_layers": 2, "num_attention_heads": 4}}}
+    latency = [{"arm": "stock", "load": 1.0, "tpot_p50_ms": 1.0}]
+    paired = {"planted:500ns": {"tpot_ms": {"estimate_pct": 1.0, "ci95_pct": [0.5, 1.5]}}}
+    profile = {"steps": 1, "step_us": 1000.0}
+    attribution = {"gpu": "testgpu", "profile": "p.json", "histogram_arm": "stock",
+                   "profile_detail": {"by_bucket": [profile]}}
+    monkeypatch.setattr(plantedcost, "RESULTS_DIR", tmp_path)
+    (alone,) = planted_lines(run, latency, paired, attribution)  # no measurement: 0.5 us x 5 calls
+    assert alone["predicted_pct"] == pytest.approx(0.25) and alone["per_call_source"] == "the delay alone"
+    assert alone["prediction_inside"] is False
+    write_json(tmp_path / "testgpu-planted-cost.json",
+               {"schema_version": plantedcost.SCHEMA_VERSION,
+                "delays": [{"ns": 500, "added_us_per_call": 2.0}]})
+    (p,) = planted_lines(run, latency, paired, attribution)  # measured 2 us x 5 calls = 10 us of 1000
+    assert p["added_us_per_step"] == pytest.approx(10.0) and p["predicted_pct"] == pytest.approx(1.0)
+    assert p["prediction_inside"] is True and "testgpu-planted-cost.json" in planted_text(p)
