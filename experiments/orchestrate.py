@@ -34,7 +34,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from experiments import knee
 from experiments.config import RunConfig
 from experiments.environment import capture_environment, gpu_clocks, gpus
-from experiments.servers import Server, died, prompt_source, start_arm
+from experiments.servers import Server, StartFailed, died, prompt_source, start_servers
 from experiments.goodput import ATTAINMENT_TARGET
 from experiments.metrics_scrape import CumulativeHistogram, difference, scrape
 from experiments.plan import Plan, prepare
@@ -112,14 +112,15 @@ class Runner:
             self.servers[label].stop()
             self.owned.discard(label)
             self.burned.discard(label)
-        arm_of = dict(zip(self.cfg.labels, self.cfg.arm_definitions))
         new = [lab for lab in arms if lab not in self.servers or not self.servers[lab].is_alive()]
-        for label in new:  # in turn: each waits for health before the next starts
-            self.where = f"while starting the {label} server"
+        if new:
+            self.where = f"while starting the {', '.join(new)} server(s)"
             try:
-                self.servers[label] = start_arm(self.cfg, label, arm_of[label], self.record.run_dir)
-            except (RuntimeError, TimeoutError) as exc:
-                raise StopRun(f"server {label} failed to start: {exc}") from None
+                started = start_servers(self.cfg, new, self.record.run_dir)
+            except StartFailed as exc:
+                raise StopRun(f"server {exc.label} failed to start: {exc}") from None
+        for label in new:
+            self.servers[label] = started[label]
             self.owned.add(label)
             self.record.add_server(label, self.servers[label])
         for label in arms:

@@ -1,6 +1,6 @@
 """The arms' servers and prompts of a run: vLLM servers the kit starts, or servers the user started.
 
-An arm's server is a `launcher.VllmServer` (started in turn, each waited for) or, with
+An arm's server is a `launcher.VllmServer` (started in the waves of `start_waves`) or, with
 `--endpoint NAME=URL`, an `endpoint.Endpoint`: the kit waits for it to answer, reads what it says of
 itself and never starts or stops it. Both answer `is_alive()`, which decides whether a server died.
 The prompts are the same for every arm: text whose token count under the model's tokenizer is the
@@ -57,12 +57,57 @@ def start_arm(cfg: RunConfig, label: str, arm: Arm, run_dir: Path) -> Server:
     return server
 
 
-def start_arms(cfg: RunConfig, run_dir: Path) -> dict[str, Server]:
-    """Every arm's server, started in turn (each only once the one before is healthy)."""
+class StartFailed(RuntimeError):
+    """A server of the run did not come up; `label` names it, the message says why."""
+
+    def __init__(self, label: str, why: BaseException) -> None:
+        super().__init__(f"{why}")
+        self.label = label
+
+
+def start_waves(cfg: RunConfig, labels: list[str]) -> list[list[str]]:
+    """The order in which the servers of `labels` start: one wave per group of servers that may
+    start at once. On a GPU every server has the same explicit KV-cache size, so no server's cache
+    depends on what another left, and the first server of each distinct arm starts together with the
+    others; a repeat of an arm (the A/A arm) starts after them, so it reuses the first one's compile
+    cache instead of racing it for the same files. Elsewhere (the CPU's cores are few) and for
+    endpoints, one at a time."""
+    if cfg.device != "cuda" or endpoint_urls(cfg):
+        return [[label] for label in labels]
+    arm_of = dict(zip(cfg.labels, cfg.arm_definitions))
+    first: list[str] = []
+    repeats: list[str] = []
+    for label in labels:
+        (repeats if any(arm_of[f].name == arm_of[label].name for f in first) else first).append(label)
+    return [first] + ([repeats] if repeats else [])
+
+
+def start_servers(cfg: RunConfig, labels: list[str], run_dir: Path) -> dict[str, Server]:
+    """The servers of `labels`, started in the waves of `start_waves` (a wave's servers started
+    together, then each waited for) or, for endpoints, waited for. StartFailed names the first that
+    did not come up; every server this call started is stopped then."""
+    arm_of = dict(zip(cfg.labels, cfg.arm_definitions))
     servers: dict[str, Server] = {}
+    label = labels[0] if labels else ""
     try:
-        for label, arm in zip(cfg.labels, cfg.arm_definitions):
-            servers[label] = start_arm(cfg, label, arm, run_dir)
+        for wave in start_waves(cfg, labels):
+            if len(wave) == 1:
+                label = wave[0]
+                servers[label] = start_arm(cfg, label, arm_of[label], run_dir)
+                continue
+            waiting: dict[str, VllmServer] = {}
+            for label in wave:
+                server = VllmServer(server_config(cfg, arm_of[label]), Path(run_dir) / f"server-{label}.log")
+                log.info("starting %s server (%s) on port %d", label, arm_of[label].name, server.config.port)
+                server.start()
+                servers[label] = waiting[label] = server
+            for label, server in waiting.items():
+                server.wait_healthy(cfg.server_timeout_s)
+                log.info("%s server healthy at %s", label, server.url)
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        for s in servers.values():
+            s.stop()
+        raise StartFailed(label, exc) from None
     except BaseException:
         for s in servers.values():
             s.stop()

@@ -20,7 +20,7 @@ import pytest
 from experiments.config import RunConfig, make_config
 from experiments.orchestrate import run_experiment
 from experiments.schedule import Step
-from experiments.servers import start_arms
+from experiments.servers import start_servers
 from integration.launcher import VllmServer
 from loadgen.records import read_records
 
@@ -39,7 +39,7 @@ def short_cfg(tmp_path_factory: pytest.TempPathFactory) -> RunConfig:
 @pytest.fixture(scope="module")
 def servers(short_cfg: RunConfig,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, VllmServer]]:
-    started = start_arms(short_cfg, tmp_path_factory.mktemp("server-logs"))
+    started = start_servers(short_cfg, list(short_cfg.labels), tmp_path_factory.mktemp("server-logs"))
     yield started
     for s in started.values():
         s.stop()

@@ -1,0 +1,42 @@
+"""The order in which a run's servers start: together on a GPU (the KV caches are explicit and equal),
+repeats of an arm after the first (its compile cache), one at a time on the CPU and for endpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from experiments import config
+from experiments.config import make_config
+from experiments.servers import start_waves
+
+TRACE = Path(__file__).resolve().parents[2] / "traces" / "chat.jsonl"
+
+
+@pytest.fixture
+def gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(config, "detect_device", lambda: "cuda")
+
+
+def test_gpu_servers_start_together_and_the_aa_repeat_after(gpu: None) -> None:
+    # the arms as --aa interleaved makes them: a second server of the baseline last
+    cfg = make_config(TRACE, "cuda", arms=("stock", "patched", "planted:500ns", "stock"),
+                      gpu_memory_utilization=0.2)
+    labels = list(cfg.labels)
+    assert len(labels) == 4 and sorted(labels) == sorted(set(labels))
+    waves = start_waves(cfg, labels)
+    repeat = [lab for lab, arm in zip(cfg.labels, cfg.arm_definitions) if arm.name == "stock"][1]
+    assert waves == [[lab for lab in labels if lab != repeat], [repeat]]
+    assert start_waves(cfg, [repeat]) == [[repeat]]  # a restart of the repeat alone
+
+
+def test_endpoints_are_waited_for_one_at_a_time(gpu: None) -> None:
+    cfg = make_config(TRACE, "cuda", arms=("stock", "mine"),
+                      endpoints=("http://127.0.0.1:8001", "http://127.0.0.1:8002"))
+    assert start_waves(cfg, list(cfg.labels)) == [[lab] for lab in cfg.labels]
+
+
+def test_cpu_servers_start_in_turn() -> None:
+    cfg = make_config(TRACE, "cpu", arms=("stock", "patched"))
+    assert start_waves(cfg, list(cfg.labels)) == [[lab] for lab in cfg.labels]
