@@ -44,7 +44,8 @@ def loads_list(text: str) -> tuple[float, ...]:
     try:
         return tuple(float(x) for x in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers like 0.5,1,2, got {text!r}") from None
+        raise argparse.ArgumentTypeError("expected comma-separated numbers like 0.5,1,2, "
+                                         f"got {text!r}") from None
 
 
 def arms_list(text: str) -> tuple[str, ...]:
@@ -122,10 +123,13 @@ def _defaults(key: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python experiments/run.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", type=Path, required=True, help="JSONL request trace (traces/*.jsonl format)")
-    ap.add_argument("--name", help="run directory name under --results-dir (default: <timestamp>-<device>-<model>)")
-    ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help=f"where run directories are created (default: {RESULTS_DIR})")
+    ap.add_argument("--name",
+                    help="run directory name under --results-dir (default: <timestamp>-<device>-<model>)")
+    ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR,
+                    help=f"where run directories are created (default: {RESULTS_DIR})")
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                    help="auto (default): cuda when torch sees a CUDA GPU, else cpu (the embedded tiny-model run)")
+                    help="auto (default): cuda when torch sees a CUDA GPU, else cpu "
+                         "(the embedded tiny-model run)")
     a = ap.add_argument_group("arms (what differs between the servers)")
     a.add_argument("--arm", action="append", metavar="NAME",
                    help="one arm (repeatable, in order); the first is the baseline every other arm is "
@@ -161,10 +165,13 @@ def build_parser() -> argparse.ArgumentParser:
                          "resident servers, none with --one-at-a-time, --endpoint or when the arms are "
                          "already A/A")
     g = ap.add_argument_group("windows and load")
-    g.add_argument("--windows", type=int, help=f"number of consecutive trace windows ({_defaults('windows')})")
-    g.add_argument("--window-s", type=float, help=f"window length in trace seconds ({_defaults('window_s')})")
+    g.add_argument("--windows", type=int,
+                   help=f"number of consecutive trace windows ({_defaults('windows')})")
+    g.add_argument("--window-s", type=float,
+                   help=f"window length in trace seconds ({_defaults('window_s')})")
     g.add_argument("--start-s", type=float,
-                   help="trace time where the first window starts (default: --warmup-s, after the warm-up stretch)")
+                   help="trace time where the first window starts (default: --warmup-s, after the "
+                        "warm-up stretch)")
     g.add_argument("--warmup-s", type=float,
                    help=f"trace seconds replayed to each freshly started server first, phase 'warmup', "
                         f"excluded from the analysis; 0 for none ({_defaults('warmup_s')})")
@@ -188,7 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run one server at a time (when the arms do not fit together): windows in --blocks "
                         "blocks, each block run on every arm in turn (random balanced order), restarting "
                         "servers")
-    g.add_argument("--blocks", type=int, default=2, help="blocks of windows with --one-at-a-time (default: 2)")
+    g.add_argument("--blocks", type=int, default=2,
+                   help="blocks of windows with --one-at-a-time (default: 2)")
     g.add_argument("--seed", type=int, default=0,
                    help="seed of the prompts (the same for every arm) and of the randomised arm order "
                         "(default: 0)")
@@ -210,9 +218,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-model-len", type=int, help=f"vLLM --max-model-len ({_defaults('max_model_len')})")
     s.add_argument("--max-num-seqs", type=int, help="vLLM --max-num-seqs (default: vLLM's)")
     s.add_argument("--server-arg", action="append", default=[], metavar="ARG",
-                   help="extra vLLM server argument, given to both arms (repeatable, e.g. --server-arg=--foo=1)")
-    s.add_argument("--request-timeout-s", type=float, default=600.0, help="limit on one request, send to end (default: 600)")
-    s.add_argument("--server-timeout-s", type=float, default=900.0, help="limit on a server's start-up (default: 900)")
+                   help="extra vLLM server argument, given to both arms (repeatable, "
+                        "e.g. --server-arg=--foo=1)")
+    s.add_argument("--request-timeout-s", type=float, default=600.0,
+                   help="limit on one request, send to end (default: 600)")
+    s.add_argument("--server-timeout-s", type=float, default=900.0,
+                   help="limit on a server's start-up (default: 900)")
     o = ap.add_argument_group("SLOs and output")
     x = o.add_mutually_exclusive_group()
     x.add_argument("--slo", action="append", metavar="NAME:TTFT_MS:TPOT_MS[:E2E_MS]",

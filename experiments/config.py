@@ -224,9 +224,12 @@ def _validate(c: RunConfig) -> None:
            f"--blocks {c.blocks} exceeds --windows {c.windows}: each block needs a window")
     _check(c.name is None or bool(_NAME_RE.match(c.name)),
            f"--name {c.name!r}: use letters, digits, '.', '_' and '-' only (it becomes a directory name)")
-    _check(isinstance(c.seed, int) and 0 <= c.seed < 2**31, f"--seed must be an int in [0, 2**31), got {c.seed!r}")
-    _check(_finite_positive(c.request_timeout_s), f"--request-timeout-s must be > 0, got {c.request_timeout_s!r}")
-    _check(_finite_positive(c.server_timeout_s), f"--server-timeout-s must be > 0, got {c.server_timeout_s!r}")
+    _check(isinstance(c.seed, int) and 0 <= c.seed < 2**31,
+           f"--seed must be an int in [0, 2**31), got {c.seed!r}")
+    _check(_finite_positive(c.request_timeout_s),
+           f"--request-timeout-s must be > 0, got {c.request_timeout_s!r}")
+    _check(_finite_positive(c.server_timeout_s),
+           f"--server-timeout-s must be > 0, got {c.server_timeout_s!r}")
     _check(c.slos is None or len({s.name for s in c.slos}) == len(c.slos),
            "--slo names must be unique")
     resolve_model(c.model)

@@ -69,7 +69,8 @@ def torch_info() -> dict:
         "version": torch.__version__,
         "cuda": torch.version.cuda,
         "cuda_available": available,
-        "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if available else [],
+        "devices": ([torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+                    if available else []),
     }
 
 

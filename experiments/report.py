@@ -89,7 +89,8 @@ def _slo_entry(item: Mapping, pair: list[str]) -> dict:
         entry[arm] = item["arms"][arm]
     sd = comp["sd"]
     entry.update({
-        "delta_goodput_pct": comp["mean"], "ci95_pct": comp["t_ci95"], "bootstrap_ci95_pct": comp["bootstrap_ci95"],
+        "delta_goodput_pct": comp["mean"], "ci95_pct": comp["t_ci95"],
+        "bootstrap_ci95_pct": comp["bootstrap_ci95"],
         "median_diff_pct": comp["median"], "sd_diff_pct": sd, "n_paired": comp["n"],
         "significant": comp["significant"], "mde_pct": comp["mde"], "reason": comp["reason"],
         "n_requests": item["n_requests"], "n_near_bound": item["n_near_bound"],
@@ -126,7 +127,8 @@ def _at_knee(entry: dict | None, chosen: Mapping) -> None:
     if comp["t_ci95"] is not None:
         lo, hi = comp["t_ci95"]
         entry["verdict"] += (f"; at the knee ({chosen['knee']:.3g}x, measured at {where}): "
-                             f"{comp['mean']:+.1f}%, 95% t CI [{lo:+.1f}, {hi:+.1f}]% over {comp['n']} windows")
+                             f"{comp['mean']:+.1f}%, 95% t CI [{lo:+.1f}, {hi:+.1f}]% "
+                             f"over {comp['n']} windows")
     elif comp["mean"] is not None:
         entry["verdict"] += f"; at the knee ({where}): {comp['mean']:+.1f}% ({comp['reason']})"
 
@@ -136,7 +138,8 @@ def _design(run: Mapping, pair: list[str]) -> dict:
         "windows": run["windows"], "loads": run["loads"], "warmup": run.get("warmup"),
         "clipping": run.get("clipping"), "order_method": (run.get("order") or {}).get(
             "method", "alternating AB/BA (runs before the randomised order)"),
-        "order": [{"window": e["window"], "load": e["load"], "order": e.get("order")} for e in run["schedule"]],
+        "order": [{"window": e["window"], "load": e["load"], "order": e.get("order")}
+                  for e in run["schedule"]],
         "burnin": run.get("burnin") or [],
         "fingerprint": comparisons.fingerprint(run),
         "pairing": f"per (window, load) cell: every arm replays the same requests; {pair[1]} is compared "
@@ -187,8 +190,10 @@ def build_report(a: Analysis) -> dict:
     if a.knee and a.knee["chosen"].get("tier"):
         _at_knee(next((e for e in slos if e["name"] == a.knee["chosen"]["tier"]), None), a.knee["chosen"])
     return {
-        "trace": run.get("trace"), "model": {k: v for k, v in (run.get("model") or {}).items() if k != "config"},
-        "gpu": a.env.get("gpu") or a.env.get("GPU") or run.get("device"), "arms": run["arms"], "arm_labels": labels,
+        "trace": run.get("trace"),
+        "model": {k: v for k, v in (run.get("model") or {}).items() if k != "config"},
+        "gpu": a.env.get("gpu") or a.env.get("GPU") or run.get("device"), "arms": run["arms"],
+        "arm_labels": labels,
         "comparison": a.pair, "design": _design(run, a.pair), "slos": slos,
         "attribution": {**a.attribution, "measured_tpot_p50_change_pct": secondary.get(
             "tpot_p50_ms", {}).get("comparison", {}).get("mean"),

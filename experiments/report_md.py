@@ -35,8 +35,8 @@ def headline(r: Mapping) -> list[str]:
                      "report), not the kernel.  ")
     if r["status"] != "complete":
         why = (r.get("stopped_reason") or f"run status is {r.get('run_status')!r}").splitlines()[0]
-        lines.append(f"**PARTIAL RUN** — {len(r['missing'])} arm-window cells missing (listed under Missing); "
-                     f"reason: {why}.  ")
+        lines.append(f"**PARTIAL RUN** — {len(r['missing'])} arm-window cells missing "
+                     f"(listed under Missing); reason: {why}.  ")
     users = [lab for lab, d in (r.get("arm_definitions") or {}).items() if d.get("endpoint")]
     if users:
         lines.append(f"**Servers started by the user** — {', '.join(users)}: the kit started none of "
@@ -152,7 +152,8 @@ def _slo_tables(r: Mapping) -> list[str]:
             ci = "n/a" if c["t_ci95"] is None else f"[{c['t_ci95'][0]:+.1f}, {c['t_ci95'][1]:+.1f}]%"
             out.append(f"At {float(load):g}x: goodput change {_num(c['mean'], '{:+.1f}%')}, 95% CI {ci} "
                        f"over {c['n']} windows.  ")
-        out += ["", f"Per-window goodput differences ({s['treatment']} - {s['baseline']}, % of baseline mean): "
+        out += ["", f"Per-window goodput differences ({s['treatment']} - {s['baseline']}, "
+                    "% of baseline mean): "
                 + (", ".join(f"w{d['window']}@{d['load']:g}x {d['diff_pct']:+.1f}" for d in s["per_window"])
                    or "none")]
         if s["unpaired"] or s["undefined"]:
@@ -204,7 +205,8 @@ def _latency_table(r: Mapping) -> list[str]:
     for row in sorted(r["latency"], key=lambda x: (r["arm_labels"].index(x["arm"]), x["load"])):
         vals = [_num(row[f"{m}_p{p}_ms"], "{:.1f}") for m in ("ttft", "tpot", "e2e") for p in (50, 90, 99)]
         vals += [_num(row.get(k), "{:.2f}") for k in ("lateness_p99_ms", "lateness_max_ms")]
-        out.append(f"| {row['arm']} | {row['load']:g}x | {row['n']} | {row['failed']} | " + " | ".join(vals) + " |")
+        out.append(f"| {row['arm']} | {row['load']:g}x | {row['n']} | {row['failed']} | "
+                   + " | ".join(vals) + " |")
     return out + [""]
 
 
@@ -222,7 +224,8 @@ def _power_and_attribution(r: Mapping) -> list[str]:
     tpot = ({"mean": lat.get("estimate_pct"), "t_ci95": lat.get("ci95_pct")} if lat.get("ci95_pct")
             else r["secondary"].get("tpot_p50_ms", {}).get("comparison", {}))
     out += ["", "## Attribution: what the kernel can explain", "",
-            f"- predicted step-time change (upper bound): {_num(a.get('predicted_step_change_pct'), '{:+.3f}%')} "
+            "- predicted step-time change (upper bound): "
+            f"{_num(a.get('predicted_step_change_pct'), '{:+.3f}%')} "
             f"— {a.get('status')}: {a.get('reason')}",
             *([f"- policy: {a['policy_note']}"] if a.get("policy_note") else []),
             (f"- measured TPOT change (paired per request where there is an interval, else per-window "
@@ -292,7 +295,8 @@ def _clipping_line(c: Mapping | None) -> list[str]:
     if not c or not (c.get("max_input_tokens") or c.get("max_output_tokens")):
         return []
     return [f"- token counts clipped: input <= {c.get('max_input_tokens') or 'no cap'}, output <= "
-            f"{c.get('max_output_tokens') or 'no cap'} ({c.get('clipped_requests')} replayed requests changed)"]
+            f"{c.get('max_output_tokens') or 'no cap'} "
+            f"({c.get('clipped_requests')} replayed requests changed)"]
 
 
 def _explained(a: Mapping, tpot: Mapping) -> list[str]:
@@ -369,10 +373,12 @@ def render_markdown(r: Mapping) -> str:
         lines += ["## Why the run stopped", "", "```", r["stopped_reason"].rstrip(), "```", ""]
     if r["warnings"]:
         lines += ["## Warnings", ""] + [f"- {w}" for w in r["warnings"]] + [""]
-    lines += arm_lines(r) + knee_lines(r) + _slo_tables(r) + _latency_table(r) + design_lines(r) + _power_and_attribution(r)
+    lines += (arm_lines(r) + knee_lines(r) + _slo_tables(r) + _latency_table(r) + design_lines(r)
+              + _power_and_attribution(r))
     lines += ["## Plots", ""] + [f"![{p}]({p})" for p in r.get("plots", [])] + [""]
     if cmd and str(cmd[0]).endswith(".py"):
         cmd = ["python", *cmd]
-    lines += ["## Reproduce", "", "```", " ".join(shlex.quote(str(c)) for c in cmd) or "(no command recorded)",
+    lines += ["## Reproduce", "", "```",
+              " ".join(shlex.quote(str(c)) for c in cmd) or "(no command recorded)",
               "python -m experiments.analyze <this directory>", "```", ""]
     return "\n".join(lines)

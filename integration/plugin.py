@@ -181,7 +181,8 @@ def _stand_in(t: Tensor | None, sym: object, value: int) -> Tensor | None:
     sizes = [_concrete(n, sym, value) for n in t.shape]
     strides = [_concrete(s, sym, value) for s in t.stride()]
     offset = _concrete(t.storage_offset(), sym, value)
-    return torch.empty_strided(sizes, strides, dtype=t.dtype, device="meta").as_strided(sizes, strides, offset)
+    return (torch.empty_strided(sizes, strides, dtype=t.dtype, device="meta")
+            .as_strided(sizes, strides, offset))
 
 
 def layout_reason(x: Tensor, weight: Tensor, residual: Tensor | None) -> str | None:
@@ -248,7 +249,8 @@ def accepts(op: str, x: Tensor, weight: Tensor | None, residual: Tensor | None,
         fused_ops.warm_builds(op, dtype, width, fused_ops.default_vec(dtype, width), x.device.index or 0)
     what = "cupy_fused" if fused else "declined (stock)"
     if rows[0] != rows[1]:
-        _log_once((op, dtype, width, rows), "cupy_fused: %s %s width=%d rows %d-%d step %d (compile range) -> %s",
+        _log_once((op, dtype, width, rows),
+                  "cupy_fused: %s %s width=%d rows %d-%d step %d (compile range) -> %s",
                   op, dtype, width, rows[0], rows[1], rows[2], what)
     else:
         _log_once((op, fused, width), "cupy_fused: %s %s width=%d rows=%d -> %s (first such call; "

@@ -23,7 +23,8 @@ def ab_cell(arm, win, load, rng):
 
 def aa_cell(arm, win, load, rng):
     m = 4 + int(rng.integers(0, 3))
-    return [(100.0 * load, 20.0, None)] * (40 - m) + [(3000.0, 20.0, None)] * (m - 1) + [(10.0, 1.0, "HTTP 500")]
+    return ([(100.0 * load, 20.0, None)] * (40 - m) + [(3000.0, 20.0, None)] * (m - 1)
+            + [(10.0, 1.0, "HTTP 500")])
 
 
 def test_ab_report_json_and_markdown(tmp_path):
@@ -72,7 +73,8 @@ def test_aa_run_says_so_first(tmp_path):
 
 def test_partial_run_lists_what_is_missing(tmp_path):
     reason = "server patched died in window 4 at load 2.0: CUDA error"
-    skip = {("patched", 4, 2.0), ("stock", 5, 1.0), ("patched", 5, 1.0), ("stock", 5, 2.0), ("patched", 5, 2.0)}
+    skip = {("patched", 4, 2.0), ("stock", 5, 1.0), ("patched", 5, 1.0), ("stock", 5, 2.0),
+            ("patched", 5, 2.0)}
     run_dir = write_run(tmp_path / "partial", ab_cell, skip=skip, status="partial", stopped_reason=reason)
     r = analyze_run(run_dir, [CHAT])
     assert r["status"] == "partial"
@@ -88,7 +90,8 @@ def test_partial_run_lists_what_is_missing(tmp_path):
 
 def test_empty_run_reports_no_comparison(tmp_path):
     run_dir = write_run(tmp_path / "empty", ab_cell, windows=2,
-                        skip={(a, w, ld) for a in ("stock", "patched") for w in range(2) for ld in (1.0, 2.0)},
+                        skip={(a, w, ld) for a in ("stock", "patched") for w in range(2)
+                              for ld in (1.0, 2.0)},
                         status="running")
     r = analyze_run(run_dir, [CHAT])
     assert r["status"] == "partial" and r["slos"][0]["delta_goodput_pct"] is None
@@ -106,7 +109,8 @@ def test_cli(tmp_path, capsys):
 
 
 def test_noise_floor_from_an_aa_report(tmp_path):
-    aa_dir = write_run(tmp_path / "aa", aa_cell, labels=("stock-a", "stock-b"), arms=("stock", "stock"), seed=4)
+    aa_dir = write_run(tmp_path / "aa", aa_cell, labels=("stock-a", "stock-b"), arms=("stock", "stock"),
+                       seed=4)
     aa = analyze_run(aa_dir, [CHAT])
     assert aa["noise_floor"]["source"] == "this run (A/A)"
     sd = aa["slos"][0]["sd_diff_pct"]

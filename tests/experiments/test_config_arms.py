@@ -40,8 +40,8 @@ def arm_file(tmp_path: Path) -> Path:
 
 
 def _parse(*argv: str) -> RunConfig:
-    return run_cli.config_from_args(run_cli.build_parser().parse_args(["--trace", str(TRACE), "--device", "cpu",
-                                                                       *argv]))
+    return run_cli.config_from_args(run_cli.build_parser().parse_args(["--trace", str(TRACE),
+                                                                       "--device", "cpu", *argv]))
 
 
 def test_repeated_arm_and_the_comma_form_are_the_same_and_name_any_arm(arm_file: Path) -> None:
@@ -68,8 +68,9 @@ def test_run_record_holds_each_arms_whole_definition_and_difference(arm_file: Pa
     report = {"arm_labels": ["base", "logprobs7"], "arm_definitions": {
         lab: {**d, "recorded": True} for lab, d in rec.items()}, "prompts": {}}
     text = "\n".join(arm_lines(report))
-    assert "**logprobs7** (logprobs7): stock with a harmless extra flag and variable — differs from base in: " \
-           "+ --max-logprobs=7; + VLLM_LOG_STATS_INTERVAL=60; started by the kit" in text
+    assert "**logprobs7** (logprobs7): stock with a harmless extra flag and variable — " \
+           "differs from base in: + --max-logprobs=7; + VLLM_LOG_STATS_INTERVAL=60; " \
+           "started by the kit" in text
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -84,8 +85,9 @@ def test_run_record_holds_each_arms_whole_definition_and_difference(arm_file: Pa
     (["--endpoint", "a=http://127.0.0.1:1", "--endpoint", "b=http://127.0.0.1:2", "--one-at-a-time"],
      "--one-at-a-time does not apply"),
 ])
-def test_bad_arm_flags_exit_2_with_one_line_naming_the_flag(argv: list[str], message: str, arm_file: Path,
-                                                             tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_bad_arm_flags_exit_2_with_one_line_naming_the_flag(argv: list[str], message: str,
+                                                             arm_file: Path, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture) -> None:
     code = run_cli.main(["--trace", str(TRACE), "--device", "cpu", "--results-dir", str(tmp_path / "r"),
                          "--arms-file", str(arm_file), *argv])
     err = capsys.readouterr().err
@@ -104,7 +106,8 @@ def test_a_shared_flag_runs_when_allowed_and_is_named(arm_file: Path) -> None:
     ("[[arm]]\nname = 'x'\n[[arm]]\nname = 'x'\n", "[[arm]] #2: name 'x' is taken"),
     ("[[arm]\n", "not valid TOML"),
 ])
-def test_a_bad_arms_file_is_named(text: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_a_bad_arms_file_is_named(text: str, message: str, tmp_path: Path,
+                                  capsys: pytest.CaptureFixture) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text(text)
     code = run_cli.main(["--trace", str(TRACE), "--device", "cpu", "--results-dir", str(tmp_path / "r"),
@@ -118,7 +121,8 @@ def test_endpoints_name_the_arms_and_may_declare_unknown_ones() -> None:
     assert cfg.arms == ("stock", "mine") and cfg.labels == ("stock", "mine")
     assert cfg.arm_definitions[1].description.startswith("declared by the user")
     rec = arm_records(cfg)
-    assert rec["mine"]["endpoint"] == "http://127.0.0.1:8002" and "what the user declared" in rec["mine"]["identity"]
+    assert (rec["mine"]["endpoint"] == "http://127.0.0.1:8002"
+            and "what the user declared" in rec["mine"]["identity"])
     with pytest.raises(ConfigError, match="every arm needs one"):
         make_config(TRACE, "cpu", arms=("stock", "mine"), endpoints=("http://127.0.0.1:8001",))
 
@@ -128,7 +132,8 @@ def _planted_run(ci: list[float] | None) -> tuple[dict, list, dict]:
     run = {"arm_labels": list(cfg.labels), "arms": list(cfg.arms), "arm_definitions": arm_records(cfg),
            "model": {"config": {"architectures": ["LlamaForCausalLM"], "hidden_size": 256,
                                 "num_hidden_layers": 2, "num_attention_heads": 4}}}
-    latency = [{"arm": "stock", "load": 1.0, "tpot_p50_ms": 4.0}, {"arm": "stock", "load": 4.0, "tpot_p50_ms": 16.0},
+    latency = [{"arm": "stock", "load": 1.0, "tpot_p50_ms": 4.0},
+               {"arm": "stock", "load": 4.0, "tpot_p50_ms": 16.0},
                {"arm": "planted:200us", "load": 1.0, "tpot_p50_ms": 5.0}]
     paired = {"planted:200us": {"tpot_ms": {"estimate_pct": 15.0, "ci95_pct": ci, "reason": "one cell"}}}
     return run, latency, paired

@@ -136,7 +136,8 @@ def _sigterm_mid_replay() -> None:
 
 
 @pytest.mark.parametrize("stop", [_ctrl_c, _sigterm, _sigterm_mid_replay])
-def test_ctrl_c_or_sigterm_stops_the_run_as_partial(cfg: RunConfig, fakes: dict[str, VllmServer], stop) -> None:
+def test_ctrl_c_or_sigterm_stops_the_run_as_partial(cfg: RunConfig, fakes: dict[str, VllmServer],
+                                                    stop) -> None:
     def interrupt(step: Step, label: str, live: Mapping[str, VllmServer]) -> None:
         if step.window == 1:
             stop()
@@ -145,7 +146,8 @@ def test_ctrl_c_or_sigterm_stops_the_run_as_partial(cfg: RunConfig, fakes: dict[
     run = _run(run_experiment(cfg, servers=fakes, before_replay=interrupt))
     assert signal.getsignal(signal.SIGTERM) is previous
     assert run["status"] == "partial"
-    assert run["stopped_reason"].startswith("interrupted (Ctrl-C or SIGTERM) in window 1 at load 1 on patched")
+    assert run["stopped_reason"].startswith("interrupted (Ctrl-C or SIGTERM) in window 1 at load 1 "
+                                            "on patched")
     assert [bool(e["done"]) for e in run["schedule"]] == [True, True, False, False]
     assert (cfg.results_dir / "run" / "report.md").is_file()
 
@@ -187,7 +189,8 @@ def test_one_at_a_time_restarts_arms_per_block(cfg: RunConfig, tmp_path: Path,
         return started[-1]
 
     def watch(step: Step, label: str, live: Mapping[str, VllmServer]) -> None:
-        events.append(f"w{step.window}@{step.load:g} {label} up={sorted(k for k, s in live.items() if s.is_alive())}")
+        events.append(f"w{step.window}@{step.load:g} {label} "
+                      f"up={sorted(k for k, s in live.items() if s.is_alive())}")
 
     monkeypatch.setattr("experiments.orchestrate.start_arm", start_fake)
     one = dataclasses.replace(cfg, one_at_a_time=True, blocks=2, loads=(1.0,))
@@ -197,7 +200,8 @@ def test_one_at_a_time_restarts_arms_per_block(cfg: RunConfig, tmp_path: Path,
         for s in started:
             s.stop()
     assert run["status"] == "complete" and run["resident"] is False
-    assert events == ["start stock", "w0@1 stock up=['stock']", "start patched", "w0@1 patched up=['patched']",
+    assert events == ["start stock", "w0@1 stock up=['stock']",
+                      "start patched", "w0@1 patched up=['patched']",
                       "w1@1 patched up=['patched']", "start stock", "w1@1 stock up=['stock']"]  # BA reuses B
     assert [e["block"] for e in run["schedule"]] == [0, 1]
     assert run["servers"]["stock"]["starts"] == 2 and not any(s.is_alive() for s in started)

@@ -45,5 +45,6 @@ def test_two_user_arms_from_an_arm_file_run_as_an_ab(tmp_path: Path, capsys: pyt
     assert report["comparison"] == ["shipped", "logprobs7"] and not report["missing"]
     assert report["paired_latency"]["logprobs7"]["tpot_ms"]["n_cells"] == 2
     md = (run_dir / "report.md").read_text()
-    assert "differs from shipped in: + --max-logprobs=7; + VLLM_LOG_STATS_INTERVAL=60; started by the kit" in md
+    assert ("differs from shipped in: + --max-logprobs=7; + VLLM_LOG_STATS_INTERVAL=60; started by the kit"
+            in md)
     assert not md.startswith("**A/A run**")

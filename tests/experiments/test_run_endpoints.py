@@ -33,8 +33,8 @@ def user_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Vllm
 
 def _cfg(servers: list[VllmServer], results: Path, name: str) -> RunConfig:
     return make_config(TRACE, "cpu", arms=("stock", "mine"), endpoints=tuple(f"{s.url}/v1" for s in servers),
-                       windows=2, window_s=6.0, loads=(1.0, 2.0), warmup_s=3.0, results_dir=results, name=name,
-                       progress=False)
+                       windows=2, window_s=6.0, loads=(1.0, 2.0), warmup_s=3.0, results_dir=results,
+                       name=name, progress=False)
 
 
 def test_endpoints_are_measured_like_started_servers(user_servers: list[VllmServer], tmp_path: Path) -> None:
@@ -56,7 +56,8 @@ def test_endpoints_are_measured_like_started_servers(user_servers: list[VllmServ
     assert report["paired_latency"]["mine"]["tpot_ms"]["n_cells"] == 4
     assert "what the user declared" in report["arm_definitions"]["mine"]["identity"]
     md = (run_dir / "report.md").read_text()
-    assert "**Servers started by the user** — stock, mine" in md and "It said of itself: model tiny-llama" in md
+    assert ("**Servers started by the user** — stock, mine" in md
+            and "It said of itself: model tiny-llama" in md)
 
 
 def test_an_endpoint_that_stops_answering_stops_the_run_as_partial(user_servers: list[VllmServer],
