@@ -191,12 +191,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a few shapes only (a smoke test)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the arm order shuffle")
     ap.add_argument("--no-vllm", action="store_true", help="leave out vLLM's CUDA kernels")
+    ap.add_argument("--hidden", help="comma list: only these hidden sizes (a partial grid)")
     args = ap.parse_args(argv)
+    try:
+        widths = {int(w) for w in args.hidden.split(",")} if args.hidden else None
+    except ValueError:
+        print(f"bench: --hidden {args.hidden!r}: expected a comma list of integers", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("bench: no CUDA GPU visible (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
     vllm = (None, None, "left out (--no-vllm)") if args.no_vllm else stock.vllm_ops()
-    result = run(args.quick, args.seed, vllm)
+    result = run(args.quick, args.seed, vllm, widths=widths)
+    result.update(command="python -m kernels.bench " + " ".join(argv or sys.argv[1:]), vllm_c_error=vllm[2],
+                  grid_widths=sorted(widths) if widths else "all")
     with open(args.out, "w") as f:
         json.dump(result, f)
     return 0
