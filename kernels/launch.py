@@ -103,7 +103,8 @@ def launcher(fn: Any, grid: int, block: int, stream: int, device: int, pdl: bool
                     return run(o, x, r, w, eps)
             if err != ok:
                 raise RuntimeError(f"cuLaunchKernelEx of rmsnorm_kernel failed: {err}")
-            block_ptrs  # noqa: B018 (kept alive with the closure)
+
+        run.keep_alive = (vals, block_ptrs)  # the array points into every value: both live with the launcher
 
         return run
     import cupy
