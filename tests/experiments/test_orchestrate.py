@@ -192,7 +192,7 @@ def test_one_at_a_time_restarts_arms_per_block(cfg: RunConfig, tmp_path: Path,
         events.append(f"w{step.window}@{step.load:g} {label} "
                       f"up={sorted(k for k, s in live.items() if s.is_alive())}")
 
-    monkeypatch.setattr("experiments.orchestrate.start_arm", start_fake)
+    monkeypatch.setattr("experiments.servers.start_arm", start_fake)
     one = dataclasses.replace(cfg, one_at_a_time=True, blocks=2, loads=(1.0,))
     try:
         run = _run(run_experiment(one, before_replay=watch))
