@@ -3,11 +3,14 @@
     python -m loadgen.bench                  # 200 req/s for 30 s, constant rate
     python -m loadgen.bench --arrivals poisson --out /tmp/bench.json
     python -m loadgen.bench --arrivals bursty --input-tokens 4000 --speedup 8   # 20 at once every 3 s / 8
+    python -m loadgen.bench --streams 2 [--threads]   # two servers at once, 200 req/s each (the duet)
 
 A fake /v1/completions server (loadgen.fakeserver) runs in its own process, so it does not share the
 client's event loop; it streams ``--tokens`` SSE chunks per request at a fixed pace and the final
 usage chunk. The schedule goes through the real replay() code. The output JSON keeps every request's
 send lateness as raw samples; the targets are achieved rate >= 99% of offered and lateness p99 <= 2 ms.
+With ``--streams N`` the same schedule goes to N fake servers (one process each) at once from one
+t0 (loadgen.together): on one event loop, or with ``--threads`` one thread and loop per stream.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import numpy as np
 from loadgen.fakeserver import FakeServerConfig, serve_forever
 from loadgen.records import lateness_ms, ttft_ms
 from loadgen.replay import EVENT_LOOPS, replay_sync
+from loadgen.together import Stream, replay_together_sync
 from loadgen.summary import percentiles, summarize_records
 from traces.trace import TraceRequest, scale_rate
 
@@ -128,43 +132,61 @@ def environment(event_loop: str) -> dict:
     }
 
 
+def _replay_streams(args: argparse.Namespace, urls: list[str], reqs: list[TraceRequest]) -> list[list]:
+    """Every stream's records: one plain replay_sync for one stream on the shared loop, else
+    loadgen.together (one loop, or a thread and loop per stream with --threads)."""
+    kwargs = dict(progress=False, seed=args.seed, timeout_s=60.0)
+    if len(urls) == 1 and not args.threads:
+        return [replay_sync(urls[0], reqs, event_loop=args.event_loop, **kwargs)]
+    outcomes = replay_together_sync([Stream(u, reqs, kwargs) for u in urls], threads=args.threads)
+    for o in outcomes:
+        if isinstance(o, BaseException):
+            raise o
+    return outcomes
+
+
 def run_bench(args: argparse.Namespace) -> dict:
-    """Start the server process, replay the schedule, return the result document."""
+    """Start the server processes, replay the schedule to each, return the result document."""
     cfg = FakeServerConfig(ttft_s=args.ttft_ms / 1e3, itl_s=args.itl_ms / 1e3)
     reqs = scale_rate(schedule(args.rate, args.duration * args.speedup, args.arrivals, args.input_tokens,
                                args.tokens, args.seed, args.burst, args.tick_s), args.speedup)
     env = environment(args.event_loop)
     idle_probe = wake_up_delays_ms()
     ctx = mp.get_context("spawn")
-    server = ctx.Process(target=_serve_in_own_session, args=(cfg, args.port), daemon=True)
-    server.start()
-    url = f"http://127.0.0.1:{args.port}"
+    ports = [args.port + k for k in range(args.streams)]
+    servers = [ctx.Process(target=_serve_in_own_session, args=(cfg, port), daemon=True) for port in ports]
+    for server in servers:
+        server.start()
+    urls = [f"http://127.0.0.1:{port}" for port in ports]
     canary_rx, canary_tx = ctx.Pipe(duplex=False)
     try:
-        _wait_ready(url)
+        for url in urls:
+            _wait_ready(url)
         canary = ctx.Process(target=_canary, args=(args.duration, canary_tx), daemon=True)
         canary.start()
         ru0, cpu0, wall0 = resource.getrusage(resource.RUSAGE_SELF), time.process_time(), time.perf_counter()
-        records = replay_sync(url, reqs, progress=False, seed=args.seed, event_loop=args.event_loop,
-                              timeout_s=60.0)
+        per_stream = _replay_streams(args, urls, reqs)
         wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
         ru1 = resource.getrusage(resource.RUSAGE_SELF)
         canary_ms = canary_rx.recv()
         canary.join(10)
     finally:
-        server.terminate()
-        server.join(10)
+        for server in servers:
+            server.terminate()
+            server.join(10)
+    records = [r for stream in per_stream for r in stream]
     env["loadavg_1_5_15_after"] = os.getloadavg()
     env["cpu_pressure_after"] = _cpu_pressure()
     env["sleep_5ms_wake_delay_ms_before"] = _delay_summary(idle_probe)
     env["sleep_5ms_wake_delay_ms_during"] = _delay_summary(canary_ms)
     s = summarize_records(records)
-    spreads = burst_spreads_ms(records)
+    spreads = burst_spreads_ms(records) if args.streams == 1 else burst_spreads_ms(per_stream[0])
     fraction = s["achieved_rate_rps"] / s["offered_rate_rps"]
     met = fraction >= TARGET_RATE_FRACTION and s["lateness_ms"]["p99"] <= TARGET_LATENESS_P99_MS
-    return {
+    doc = {
         "schema_version": SCHEMA_VERSION, "tool": "loadgen.bench", "environment": env,
-        "config": {**vars(args), "out": str(args.out), "server": "loadgen.fakeserver in a separate process"},
+        "config": {**vars(args), "out": str(args.out), "server": "loadgen.fakeserver in a separate process"
+                   + (" per stream" if args.streams > 1 else "")},
         "results": {
             **{k: s[k] for k in ("requests", "completed", "failed", "offered_rate_rps", "achieved_rate_rps",
                                  "peak_in_flight", "lateness_ms", "ttft_ms", "tpot_ms", "top_errors")},
@@ -184,6 +206,21 @@ def run_bench(args: argparse.Namespace) -> dict:
                     "burst_send_spread_ms": spreads,
                     "canary_sleep_5ms_wake_delay_ms": canary_ms},
     }
+    if args.streams > 1:
+        doc["results"]["per_stream_lateness_ms"] = [
+            {**percentiles([lateness_ms(r) for r in st]), "max": max(lateness_ms(r) for r in st)}
+            for st in per_stream]
+        doc["results"]["pair_send_gap_ms"] = _delay_summary(pair_send_gaps_ms(per_stream))
+        doc["samples"]["stream"] = [k for k, st in enumerate(per_stream) for _ in st]
+    return doc
+
+
+def pair_send_gaps_ms(per_stream: list[list]) -> list[float]:
+    """Per request index sent by every stream: latest send - earliest send across the streams (ms),
+    how far apart the 'same' request reached the servers."""
+    sent = [{r.index: r.sent_ns for r in st if r.sent_ns is not None} for st in per_stream]
+    common = set.intersection(*(set(s) for s in sent))
+    return [(max(s[i] for s in sent) - min(s[i] for s in sent)) / 1e6 for i in sorted(common)]
 
 
 def burst_spreads_ms(records: list) -> list[float]:
@@ -215,6 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--itl-ms", type=float, default=10.0, help="fake server: delay between tokens (10)")
     p.add_argument("--port", type=int, default=18431, help="port of the fake server on 127.0.0.1 (18431)")
     p.add_argument("--seed", type=int, default=0, help="seed of Poisson arrivals and prompts (0)")
+    p.add_argument("--streams", type=int, default=1,
+                   help="replay the schedule to this many fake servers at once, from one t0 (1)")
+    p.add_argument("--threads", action="store_true",
+                   help="with --streams: one thread and event loop per stream instead of one shared loop")
     p.add_argument("--event-loop", choices=EVENT_LOOPS, default="asyncio", help="client event loop (asyncio)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"result JSON ({DEFAULT_OUT.name} here)")
     return p
@@ -222,6 +263,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.streams < 1:
+        build_parser().error(f"--streams must be >= 1, got {args.streams}")
+    if args.event_loop != "asyncio" and (args.streams > 1 or args.threads):
+        build_parser().error("--streams/--threads run on the asyncio event loop only")
     doc = run_bench(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
@@ -236,7 +281,14 @@ def main(argv: list[str] | None = None) -> int:
           f"client CPU {r['client_cpu_s']['process_time']:.1f} s over "
           f"{r['wall_s']:.1f} s; targets met: {r['targets']['met']}; "
           f"load average before/after {doc['environment']['loadavg_1_5_15_before'][0]:.1f}/"
-          f"{doc['environment']['loadavg_1_5_15_after'][0]:.1f}\n-> {args.out}")
+          f"{doc['environment']['loadavg_1_5_15_after'][0]:.1f}")
+    if args.streams > 1:
+        gap = r["pair_send_gap_ms"]
+        print("per stream lateness p50/p99/max: " + "; ".join(
+            f"{p['p50']:.3f}/{p['p99']:.3f}/{p['max']:.2f} ms" for p in r["per_stream_lateness_ms"])
+            + f"; same request sent to the streams apart by p50 {gap['p50']:.3f} p99 {gap['p99']:.3f} "
+              f"max {gap['max']:.2f} ms")
+    print(f"-> {args.out}")
     return 0
 
 

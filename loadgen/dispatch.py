@@ -64,7 +64,7 @@ class Dispatcher:
     def __init__(self, session: aiohttp.ClientSession, endpoint: str, requests: Sequence[TraceRequest],
                  due: list[int], *, model: str, seed: int, prompts: PromptSource, tags: Mapping,
                  timeout: aiohttp.ClientTimeout, sink: Callable[[RequestRecord], None],
-                 dead_after: int) -> None:
+                 dead_after: int, t0_ns: int | None = None) -> None:
         self.session, self.endpoint, self.requests, self.due = session, endpoint, requests, due
         self.model, self.seed, self.prompts, self.tags = model, seed, prompts, dict(tags)
         self.timeout, self.sink, self.dead_after = timeout, sink, dead_after
@@ -78,6 +78,7 @@ class Dispatcher:
         self._connect_failures = 0  # consecutive, in finish order
         self._walking: asyncio.Task | None = None
         self.t0 = 0
+        self.t0_ns = t0_ns  # a t0 shared with other replays (perf_counter_ns), else chosen in run()
 
     def _record(self, rec: RequestRecord) -> None:
         """The sink of every request: store the record, watch for a dead server."""
@@ -148,7 +149,7 @@ class Dispatcher:
         try:
             try:
                 self._build_now(self.due[0] + LOOKAHEAD_NS)  # before t0: the first second's bodies
-                self.t0 = time.perf_counter_ns() + START_DELAY_NS
+                self.t0 = time.perf_counter_ns() + START_DELAY_NS if self.t0_ns is None else self.t0_ns
                 await self._walk()
             except asyncio.CancelledError as exc:
                 if self.stop_reason is None:  # Ctrl-C, SIGTERM, a caller's cancel

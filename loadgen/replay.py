@@ -122,6 +122,7 @@ async def replay(
     prompts: PromptSource | None = None,
     connect_timeout_s: float = 30.0,
     dead_after: int = DEAD_AFTER,
+    t0_ns: int | None = None,
 ) -> list[RequestRecord]:
     """Replay `requests` open-loop against `url`; return one record per request, by index.
 
@@ -131,7 +132,9 @@ async def replay(
     by default token ids below `vocab_size` (loadgen.prompts); text: loadgen.textprompts. After
     `dead_after` requests in a row fail to connect (0: never) the rest are not sent and
     ServerUnreachable is raised; a record that cannot be stored or any other early end raises
-    ReplayStopped. Both carry every request's record; so does a cancellation, on disk.
+    ReplayStopped. Both carry every request's record; so does a cancellation, on disk. `t0_ns`
+    (perf_counter_ns) is the schedule's start when several replays share one (default: 20 ms after
+    the first second's bodies are built).
     """
     if not requests:
         raise ValueError("no requests to replay")
@@ -169,7 +172,7 @@ async def replay(
             dispatcher = Dispatcher(session, f"{url}/v1/completions", requests, due, model=model, seed=seed,
                                     prompts=prompts or token_id_prompts(vocab_size), tags=dict(tags or {}),
                                     timeout=timeout, sink=sink,
-                                    dead_after=dead_after)
+                                    dead_after=dead_after, t0_ns=t0_ns)
             await dispatcher.run()
     finally:
         bar.close()
