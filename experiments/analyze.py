@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments import attribution, comparisons, goodput, knee, noisefloor, plots, report
+from experiments import attribution, comparisons, duetreport, goodput, knee, noisefloor, plots, report
 from experiments.runrecord import RUN_SCHEMA_VERSION
 from experiments.slo import DEFAULT_SLO_FILE, SLO, load_slo_file, parse_slo
 from kernels.environment import gpu_slug
@@ -252,6 +252,8 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
     result["noise_floor"] = noisefloor.noise_floor(result, aa_report)
     if aa_report is not None and result["noise_floor"]["source"] == str(aa_report):
         result["noise_floor"]["source"] = _shown(aa_report)  # the same wherever analyze runs from
+    if duetreport.is_duet(run):
+        result["layout"] = duetreport.layout_entry(result, run)
     result["inputs"] = {"slos": [s.to_json() for s in slos], "aa_report": _shown(aa_report),
                         "patched_policy": _shown(patched_policy), "profile": attrib["profile"],
                         "kernel_results": attrib["kernel_results"]}

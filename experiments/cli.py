@@ -23,7 +23,7 @@ import re
 import tempfile
 from collections.abc import Sequence
 
-from experiments.config import DEVICE_DEFAULTS, RESULTS_DIR, ConfigError, RunConfig, make_config
+from experiments.config import DEVICE_DEFAULTS, LAYOUTS, RESULTS_DIR, ConfigError, RunConfig, make_config
 from experiments.slo import DEFAULT_SLO_FILE, load_slo_file, parse_slo
 from traces.trace import TraceError
 
@@ -56,6 +56,14 @@ def arms_list(text: str) -> tuple[str, ...]:
     return parts
 
 
+def gpu_list(text: str) -> tuple[int, ...]:
+    """'0,1' -> (0, 1): CUDA device indices as this process sees them (on CPU: server slots)."""
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated device indices like 0,1, got {text!r}") from None
+
+
 def endpoint(text: str) -> tuple[str, str]:
     """'NAME=URL' -> (NAME, URL); the URL is checked by the config."""
     name, sep, url = text.partition("=")
@@ -80,17 +88,18 @@ def chosen_arms(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[str, .
 
 
 def with_aa_arm(arms: tuple[str, ...], aa: str | None, one_at_a_time: bool,
-                endpoints: bool = False) -> tuple[str, ...]:
+                endpoints: bool = False, duet: bool = False) -> tuple[str, ...]:
     """The arms with the interleaved A/A server appended (a second server of the first arm, the
     baseline) when --aa asks for it.
 
     Default (None): interleaved for resident runs whose arms hold one baseline server, none otherwise
-    (and none for --endpoint runs, where the kit starts no server).
+    (and none for --endpoint runs, where the kit starts no server, and for a duet, where it would
+    need a GPU more: a duet's A/A is a duet run of its own, --arms stock,stock).
     """
     base = arms[0]
     already = arms.count(base) > 1
     if aa is None:
-        aa = "none" if one_at_a_time or already or endpoints else "interleaved"
+        aa = "none" if one_at_a_time or already or endpoints or duet else "interleaved"
     if aa == "none":
         return arms
     if endpoints:
@@ -164,6 +173,19 @@ def build_parser() -> argparse.ArgumentParser:
                          "H200: --gpu-memory-utilization 0.3); none: no A/A arm. Default: interleaved for "
                          "resident servers, none with --one-at-a-time, --endpoint or when the arms are "
                          "already A/A")
+    d = ap.add_argument_group("layout (how the arms share the GPUs)")
+    d.add_argument("--layout", choices=LAYOUTS, default="turns",
+                   help="turns (default): every server on one GPU, the arms replay each cell in turn, in a "
+                        "randomised balanced order; duet: every arm on a GPU of its own, each window "
+                        "replayed to all arms at once, the arms swapped across the GPUs by a seeded "
+                        "Latin-square crossover (one resident server per arm and GPU, each with "
+                        "--gpu-memory-utilization of its GPU and the same KV cache), the GPU a covariate "
+                        "of the analysis; resident servers the kit starts only (no --one-at-a-time, "
+                        "--endpoint or --knee); --aa defaults to none (an A/A duet is --arms stock,stock)")
+    d.add_argument("--gpus", type=gpu_list, metavar="I,J[,...]",
+                   help="duet: the CUDA device indices, one per arm (each server gets "
+                        "CUDA_VISIBLE_DEVICES of its GPU); default: the first as many as there are arms. "
+                        "On CPU they name server slots (CUDA_VISIBLE_DEVICES set but meaningless)")
     g = ap.add_argument_group("windows and load")
     g.add_argument("--windows", type=int,
                    help=f"number of consecutive trace windows ({_defaults('windows')})")
@@ -249,12 +271,13 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     overrides["knee_factors"] = args.knee
     clips = {k: overrides.pop(k) for k in ("max_input_tokens", "max_output_tokens")}
     names, urls = chosen_arms(args)
-    arms = with_aa_arm(names, args.aa, args.one_at_a_time, bool(urls))
+    arms = with_aa_arm(names, args.aa, args.one_at_a_time, bool(urls), args.layout == "duet")
     cfg = make_config(args.trace, None if args.device == "auto" else args.device, arms=arms,
                       arms_file=args.arms_file, endpoints=urls,
                       allow_arm_differences=args.allow_arm_differences,
                       one_at_a_time=args.one_at_a_time, slos=slos, slo_file=args.slo_file,
-                      progress=not args.no_progress, extra_server_args=tuple(args.server_arg), **overrides,
+                      progress=not args.no_progress, extra_server_args=tuple(args.server_arg),
+                      layout=args.layout, gpus=args.gpus, **overrides,
                       **{k: v for k, v in clips.items() if isinstance(v, int)})
     unclipped = {k: None for k, v in clips.items() if v == NO_CLIP}
     return dataclasses.replace(cfg, **unclipped) if unclipped else cfg
@@ -266,7 +289,9 @@ def _print_plan(cfg: RunConfig) -> None:
     plan = prepare(cfg)
     print(json.dumps({"config": cfg.to_json(), "windows": [w.to_json() for w in plan.windows],
                       "warmup_requests": len(plan.warmup), "clipped_requests": plan.clipped_requests,
-                      "schedule": [s.to_json() for s in plan.steps]}, indent=1))
+                      "schedule": [s.to_json() for s in plan.steps],
+                      **({"placements": [p.to_json() for p in plan.placements]} if plan.placements else {})},
+                     indent=1))
 
 
 def check_results_dir(path: Path) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from experiments import paired
+from experiments import duet, paired
 
 
 def arm_of(run: Mapping) -> dict[str, str]:
@@ -49,7 +49,10 @@ def fingerprint(run: Mapping) -> dict:
     model = run.get("model") or {}
     config = run.get("config") or {}
     clip = run.get("clipping") or {}
+    layout = {"layout": "duet", "gpus": len((run.get("duet") or {}).get("gpus") or [])} if run.get(
+        "layout") == "duet" else {}  # absent for turns runs, whose fingerprints stay as they were
     return {
+        **layout,
         "device": run.get("device"), "model": model.get("name"), "dtype": model.get("dtype"),
         "eager": model.get("eager"), "resident": run.get("resident", True), "resident_servers": n_servers,
         "gpu_memory_utilization": sorted({s.get("gpu_memory_utilization") for s in servers.values()},
@@ -71,8 +74,14 @@ def fingerprint_differences(this: Mapping, other: Mapping | None) -> list[dict]:
 
 
 def paired_latency(measured: pd.DataFrame, run: Mapping, seed: int = 0) -> dict[str, dict]:
-    """treatment label -> experiments.paired.compare_all against the baseline, for every other arm."""
-    p, orders = plan(run), cell_orders(run)
+    """treatment label -> experiments.paired.compare_all against the baseline, for every other arm;
+    for a duet run experiments.duet.compare, the GPU placement in place of the arm order."""
+    p = plan(run)
+    if run.get("layout") == "duet":
+        sched = duet.from_record(run["duet"]["schedule"])
+        return {lab: duet.compare(measured, p["baseline"], lab, sched, run["loads"], seed)
+                for lab in p["treatments"]}
+    orders = cell_orders(run)
     return {lab: paired.compare_all(measured, p["baseline"], lab, orders, seed) for lab in p["treatments"]}
 
 

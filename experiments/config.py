@@ -22,6 +22,7 @@ from integration.launcher import MODELS_DIR
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 GIB = 1 << 30
 DEVICES = ("cpu", "cuda")
+LAYOUTS = ("turns", "duet")  # arms take turns on the servers' GPU, or all arms at once, one GPU each
 MAX_ARMS = 4
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ARM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")  # arm names become labels and log names
@@ -87,6 +88,8 @@ class RunConfig:
     server_timeout_s: float = 900.0
     progress: bool = True
     extra_server_args: tuple[str, ...] = field(default_factory=tuple)
+    layout: str = "turns"
+    gpus: tuple[int, ...] = ()  # duet: the CUDA device index (on CPU: the server slot) of each placement
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -130,6 +133,9 @@ class RunConfig:
         d["slos"] = None if self.slos is None else [s.to_json() for s in self.slos]
         d["loads"], d["arms"] = list(self.loads), list(self.arms)
         d["extra_server_args"], d["endpoints"] = list(self.extra_server_args), list(self.endpoints)
+        d["gpus"] = list(self.gpus)
+        if self.layout == "turns":  # the record of a turns run stays as it was before the duet layout
+            del d["layout"], d["gpus"]
         d["start_s"] = self.first_window_s
         return d
 
@@ -232,7 +238,42 @@ def _validate(c: RunConfig) -> None:
            f"--server-timeout-s must be > 0, got {c.server_timeout_s!r}")
     _check(c.slos is None or len({s.name for s in c.slos}) == len(c.slos),
            "--slo names must be unique")
+    _validate_layout(c)
     resolve_model(c.model)
+
+
+def _validate_layout(c: RunConfig) -> None:
+    """A duet keeps one resident server per (arm, GPU) that the kit starts and pins, one GPU per arm."""
+    _check(c.layout in LAYOUTS, f"--layout must be one of {LAYOUTS}, got {c.layout!r}")
+    if c.layout == "turns":
+        _check(not c.gpus, "--gpus applies to --layout duet only")
+        return
+    _check(not c.one_at_a_time, "--layout duet needs resident servers (one per arm and GPU, a swap changes "
+                                "which server gets the window): no --one-at-a-time")
+    _check(not c.endpoints, "--layout duet: the kit starts one server per arm and GPU and pins each to its "
+                            "GPU (CUDA_VISIBLE_DEVICES); it cannot place servers the user started (--endpoint)")
+    _check(c.knee_factors is None, "--layout duet: no --knee (search the knee in a --layout turns run, then "
+                                   "give its loads as --loads)")
+    _check(all(isinstance(g, int) and g >= 0 for g in c.gpus) and len(set(c.gpus)) == len(c.gpus),
+           f"--gpus must be distinct device indices >= 0, got {list(c.gpus)}")
+    n = len(c.labels)
+    _check(len(c.gpus) >= n, f"--layout duet: {n} arms ({', '.join(c.labels)}) need {n} GPUs, one each; "
+                             f"--gpus gives {len(c.gpus)} ({','.join(map(str, c.gpus))})")
+    _check(len(c.gpus) == n, f"--layout duet: one GPU per arm, {n} arms ({', '.join(c.labels)}); --gpus "
+                             f"{','.join(map(str, c.gpus))} names {len(c.gpus)}: name {n} of them")
+
+
+def default_gpus(device: str, n_arms: int) -> tuple[int, ...]:
+    """The duet's GPUs when --gpus is not given: the first `n_arms` CUDA devices torch sees (on CPU,
+    `n_arms` server slots, 0 to n - 1); ConfigError when fewer are visible."""
+    if device == "cpu":
+        return tuple(range(n_arms))
+    import torch  # deferred: a second or two to import
+
+    seen = torch.cuda.device_count()
+    if seen < n_arms:
+        raise ConfigError(f"--layout duet: {n_arms} arms need {n_arms} GPUs, one each; torch sees {seen}")
+    return tuple(range(n_arms))
 
 
 def _validate_arms(c: RunConfig) -> None:
@@ -276,6 +317,8 @@ def make_config(trace: str | Path, device: str | None = None, **overrides) -> Ru
         raise ConfigError(f"--device must be one of {DEVICES}, got {device!r}")
     fields = dict(DEVICE_DEFAULTS[device])
     fields.update({k: v for k, v in overrides.items() if v is not None})
+    if fields.get("layout") == "duet" and not fields.get("gpus"):
+        fields["gpus"] = default_gpus(device, len(fields.get("arms") or RunConfig.arms))
     try:
         return RunConfig(trace=Path(trace), device=device, **fields)
     except TypeError as exc:  # an unknown override name

@@ -36,6 +36,7 @@ class Placement:
         return self.gpus[self.arms.index(arm)]
 
     def to_json(self) -> dict:
+        """{"window", "placement": {arm: gpu}} as run.json keeps it."""
         return {"window": self.window, "placement": dict(zip(self.arms, self.gpus))}
 
 
@@ -52,16 +53,23 @@ def placements(arms: Sequence[str], gpus: Sequence[int], windows: int, seed: int
     if windows < 1:
         raise ValueError(f"windows must be >= 1, got {windows}")
     rng = random.Random(seed)
-    n = len(arms)
+    rows = latin_rows(gpus)
     out: list[Placement] = []
     while len(out) < windows:
-        shifts = list(range(n))
+        shifts = list(range(len(rows)))
         rng.shuffle(shifts)
         for shift in shifts:
             if len(out) == windows:
                 break
-            out.append(Placement(len(out), arms, tuple(gpus[(i + shift) % n] for i in range(n))))
+            out.append(Placement(len(out), arms, rows[shift]))
     return out
+
+
+def latin_rows(gpus: Sequence[int]) -> list[tuple[int, ...]]:
+    """The rows of the cyclic Latin square on `gpus`: row k gives arm i the GPU gpus[(i + k) % n], so
+    across the rows every arm runs once on every GPU (the warm-up and burn-in reach every server so)."""
+    n = len(gpus)
+    return [tuple(gpus[(i + shift) % n] for i in range(n)) for shift in range(n)]
 
 
 def balance(schedule: Sequence[Placement]) -> dict[str, dict[int, int]]:

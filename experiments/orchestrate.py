@@ -231,30 +231,13 @@ class Runner:
     def _replay(self, label: str, reqs: Sequence, tags: dict, seed: int, what: str) -> list[RequestRecord]:
         server = self.servers[label]
         try:
-            records = replay_sync(server.url, reqs, out=self.record.requests_path, model=server.model_name,
-                                  tags=tags, timeout_s=self.cfg.request_timeout_s, seed=seed,
-                                  progress=self.cfg.progress, vocab_size=self.plan.vocab_size,
-                                  prompts=self.prompts)
-        except ReplayStopped as exc:  # every request has its record on disk; a dead server says so
-            self.record.check_prompt_tokens(label, exc.records)
-            if server.is_alive():
-                raise StopRun(f"replay of {what} on {label} stopped: {exc.reason}"
-                              f"{self._tail(label)}") from None
-            raise StopRun(f"{died(label, server)} in {what}: {exc.reason}{self._tail(label)}") from None
-        except (OSError, RuntimeError, ValueError) as exc:
-            raise StopRun(f"replay of {what} on {label} failed: {exc!r}{self._tail(label)}") from None
-        self.record.check_prompt_tokens(label, records)
-        if not server.is_alive():
-            raise StopRun(f"{died(label, server)} in {what}{self._tail(label)}")
-        if not any(succeeded(r) for r in records):
-            first = next((r.error or f"HTTP {r.status}, {r.completion_tokens} of {r.output_tokens} tokens"
-                          for r in records), "no records")
-            raise StopRun(f"all {len(records)} requests of {what} failed on {label}; first error: "
-                          f"{first}{self._tail(label)}")
-        return records
-
-    def _tail(self, label: str) -> str:
-        return f"; last lines of server-{label}.log:\n{self.servers[label].log_tail(LOG_TAIL_LINES)}"
+            outcome: list[RequestRecord] | BaseException = replay_sync(
+                server.url, reqs, out=self.record.requests_path, model=server.model_name, tags=tags,
+                timeout_s=self.cfg.request_timeout_s, seed=seed, progress=self.cfg.progress,
+                vocab_size=self.plan.vocab_size, prompts=self.prompts)
+        except (OSError, RuntimeError, ValueError) as exc:  # ReplayStopped among them
+            outcome = exc
+        return settle(self.record, label, server, what, outcome)
 
     def _scrape(self, label: str) -> CumulativeHistogram | None:
         try:
@@ -264,12 +247,37 @@ class Runner:
             return None
 
 
-def gpu_state() -> dict | None:
-    """Clocks, temperature and power of the first GPU now (nvidia-smi), None without one."""
-    found = gpus()
-    if not found:
+def settle(record: RunRecord, label: str, server: Server, what: str,
+           outcome: list[RequestRecord] | BaseException) -> list[RequestRecord]:
+    """The records of one replay of `what` on `label`, its prompt lengths checked into run.json; StopRun
+    when it stopped early (a dead server says so), failed, or no request succeeded. An outcome that is
+    not a replay error (KeyboardInterrupt, a cancellation) is raised as it is."""
+    tail = f"; last lines of server-{label}.log:\n{server.log_tail(LOG_TAIL_LINES)}"
+    if isinstance(outcome, ReplayStopped):  # every request has its record on disk; a dead server says so
+        record.check_prompt_tokens(label, outcome.records)
+        if server.is_alive():
+            raise StopRun(f"replay of {what} on {label} stopped: {outcome.reason}{tail}")
+        raise StopRun(f"{died(label, server)} in {what}: {outcome.reason}{tail}")
+    if isinstance(outcome, (OSError, RuntimeError, ValueError)):
+        raise StopRun(f"replay of {what} on {label} failed: {outcome!r}{tail}")
+    if isinstance(outcome, BaseException):
+        raise outcome
+    record.check_prompt_tokens(label, outcome)
+    if not server.is_alive():
+        raise StopRun(f"{died(label, server)} in {what}{tail}")
+    if not any(succeeded(r) for r in outcome):
+        first = next((r.error or f"HTTP {r.status}, {r.completion_tokens} of {r.output_tokens} tokens"
+                      for r in outcome), "no records")
+        raise StopRun(f"all {len(outcome)} requests of {what} failed on {label}; first error: {first}{tail}")
+    return outcome
+
+
+def gpu_state(index: int = 0) -> dict | None:
+    """Clocks, temperature and power of GPU `index` (nvidia-smi's numbering) now, None without it."""
+    found = gpus() or []
+    if len(found) <= index:
         return None
-    return {k: v for k, v in found[0].items() if k.startswith(("clocks", "temperature", "power"))}
+    return {k: v for k, v in found[index].items() if k.startswith(("clocks", "temperature", "power"))}
 
 
 def compress(path: Path) -> Path | None:
@@ -294,9 +302,13 @@ def run_experiment(cfg: RunConfig, *, argv: Sequence[str] | None = None,
     Raises ConfigError/TraceError before any server starts; never raises for a failed run
     (status "partial" with stopped_reason in run.json).
     """
+    from experiments import duetrun  # the duet's runner builds on this module's helpers
+
     plan = prepare(cfg)
-    if servers is not None and (cfg.one_at_a_time or set(servers) != set(cfg.labels)):
-        raise ValueError(f"servers must map every label {cfg.labels} and the run must be resident")
+    keys = duetrun.slot_keys(cfg) if cfg.layout == "duet" else list(cfg.labels)
+    if servers is not None and (cfg.one_at_a_time or set(servers) != set(keys)):
+        raise ValueError(f"servers must map every label (a duet: every server) {keys} and the run must be "
+                         "resident")
     prompts, prompt_record = prompt_source(cfg, plan.vocab_size)
     run_dir = make_run_dir(cfg)
     record = RunRecord.create(run_dir, plan, argv)
@@ -306,7 +318,8 @@ def run_experiment(cfg: RunConfig, *, argv: Sequence[str] | None = None,
         record.add_server(label, server)
     log.info("run %s: %d windows x %d loads x %d arms, %s", run_dir, len(plan.windows), len(cfg.loads),
              len(cfg.labels), record.data["mode_note"] or "A/B")
-    runner = Runner(plan, record, servers, before_replay, prompts)
+    runner = (duetrun.DuetRunner if cfg.layout == "duet" else Runner)(plan, record, servers, before_replay,
+                                                                      prompts)
     with logging_redirect_tqdm(), sigterm_as_interrupt():
         try:
             runner.execute()

@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from experiments import duet
 from experiments.config import ConfigError, RunConfig
-from experiments.schedule import Step, build_schedule
+from experiments.schedule import Step, build_schedule, simultaneous_schedule
 from traces.gaps import busy_spans, count_in, describe_spans
 from traces.trace import TraceError, TraceRequest, clip_tokens, file_sha256, load_trace, time_window
 
@@ -50,6 +51,7 @@ class Plan:
     steps: list[Step]
     model_config: dict
     clipped_requests: int  # measured or warm-up requests whose token counts the clip changed
+    placements: list[duet.Placement] = field(default_factory=list)  # duet: the GPU of each arm per window
 
     @property
     def vocab_size(self) -> int:
@@ -136,7 +138,10 @@ def prepare(cfg: RunConfig) -> Plan:
     return Plan(
         cfg=cfg, trace_requests=len(original), trace_sha256=file_sha256(cfg.trace), windows=windows,
         warmup=warmup, warmup_start_s=warm_start, warmup_duration_s=cfg.warmup_s, warmup_load=max(cfg.loads),
-        steps=build_schedule(cfg.windows, cfg.loads, cfg.labels, cfg.one_at_a_time, cfg.blocks, cfg.seed),
+        steps=(simultaneous_schedule(cfg.windows, cfg.loads, cfg.labels) if cfg.layout == "duet" else
+               build_schedule(cfg.windows, cfg.loads, cfg.labels, cfg.one_at_a_time, cfg.blocks, cfg.seed)),
         model_config=json.loads((Path(cfg.model_dir) / "config.json").read_text()),
         clipped_requests=changed,
+        placements=(duet.placements(cfg.labels, cfg.gpus, cfg.windows, cfg.seed) if cfg.layout == "duet"
+                    else []),
     )

