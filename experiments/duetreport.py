@@ -17,15 +17,18 @@ def is_duet(run: Mapping) -> bool:
 
 
 def gpu_minutes(run: Mapping) -> float | None:
-    """GPU-minutes the measured replays held: the sum of their wall times (turns: one GPU; duet: one
-    replay of each cell on every GPU at once); None when run.json keeps no replay times."""
-    measured = [r for r in run.get("replays") or [] if r.get("phase") == "measure"]
-    if not measured:
-        return None
-    if not is_duet(run):
-        return sum(r["wall_s"] for r in measured) / 60.0
-    cells = {(r["window"], r["load"]): r["wall_s"] for r in measured}
-    return sum(cells.values()) * len((run.get("duet") or {}).get("gpus") or []) / 60.0
+    """GPU-minutes of the measured replays at their nominal length (window / load; warm-up, burn-in
+    and server starts not counted): turns, one GPU per arm's replay of a cell, in turn; duet, every GPU
+    of the layout for each cell, all arms at once. From the schedule's done lists, so runs of either
+    layout and of any age compare; None when no cell was done."""
+    durations = {int(w["id"]): float(w["duration_s"]) for w in run["windows"]}
+    n_gpus = len((run.get("duet") or {}).get("gpus") or [])
+    total = 0.0
+    for e in run["schedule"]:
+        done = len(e.get("done") or [])
+        if done:
+            total += durations[int(e["window"])] / float(e["load"]) * (n_gpus if is_duet(run) else done)
+    return total / 60.0 if total else None
 
 
 def aa_half_width(report: Mapping, metric: str = "tpot_ms") -> tuple[float | None, str | None]:
@@ -34,7 +37,7 @@ def aa_half_width(report: Mapping, metric: str = "tpot_ms") -> tuple[float | Non
     if (report.get("aa") or {}).get("is_aa"):
         ci = ((report.get("paired_latency") or {}).get(report["comparison"][1]) or {}).get(metric, {})
         ci = ci.get("ci95_pct")
-        return (None, None) if not ci else ((ci[1] - ci[0]) / 2, "this run (A/A duet)")
+        return (None, None) if not ci else ((ci[1] - ci[0]) / 2, "this run (A/A)")
     if report.get("aa_in_run"):
         ci = ((report["aa_in_run"].get("paired_latency") or {}).get(metric) or {}).get("ci95_pct")
         return (None, None) if not ci else ((ci[1] - ci[0]) / 2, "this run's interleaved A/A arm")

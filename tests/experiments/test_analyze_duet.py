@@ -33,8 +33,6 @@ def _duet_run(run_dir: Path, labels: tuple[str, str], arms: tuple[str, str], eff
     run = json.loads((run_dir / "run.json").read_text())
     run["layout"] = "duet"
     run["duet"] = {"gpus": [0, 1], "schedule": duet.schedule_record(sched, seed), "note": None}
-    run["replays"] = [{"arm": lab, "window": w, "load": ld, "phase": "measure", "started_s": 0.0, "wall_s": 30.0}
-                      for w in range(WINDOWS) for ld in LOADS for lab in labels]
     (run_dir / "run.json").write_text(json.dumps(run))
     return run_dir, sched
 
@@ -49,7 +47,8 @@ def test_an_ab_duet_finds_the_effect_with_the_gpu_bias_removed_and_reports_both(
     lo, hi = lay["gpu_bias"]["tpot_ms"]["ci95_pct"]
     assert lo < 3.0 < hi and lay["gpu_bias"]["tpot_ms"]["pct"] == pytest.approx(3.0, abs=0.3)
     assert lay["aa_half_width_tpot_pct"] is None  # an A/B duet with no A/A report: not known, said so
-    assert lay["gpu_minutes"] == pytest.approx(WINDOWS * len(LOADS) * 30.0 * 2 / 60.0)
+    # nominal replay time: 8 windows of 20 s at 1x and 2x, on both GPUs at once
+    assert lay["gpu_minutes"] == pytest.approx(WINDOWS * (20.0 + 10.0) * 2 / 60.0)
     assert report["design"]["fingerprint"]["layout"] == "duet"
     md = (run_dir / "report.md").read_text()
     assert "**Duet layout**" in md and "GPU-adjusted t over 16 cells" in md
@@ -65,19 +64,19 @@ def test_an_aa_duet_gives_its_half_width_and_an_ab_duet_takes_it_from_the_aa_rep
     assert ci[0] < 0.0 < ci[1]  # the crossover keeps the GPU's 3% out of the A/A difference
     half = aa["layout"]["aa_half_width_tpot_pct"]
     assert half == pytest.approx((ci[1] - ci[0]) / 2) and aa["layout"]["aa_half_width_source"].startswith("this")
-    assert aa["layout"]["aa_half_width_x_sqrt_gpu_minutes"] == pytest.approx(half * np.sqrt(16.0))
-    assert f"+-{half:.2f}% (this run (A/A duet)) over 16.00 GPU-minutes" in (aa_dir / "report.md").read_text()
+    assert aa["layout"]["aa_half_width_x_sqrt_gpu_minutes"] == pytest.approx(half * np.sqrt(8.0))
+    assert f"+-{half:.2f}% (this run (A/A)) over 8.00 GPU-minutes" in (aa_dir / "report.md").read_text()
     ab_dir, _ = _duet_run(tmp_path / "ab", ("stock", "patched"), ("stock", "patched"), 0.01, 0.03, seed=6)
     ab = analyze_run(ab_dir, aa_report=aa_dir / "report.json")
     assert ab["noise_floor"]["applied"], ab["noise_floor"]["design_differences"]
     assert ab["layout"]["aa_half_width_tpot_pct"] == pytest.approx(ab["noise_floor"]["band_pct"]["paired:tpot_ms"][1])
 
 
-def test_a_turns_run_has_no_layout_entry_and_keeps_its_gpu_minutes(tmp_path: Path) -> None:
+def test_a_turns_run_has_no_layout_entry_and_counts_one_gpu_per_replay(tmp_path: Path) -> None:
     run_dir = write_run(tmp_path / "turns", lambda lab, w, ld, rng: [(50.0, 20.0 + rng.normal(0, 0.1), None)] * 40,
                         windows=4, loads=(1.0,))
     report = analyze_run(run_dir)
     assert "layout" not in report and "layout" not in report["design"]["fingerprint"]
     assert "Duet layout" not in (run_dir / "report.md").read_text()
-    run = {"replays": [{"phase": "measure", "window": w, "load": 1.0, "wall_s": 30.0} for w in range(4)]}
-    assert duetreport.gpu_minutes(run) == pytest.approx(2.0)
+    run = json.loads((run_dir / "run.json").read_text())
+    assert duetreport.gpu_minutes(run) == pytest.approx(4 * 20.0 * 2 / 60.0)  # 4 windows, 2 arms in turn
