@@ -70,7 +70,7 @@ def layout_lines(r: Mapping) -> list[str]:
         return []
     balance = "; ".join(f"{arm} " + ", ".join(f"GPU {g} x{n}" for g, n in per.items())
                         for arm, per in (lay.get("balance") or {}).items())
-    out = [f"**Duet layout** — every arm at once on a GPU of its own (GPUs {lay['gpus']}), each window "
+    out = [f"**Duet layout** — every arm at once on a GPU of its own (GPUs {', '.join(map(str, lay['gpus'] or []))}), each window "
            f"replayed to all arms together, the arms swapped across GPUs per window by a seeded Latin-square "
            f"crossover (seed {lay['seed']}; windows per arm and GPU: {balance}); the GPU is the covariate "
            "of the paired comparison." + (f" {lay['note']}" if lay.get("note") else "") + "  "]
