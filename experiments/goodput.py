@@ -52,6 +52,10 @@ def records_frame(records: Sequence[RequestRecord], slos: Sequence[SLO]) -> pd.D
                "prompt_tokens", "completion_tokens", "ttft_ms", "tpot_ms", "e2e_ms", "lateness_ms",
                *(met_column(s) for s in slos)]
     df = pd.DataFrame(rows, columns=columns)
+    # typed also when empty (a run stopped before its first request): "ok" a mask, never a column
+    # selection; the numbers numeric for the pairing's comparisons
+    df = df.astype({"window": int, "load": float, "index": int, "ok": bool, "due_ms": float,
+                    "input_tokens": int, "output_tokens": int})
     for col in ("end_ms", "ttft_ms", "tpot_ms", "e2e_ms", "lateness_ms"):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
     return df

@@ -98,6 +98,18 @@ def test_empty_run_reports_no_comparison(tmp_path):
     assert "no goodput comparison" in r["slos"][0]["verdict"]
 
 
+def test_run_stopped_before_its_first_request_still_gets_a_report(tmp_path):
+    # a server that failed to start: not one record, not even a warm-up one (this raised KeyError)
+    run_dir = write_run(tmp_path / "none", ab_cell, windows=2, warmup=0,
+                        skip={(a, w, ld) for a in ("stock", "patched") for w in range(2)
+                              for ld in (1.0, 2.0)},
+                        status="partial", stopped_reason="server stock failed to start: boom")
+    r = analyze_run(run_dir, [CHAT])
+    assert r["status"] == "partial" and r["paired_latency"]["patched"]["tpot_ms"]["ci95_pct"] is None
+    md = (run_dir / "report.md").read_text()
+    assert "server stock failed to start: boom" in md and "no goodput comparison" in md
+
+
 def test_cli(tmp_path, capsys):
     run_dir = write_run(tmp_path / "cli", ab_cell, windows=2)
     assert main([str(run_dir), "--slo", "tight:150:30", "--slo", "loose:5000:100"]) == 0
