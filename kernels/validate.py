@@ -78,7 +78,7 @@ def run_case(case: Case, seed: int, guard: int) -> dict:
 
 
 def run_suite(cases: list[Case], seed: int = 0, guard: int = 64, negative: str | None = None) -> dict:
-    """Run `cases` (optionally with a negative-control build) and summarize per dtype."""
+    """Run `cases` (optionally with a negative-control build) and summarise them per dtype."""
     t0 = time.perf_counter()
     records = []
     if negative:
@@ -86,10 +86,10 @@ def run_suite(cases: list[Case], seed: int = 0, guard: int = 64, negative: str |
             records = [run_case(c, seed + i, guard) for i, c in enumerate(cases)]
     else:
         records = [run_case(c, seed + i, guard) for i, c in enumerate(cases)]
-    return summarize(records, time.perf_counter() - t0)
+    return validation_summary(records, time.perf_counter() - t0)
 
 
-def summarize(records: list[dict], seconds: float) -> dict:
+def validation_summary(records: list[dict], seconds: float) -> dict:
     """Counts, failures (first 20 listed) and the largest error per dtype."""
     ran = [r for r in records if r["applicable"]]
     failed = [r for r in ran if not r["passed"]]
