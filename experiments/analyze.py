@@ -14,9 +14,7 @@ Works on partial runs: cells (window x load x arm) that were not completed are l
 from __future__ import annotations
 
 import argparse
-import gzip
 import sys
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,53 +22,16 @@ from pathlib import Path
 import pandas as pd
 
 from experiments import attribution, comparisons, duetreport, goodput, knee, noisefloor, plots, report
-from experiments.runrecord import RUN_SCHEMA_VERSION
+from experiments.rundir import load_records, read_run_record
 from experiments.slo import DEFAULT_SLO_FILE, SLO, load_slo_file, parse_slo
 from kernels.environment import gpu_slug
 from kernels.resultfile import ResultFileError, read_json
-from loadgen.records import RequestRecord, read_records
 from traces.cliargs import OneLineParser, add_debug_flag, fail
 
 PROG = "python -m experiments.analyze"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SECONDARY = ("tpot_p50_ms", "ttft_p90_ms")  # per-window latency summaries, beside the paired ratios
 REANALYSIS = "reanalysis"  # the folder inside a run directory a re-analysis writes into by default
-
-
-def load_run(run_dir: Path) -> dict:
-    """run.json of a run directory; rejects unknown schema versions and missing keys."""
-    path = run_dir / "run.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no run.json (is {run_dir} an experiments run directory?)")
-    run = read_json(path, RUN_SCHEMA_VERSION, "run record")
-    missing = [k for k in ("arms", "arm_labels", "windows", "loads", "schedule", "status") if k not in run]
-    if missing:
-        raise ValueError(f"{path}: missing keys {missing}")
-    labels = run["arm_labels"]
-    if len(labels) < 2 or len(set(labels)) != len(labels) or len(run["arms"]) != len(labels):
-        raise ValueError(f"{path}: arm_labels must be two or more distinct labels, one per arm, got "
-                         f"{labels} for arms {run['arms']}")
-    return run
-
-
-def _read_records(path: Path) -> list[RequestRecord]:
-    """read_records, with a truncated or corrupt gzip file named and said so (not a bare EOFError)."""
-    try:
-        return read_records(path)
-    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
-        raise ResultFileError(f"{path}: truncated or corrupt gzip file ({exc}): the records after the damage "
-                              "are missing; copy the file again from where the run wrote it") from None
-    except UnicodeDecodeError as exc:
-        raise ResultFileError(f"{path}: not UTF-8 text ({exc.reason}); is it a records file?") from None
-
-
-def load_records(run_dir: Path) -> tuple[list[RequestRecord], str | None]:
-    """Records from requests.jsonl.gz or requests.jsonl (the longer if both exist), and the file used."""
-    found = [p for p in (run_dir / "requests.jsonl.gz", run_dir / "requests.jsonl") if p.is_file()]
-    if not found:
-        return [], None
-    loaded = [(_read_records(p), p.name) for p in found]
-    return max(loaded, key=lambda x: len(x[0]))
 
 
 def completeness(run: dict, measured: pd.DataFrame) -> tuple[set, list[dict], list[dict]]:
@@ -209,7 +170,7 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
     """
     run_dir = Path(run_dir)
     out_dir = run_dir if out_dir is None else Path(out_dir)
-    run = load_run(run_dir)
+    run = read_run_record(run_dir)
     slos = list(slos) if slos else run_slos(run)
     records, source = load_records(run_dir)
     df = goodput.records_frame(records, slos)
@@ -334,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point (0 written, 2 bad flag or unreadable run); see --help."""
     args = build_parser().parse_args(argv)
     try:
-        load_run(args.run_dir)  # names run.json and what is wrong with it before anything else
+        read_run_record(args.run_dir)  # names run.json and what is wrong with it before anything else
         out, inputs = _out_dir(args), _inputs(args)
         for note in inputs.notes:
             print(note)

@@ -18,12 +18,8 @@ from pathlib import Path
 import pandas as pd
 
 from experiments import goodput
-from experiments.runrecord import RUN_SCHEMA_VERSION
+from experiments.rundir import RECORD_FILES, load_records, read_run_record
 from experiments.slo import DEFAULT_SLO_FILE, SLO, load_slo_file
-from kernels.resultfile import read_json
-from loadgen.records import read_records
-
-RECORD_FILES = ("requests.jsonl.gz", "requests.jsonl")  # what a finished run and a running one write
 
 
 def load_run(path: str | Path, slos: Sequence[SLO] | None = None) -> pd.DataFrame:
@@ -31,15 +27,13 @@ def load_run(path: str | Path, slos: Sequence[SLO] | None = None) -> pd.DataFram
     (the burn-in replay's number, else NA), index, succeeded, error, token counts asked and reported
     (prompt_tokens_match: the server's usage.prompt_tokens equals the trace's input_tokens), times
     and latencies in ms, and met:<tier> per SLO (`slos`, default experiments/slos.toml).
-    FileNotFoundError when `path` holds no run.json or no records."""
+    FileNotFoundError when `path` holds no run.json or no records; ValueError or ResultFileError
+    naming the file when one is damaged."""
     run_dir = Path(path)
-    if not (run_dir / "run.json").is_file():
-        raise FileNotFoundError(f"{run_dir}: no run.json (is it an experiments run directory?)")
-    run = read_json(run_dir / "run.json", RUN_SCHEMA_VERSION, "run record")
-    found = [run_dir / name for name in RECORD_FILES if (run_dir / name).is_file()]
-    if not found:
+    run = read_run_record(run_dir)
+    records, source = load_records(run_dir)
+    if source is None:
         raise FileNotFoundError(f"{run_dir}: no {' or '.join(RECORD_FILES)}")
-    records = max((read_records(p) for p in found), key=len)  # a running run's plain file may be longer
     tiers = list(slos) if slos is not None else load_slo_file(DEFAULT_SLO_FILE)
     df = goodput.records_frame(records, tiers).rename(columns={"ok": "succeeded"})
     names = dict(zip(run["arm_labels"], run["arms"]))

@@ -21,7 +21,7 @@ from integration.launcher import arm_of, server_command
 from kernels.resultfile import write_json
 from loadgen.records import RequestRecord
 
-RUN_SCHEMA_VERSION = 1  # run.json's format; experiments.analyze.load_run checks it
+RUN_SCHEMA_VERSION = 1  # run.json's format; experiments.rundir.read_run_record checks it
 TOOL_VERSION = "0.1.0"
 MISMATCH_EXAMPLES = 5  # prompt-length mismatches kept as examples in run.json
 CPU_NOTE = ("A/A run: on CPU the patched arm's fused RMSNorm (a CUDA kernel) is not available, so the "
