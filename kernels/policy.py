@@ -152,7 +152,8 @@ def table_document(results: dict, source: str, arms: tuple[str, ...] | None = No
 def main(argv: list[str] | None = None) -> int:
     """CLI: write the policy table derived from a benchmark results file."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--from", dest="source", required=True, help="benchmark results JSON (kernels/results/h200.json)")
+    ap.add_argument("--from", dest="source", required=True,
+                    help="benchmark results JSON (kernels/results/h200.json)")
     ap.add_argument("--out", default=str(DEFAULT_PATH), help="policy table to write (default: %(default)s)")
     ap.add_argument("--stock-arms", help="comma-separated stock arms to beat, e.g. 'inductor' for a server "
                     "under torch.compile (default: the best of every arm measured)")

@@ -54,15 +54,18 @@ def targets(results: dict) -> dict:
               if _stock_medians(r) and _policy_us(r) > min(_stock_medians(r).values())]
     grid = [r for r in bf16 if r["rows"] <= 8192 and r["hidden"] in (2048, 4096, 8192)]
     gm = {k: geomean([speedups(r).get(k, math.nan) for r in grid]) for k in ("best", "inductor", "vllm_c")}
-    small = {f"{r['op']} {r['rows']}": _policy_us(r) for r in bf16 if r["rows"] <= 128 and r["hidden"] == 4096}
-    fused_small = {f"{r['op']} {r['rows']}": _med(r) for r in bf16 if r["rows"] <= 128 and r["hidden"] == 4096}
+    small = {f"{r['op']} {r['rows']}": _policy_us(r)
+             for r in bf16 if r["rows"] <= 128 and r["hidden"] == 4096}
+    fused_small = {f"{r['op']} {r['rows']}": _med(r)
+                   for r in bf16 if r["rows"] <= 128 and r["hidden"] == 4096}
 
     def bandwidth(lo: int, hi: int, goal: float) -> dict:
         sel = [r for r in bf16 if r["op"] == "rms_norm" and lo <= r["rows"] <= hi and r["hidden"] >= 1024]
         frac = {f"{r['rows']}x{r['hidden']}": r["roofline_us"] / _policy_us(r) for r in sel}
         return {"met": bool(frac) and min(frac.values()) >= goal, "min": min(frac.values(), default=math.nan),
                 "median": statistics.median(frac.values()) if frac else math.nan, "goal": goal,
-                "fused_min": min((r["roofline_us"] / _med(r) for r in sel), default=math.nan), "per_shape": frac}
+                "fused_min": min((r["roofline_us"] / _med(r) for r in sel), default=math.nan),
+                "per_shape": frac}
 
     return {
         "policy_never_slower_than_best_stock": {"met": not slower, "slower_shapes": slower,
@@ -102,18 +105,20 @@ def render(results: dict) -> str:
     bw = results.get("environment", {}).get("copy_bandwidth_bytes_per_s")
     parts = [f"Generated from kernels/results/h200.json ({env.get('gpu')}, driver {env.get('driver')}, "
              f"torch {env.get('torch')}, CuPy {env.get('cupy')}, vLLM {env.get('vllm')}; copy bandwidth "
-             f"{(bw or math.nan) / 1e12:.2f} TB/s).", "", "| target | goal | measured | met |", "|---|---|---|---|"]
+             f"{(bw or math.nan) / 1e12:.2f} TB/s).", "", "| target | goal | measured | met |",
+             "|---|---|---|---|"]
     g = t["geomean_speedup_bf16_rows_1_8192_hidden_2048_4096_8192"]
     yes = lambda m: "yes" if m else "no"  # noqa: E731
     parts.append(f"| geomean speedup, bf16 rows 1-8192 x hidden 2048/4096/8192, policy applied | >= 1.25x | "
                  f"{g['vs_best_stock']:.3f}x vs best stock ({g['vs_inductor']:.3f}x vs Inductor, "
                  f"{g['vs_vllm_c']:.3f}x vs vLLM CUDA) | {yes(g['met'])} |")
     f = t["policy_never_slower_than_best_stock"]
-    parts.append(f"| policy's choice never slower than the best stock arm | every shape | {f['fused_shapes']} "
-                 f"shapes fused, {len(f['slower_shapes'])} slower | {yes(f['met'])} |")
+    parts.append(f"| policy's choice never slower than the best stock arm | every shape | "
+                 f"{f['fused_shapes']} shapes fused, {len(f['slower_shapes'])} slower | {yes(f['met'])} |")
     s = t["us_per_call_at_most_128_rows_hidden_4096"]
-    parts.append(f"| us per call at <= 128 rows, hidden 4096, both ops (graph of consecutive calls) | <= 1.2 | "
-                 f"max {s['max']:.2f} (fused kernel alone: max {s['fused_max']:.2f}) | {yes(s['met'])} |")
+    parts.append(f"| us per call at <= 128 rows, hidden 4096, both ops (graph of consecutive calls) | "
+                 f"<= 1.2 | max {s['max']:.2f} (fused kernel alone: max {s['fused_max']:.2f}) | "
+                 f"{yes(s['met'])} |")
     for key, label in (("copy_bandwidth_rms_norm_256_2048_rows", "256-2048 rows"),
                        ("copy_bandwidth_rms_norm_8192_rows_and_more", ">= 8192 rows")):
         b = t[key]
@@ -123,8 +128,9 @@ def render(results: dict) -> str:
     check = results.get("in_vllm_check")
     if check:
         ok = sum(1 for c in check["sizes"] if c["within_10pct"])
-        parts.append(f"| isolated Inductor arm within 10% of in-vLLM stock norm per call | every profiled size | "
-                     f"{ok} of {len(check['sizes'])} sizes | {yes(ok == len(check['sizes']))} |")
+        parts.append(f"| isolated Inductor arm within 10% of in-vLLM stock norm per call | "
+                     f"every profiled size | {ok} of {len(check['sizes'])} sizes | "
+                     f"{yes(ok == len(check['sizes']))} |")
     parts += ["", table(results)]
     return "\n".join(parts)
 

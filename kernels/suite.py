@@ -87,7 +87,8 @@ def validation_block(quick: bool, reduced: bool = False) -> dict:
     def pick(cases: list) -> list:  # --quick: a smoke test over three widths, bf16 and fp32
         return [c for c in cases if c.hidden in (31, 4096, 8193) and c.dtype != "fp16"] if quick else cases
 
-    main = validate.run_suite(pick(reduced_cases()) if quick else reduced_cases() if reduced else full_cases())
+    main = validate.run_suite(pick(reduced_cases()) if quick
+                              else reduced_cases() if reduced else full_cases())
     main["suite"] = "quick" if quick else "reduced" if reduced else "full"
     negatives = {}
     for name in ("epsilon", "tail"):
@@ -116,12 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="results JSON to write (kernels/results/h200.json)")
     ap.add_argument("--policy-out", help="policy table to write (default: policy-h200.json beside --out)")
     ap.add_argument("--log-dir", help="folder for sanitizer logs (default: beside --out)")
-    ap.add_argument("--quick", action="store_true", help="reduced validation and a few bench shapes (smoke test)")
+    ap.add_argument("--quick", action="store_true",
+                    help="reduced validation and a few bench shapes (smoke test)")
     ap.add_argument("--reduced-validation", action="store_true",
                     help="validate with the reduced suite (what the sanitizers run) instead of the full one")
     ap.add_argument("--hidden", help="comma list: benchmark only these hidden sizes (a partial grid, "
                     "recorded in the file as 'grid_widths')")
-    ap.add_argument("--no-sanitizer", action="store_true", help="skip compute-sanitizer (recorded as not run)")
+    ap.add_argument("--no-sanitizer", action="store_true",
+                    help="skip compute-sanitizer (recorded as not run)")
     ap.add_argument("--sanitizer-timeout", type=float, default=300.0, help="seconds per sanitizer run")
     ap.add_argument("--seed", type=int, default=0, help="seed of the arm-order shuffle")
     args = ap.parse_args(argv)
@@ -157,14 +160,16 @@ def main(argv: list[str] | None = None) -> int:
     env["clocks_after"] = clocks()
     env["copy_bandwidth_bytes_per_s"] = measured["copy_bandwidth"]["before"]["bytes_per_s"]
     env["copy_bandwidth"] = measured["copy_bandwidth"]
-    results = finish({"schema_version": SCHEMA_VERSION, "command": " ".join(["python -m kernels.suite"] + (argv or sys.argv[1:])),
+    results = finish({"schema_version": SCHEMA_VERSION,
+                      "command": " ".join(["python -m kernels.suite"] + (argv or sys.argv[1:])),
                       "quick": args.quick, "grid_widths": sorted(widths) if widths else "all",
                       "environment": env, "validation": val,
                       "bench": measured["bench"], "inductor_graphs": measured["inductor_graphs"],
                       "seconds": round(time.perf_counter() - t0, 1)})
     out.write_text(json.dumps(results) + "\n")
     pol_path = Path(args.policy_out) if args.policy_out else out.with_name("policy-" + out.name)
-    pol_path.write_text(json.dumps(policy.table_document(results, "kernels/results/" + out.name), indent=1) + "\n")
+    pol_path.write_text(json.dumps(policy.table_document(results, "kernels/results/" + out.name),
+                                   indent=1) + "\n")
     print(json.dumps(results["targets"], indent=1))
     print(f"wrote {out} and {pol_path} in {time.perf_counter() - t0:.0f} s")
     return 0 if val["passed"] else 1

@@ -106,11 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [measure(int(r), a.hidden, a.calls, a.batches) for r in a.rows.split(",") if r]
     from kernels import launch
 
-    doc = {"schema_version": 2, "launch_route": launch.route(), "goal_us_per_fused_call": 12.0, "command": "python -m integration.proof.launchcost " + " ".join(argv or sys.argv[1:]),
+    doc = {"schema_version": 2, "launch_route": launch.route(), "goal_us_per_fused_call": 12.0,
+           "command": "python -m integration.proof.launchcost " + " ".join(argv or sys.argv[1:]),
            "torch": torch.__version__, "gpu": kernel_env.smi("name,driver_version"), "shapes": shapes}
     Path(a.out).write_text(json.dumps(doc, indent=1))
     for s in shapes:
-        print(f"rows={s['rows']}: " + ", ".join(f"{k} {v:.1f} us" for k, v in s["median_per_call_us"].items()))
+        print(f"rows={s['rows']}: "
+              + ", ".join(f"{k} {v:.1f} us" for k, v in s["median_per_call_us"].items()))
     return 0
 
 

@@ -43,7 +43,8 @@ def test_an_ab_duet_finds_the_effect_with_the_gpu_bias_removed_and_reports_both(
     tpot = report["paired_latency"]["patched"]["tpot_ms"]
     assert tpot["covariate"] == "gpu" and tpot["ci95_pct"][0] < 1.0 < tpot["ci95_pct"][1]
     lay = report["layout"]
-    assert lay["name"] == "duet" and lay["balance"] == {"stock": {"0": 4, "1": 4}, "patched": {"0": 4, "1": 4}}
+    assert lay["name"] == "duet" and lay["balance"] == {"stock": {"0": 4, "1": 4},
+                                                        "patched": {"0": 4, "1": 4}}
     lo, hi = lay["gpu_bias"]["tpot_ms"]["ci95_pct"]
     assert lo < 3.0 < hi and lay["gpu_bias"]["tpot_ms"]["pct"] == pytest.approx(3.0, abs=0.3)
     assert lay["aa_half_width_tpot_pct"] is None  # an A/B duet with no A/A report: not known, said so
@@ -63,17 +64,20 @@ def test_an_aa_duet_gives_its_half_width_and_an_ab_duet_takes_it_from_the_aa_rep
     ci = aa["paired_latency"]["stock-b"]["tpot_ms"]["ci95_pct"]
     assert ci[0] < 0.0 < ci[1]  # the crossover keeps the GPU's 3% out of the A/A difference
     half = aa["layout"]["aa_half_width_tpot_pct"]
-    assert half == pytest.approx((ci[1] - ci[0]) / 2) and aa["layout"]["aa_half_width_source"].startswith("this")
+    assert (half == pytest.approx((ci[1] - ci[0]) / 2)
+            and aa["layout"]["aa_half_width_source"].startswith("this"))
     assert aa["layout"]["aa_half_width_x_sqrt_gpu_minutes"] == pytest.approx(half * np.sqrt(8.0))
     assert f"+-{half:.2f}% (this run (A/A)) over 8.00 GPU-minutes" in (aa_dir / "report.md").read_text()
     ab_dir, _ = _duet_run(tmp_path / "ab", ("stock", "patched"), ("stock", "patched"), 0.01, 0.03, seed=6)
     ab = analyze_run(ab_dir, aa_report=aa_dir / "report.json")
     assert ab["noise_floor"]["applied"], ab["noise_floor"]["design_differences"]
-    assert ab["layout"]["aa_half_width_tpot_pct"] == pytest.approx(ab["noise_floor"]["band_pct"]["paired:tpot_ms"][1])
+    assert (ab["layout"]["aa_half_width_tpot_pct"]
+            == pytest.approx(ab["noise_floor"]["band_pct"]["paired:tpot_ms"][1]))
 
 
 def test_a_turns_run_has_no_layout_entry_and_counts_one_gpu_per_replay(tmp_path: Path) -> None:
-    run_dir = write_run(tmp_path / "turns", lambda lab, w, ld, rng: [(50.0, 20.0 + rng.normal(0, 0.1), None)] * 40,
+    run_dir = write_run(tmp_path / "turns",
+                        lambda lab, w, ld, rng: [(50.0, 20.0 + rng.normal(0, 0.1), None)] * 40,
                         windows=4, loads=(1.0,))
     report = analyze_run(run_dir)
     assert "layout" not in report and "layout" not in report["design"]["fingerprint"]

@@ -80,7 +80,8 @@ def test_concrete_head_views_follow_the_kernel(all_fused, fake_cuda, fake_heads,
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("heads", (1, 8, 64))
 def test_symbolic_tokens_follow_the_kernel_over_the_compile_range(all_fused, fake_cuda, fake_heads,
-                                                                  warm_calls, head_dim: int, heads: int) -> None:
+                                                                  warm_calls, head_dim: int,
+                                                                  heads: int) -> None:
     from vllm.compilation.passes.inductor_pass import pass_context
     from vllm.config.utils import Range
 
@@ -129,7 +130,8 @@ def test_float32_weight_on_bf16_is_declined_and_said_once(all_fused, fake_cuda, 
     assert {ln.split()[1] for ln in declines} == {"rms_norm", "fused_add_rms_norm"}
 
 
-def test_other_declines_name_their_reason_once(all_fused, fake_cuda, fake_heads, warm_calls, declines) -> None:
+def test_other_declines_name_their_reason_once(all_fused, fake_cuda, fake_heads, warm_calls,
+                                               declines) -> None:
     w = fake_cuda((4096,))
     assert not plugin.rms_norm_supports(fake_cuda((8, 4096)), None, 1e-6)
     assert not plugin.rms_norm_supports(fake_cuda((8, 4096)), w, 1e-6, 2048)

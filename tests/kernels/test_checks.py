@@ -21,13 +21,16 @@ def test_supported_inputs_have_no_reason() -> None:
 
 
 @pytest.mark.parametrize("x,w,kw,expect", [
-    (torch.zeros(2, 8, dtype=torch.float64), torch.ones(8, dtype=torch.float64), {}, "dtype torch.float64 is not supported"),
-    (torch.zeros(2, 8), torch.ones(8, dtype=torch.float16), {}, "weight dtype torch.float16 differs from x dtype torch.float32"),
+    (torch.zeros(2, 8, dtype=torch.float64), torch.ones(8, dtype=torch.float64), {},
+     "dtype torch.float64 is not supported"),
+    (torch.zeros(2, 8), torch.ones(8, dtype=torch.float16), {},
+     "weight dtype torch.float16 differs from x dtype torch.float32"),
     (torch.zeros(8, 2).t(), torch.ones(8), {}, "rows are not contiguous"),
     (torch.zeros(2, 8), torch.ones(7), {}, "weight shape (7,) does not match hidden size 8"),
     (torch.zeros(2, 8), torch.ones(16)[::2], {}, "weight is not contiguous"),
     (torch.zeros(2, 8), torch.ones(8), {"residual": torch.zeros(3, 8)}, "residual shape (3, 8) differs"),
-    (torch.zeros(2, 8), torch.ones(8), {"residual": torch.zeros(2, 8, dtype=torch.float16)}, "residual dtype"),
+    (torch.zeros(2, 8), torch.ones(8), {"residual": torch.zeros(2, 8, dtype=torch.float16)},
+     "residual dtype"),
     (torch.zeros(1, 70000), torch.ones(70000), {}, "hidden size 70000 exceeds 65536"),
     ("x", torch.ones(8), {}, "x is a str, not a torch.Tensor"),
 ])

@@ -12,7 +12,8 @@ from kernels.reference import fused_add_rms_norm_ref, rms_norm_ref
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"),
+    pytest.mark.skipif(not torch.cuda.is_available(),
+                       reason="needs a CUDA GPU (torch.cuda.is_available() is False)"),
     pytest.mark.skipif(importlib.util.find_spec("cupy") is None, reason="needs CuPy (cupy-cuda13x)"),
 ]
 

@@ -25,7 +25,8 @@ def v2(results: dict) -> dict:
     """The results file when it has the current format (schema 2); a schema-1 file (kernel v1) skips."""
     if results["schema_version"] < SCHEMA_VERSION:
         pytest.skip(f"{RESULTS.name} is schema {results['schema_version']} (kernel v1, before launch-shape "
-                    "candidates and the issue-10 targets); python -m kernels.suite on the H200 regenerates it")
+                    "candidates and the issue-10 targets); python -m kernels.suite on the H200 "
+                    "regenerates it")
     return results
 
 

@@ -12,7 +12,8 @@ from loadgen.records import RequestRecord
 def _sent(index: int, sent_ns: int | None) -> RequestRecord:
     return RequestRecord(index=index, due_ns=0, sent_ns=sent_ns, first_token_ns=None, last_token_ns=None,
                          end_ns=None, input_tokens=1, output_tokens=1, prompt_tokens=None,
-                         completion_tokens=None, n_chunks=0, max_gap_ms=None, status=None, error=None, tags={})
+                         completion_tokens=None, n_chunks=0, max_gap_ms=None, status=None, error=None,
+                         tags={})
 
 
 def test_pair_send_gaps_are_the_spread_of_one_request_across_streams() -> None:
