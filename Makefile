@@ -1,13 +1,14 @@
 # make setup : virtual environment in .venv with the right vLLM for this machine
 # make run   : the default experiment (python experiments/run.py --trace traces/chat.jsonl)
-# make test  : the test suite (what CI runs)
+# make lint  : ruff over the whole tree (pyproject.toml [tool.ruff])
+# make test  : lint, then the test suite (what CI runs)
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 # A CUDA GPU gets vLLM 0.26.0 + CuPy; anything else gets the CPU build of vLLM.
 EXTRA  ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 
-.PHONY: setup run test
+.PHONY: setup run lint test
 
 setup: $(VENV)/.setup-$(EXTRA)
 
@@ -22,5 +23,8 @@ $(VENV)/.setup-$(EXTRA): pyproject.toml
 run: setup
 	$(PY) experiments/run.py --trace traces/chat.jsonl
 
-test: setup
+lint: setup
+	$(PY) -m ruff check .
+
+test: lint
 	$(PY) -m pytest -q

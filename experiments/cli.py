@@ -61,7 +61,8 @@ def gpu_list(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated device indices like 0,1, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected comma-separated device indices like 0,1, "
+                                         f"got {text!r}") from None
 
 
 def endpoint(text: str) -> tuple[str, str]:

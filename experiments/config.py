@@ -251,7 +251,8 @@ def _validate_layout(c: RunConfig) -> None:
     _check(not c.one_at_a_time, "--layout duet needs resident servers (one per arm and GPU, a swap changes "
                                 "which server gets the window): no --one-at-a-time")
     _check(not c.endpoints, "--layout duet: the kit starts one server per arm and GPU and pins each to its "
-                            "GPU (CUDA_VISIBLE_DEVICES); it cannot place servers the user started (--endpoint)")
+                            "GPU (CUDA_VISIBLE_DEVICES); it cannot place servers the user started "
+                            "(--endpoint)")
     _check(c.knee_factors is None, "--layout duet: no --knee (search the knee in a --layout turns run, then "
                                    "give its loads as --loads)")
     _check(all(isinstance(g, int) and g >= 0 for g in c.gpus) and len(set(c.gpus)) == len(c.gpus),

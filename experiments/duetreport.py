@@ -58,7 +58,8 @@ def layout_entry(report: Mapping, run: Mapping) -> dict:
     return {"name": "duet", "gpus": d.get("gpus"), "balance": (d.get("schedule") or {}).get("balance"),
             "seed": (d.get("schedule") or {}).get("seed"), "note": d.get("note"), "gpu_bias": bias,
             "aa_half_width_tpot_pct": half, "aa_half_width_source": source, "gpu_minutes": minutes,
-            # a half-width shrinks as 1 / sqrt(time): times sqrt(GPU-minutes) it compares designs at equal cost
+            # a half-width shrinks as 1 / sqrt(time): times sqrt(GPU-minutes) it compares designs at
+            # equal cost
             "aa_half_width_x_sqrt_gpu_minutes": None if half is None or not minutes
             else half * math.sqrt(minutes)}
 
@@ -70,7 +71,8 @@ def layout_lines(r: Mapping) -> list[str]:
         return []
     balance = "; ".join(f"{arm} " + ", ".join(f"GPU {g} x{n}" for g, n in per.items())
                         for arm, per in (lay.get("balance") or {}).items())
-    out = [f"**Duet layout** — every arm at once on a GPU of its own (GPUs {', '.join(map(str, lay['gpus'] or []))}), each window "
+    gpus = ", ".join(map(str, lay["gpus"] or []))
+    out = [f"**Duet layout** — every arm at once on a GPU of its own (GPUs {gpus}), each window "
            f"replayed to all arms together, the arms swapped across GPUs per window by a seeded Latin-square "
            f"crossover (seed {lay['seed']}; windows per arm and GPU: {balance}); the GPU is the covariate "
            "of the paired comparison." + (f" {lay['note']}" if lay.get("note") else "") + "  "]
