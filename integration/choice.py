@@ -69,9 +69,9 @@ def policy_path(mode: str, gpu: str | None = None) -> Path | None:
     gpu = gpu or current_gpu()
     if gpu is None:
         return None
-    from kernels.policy import DEFAULT_PATH
+    from kernels.policy import RESULTS_DIR
 
-    candidate = Path(DEFAULT_PATH).with_name(TABLES[mode].format(gpu=gpu))
+    candidate = RESULTS_DIR / TABLES[mode].format(gpu=gpu)
     return candidate if candidate.is_file() else None
 
 

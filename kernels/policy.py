@@ -5,7 +5,9 @@ median beats the best stock arm's median by more than the run-to-run spread (gap
 rounds' medians of each arm, added) and at least MIN_MARGIN. Lookups are a dict access and a
 bisect: cheap, deterministic, and free of CUDA calls (usable while a CUDA graph is captured).
 
-    python -m kernels.policy --from kernels/results/h200.json [--out kernels/results/policy-h200.json]
+    python -m kernels.policy --from kernels/results/<gpu>.json [--out FILE]
+
+writes kernels/results/policy-<gpu>.json by default (named by the results file it was built from).
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from pathlib import Path
 
 from kernels.checks import DTYPE_NAMES
 from kernels.checks import unsupported_reason as _input_reason
+from kernels.resultfile import write_json
 
 SCHEMA_VERSION = 1
 MIN_MARGIN = 0.03  # below 3% a win is within what clocks and buffer placement move between runs
-DEFAULT_PATH = Path(__file__).with_name("results") / "policy-h200.json"
+RESULTS_DIR = Path(__file__).with_name("results")  # where results files and their tables are committed
 STOCK = "stock"
 
 
@@ -113,9 +116,15 @@ def _parse_key(key: str, source: str) -> tuple[str, str, int]:
     return parts[0], parts[1], int(parts[2])
 
 
-def load_policy(path: str | Path | None = None) -> Policy:
-    """Read a policy table file (default: kernels/results/policy-h200.json)."""
-    path = Path(path) if path is not None else DEFAULT_PATH
+def default_out(source: str | Path) -> Path:
+    """The table built from results file `<gpu>.json`: policy-<gpu>.json beside it."""
+    source = Path(source)
+    return source.with_name(f"policy-{source.stem}.json")
+
+
+def load_policy(path: str | Path) -> Policy:
+    """Read a policy table file (integration.choice finds the one for the GPU it runs on)."""
+    path = Path(path)
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
@@ -154,17 +163,19 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--from", dest="source", required=True,
                     help="benchmark results JSON (kernels/results/h200.json)")
-    ap.add_argument("--out", default=str(DEFAULT_PATH), help="policy table to write (default: %(default)s)")
+    ap.add_argument("--out", help="policy table to write (default: policy-<name>.json beside the --from "
+                    "file, e.g. kernels/results/policy-h200.json from kernels/results/h200.json)")
     ap.add_argument("--stock-arms", help="comma-separated stock arms to beat, e.g. 'inductor' for a server "
                     "under torch.compile (default: the best of every arm measured)")
     args = ap.parse_args(argv)
     results = json.loads(Path(args.source).read_text())
     arms = tuple(a.strip() for a in args.stock_arms.split(",")) if args.stock_arms else None
     doc = table_document(results, args.source, arms)
-    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    out = Path(args.out) if args.out else default_out(args.source)
+    write_json(out, doc)
     fused = sum(1 for v in doc["table"].values() for e in v if e[1] != STOCK)
     total = sum(len(v) for v in doc["table"].values())
-    print(f"{args.out}: {fused} of {total} shapes fused")
+    print(f"{out}: {fused} of {total} shapes fused")
     return 0
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.policy import (DEFAULT_PATH, Policy, build_table, decide, load_policy, spread,
+from kernels.policy import (RESULTS_DIR, Policy, build_table, decide, default_out, load_policy, spread,
                             table_document, unsupported_reason)
+from kernels.policy import main as policy_main
 
 TABLE = {"rms_norm/bf16/4096": [[1, "fused:t512r1"], [128, "fused:t512r1"], [1024, "stock"]],
          "fused_add_rms_norm/fp16/2048": [[8, "stock"], [64, "fused:t256r1"]]}
@@ -64,7 +65,7 @@ def test_load_policy_rejects_bad_files(tmp_path: Path) -> None:
 
 
 def test_shipped_table_loads() -> None:
-    p = load_policy(DEFAULT_PATH)
+    p = load_policy(RESULTS_DIR / "policy-h200.json")  # the committed H200 table
     assert p.choose("rms_norm", "bf16", 1, 2048).startswith("fused:")
 
 
@@ -97,3 +98,12 @@ def test_decision_against_chosen_stock_arms() -> None:
     assert decide(row)[0] == "stock"  # vLLM's CUDA kernel is within the margin
     choice, ev = decide(row, ("inductor",))  # a server under torch.compile runs Inductor's kernel
     assert choice == "fused:t512r1" and ev["best_stock"] == "inductor"
+
+
+def test_cli_names_the_table_by_the_results_file(tmp_path: Path) -> None:
+    rows = [_row(64, [1.0] * 4, {"vllm_c": [2.0] * 4})]
+    source = tmp_path / "b200.json"
+    source.write_text(json.dumps({"bench": rows}))
+    assert policy_main(["--from", str(source)]) == 0
+    assert load_policy(tmp_path / "policy-b200.json").choose("rms_norm", "bf16", 64, 4096) == "fused:t512r1"
+    assert default_out("kernels/results/h200.json") == Path("kernels/results/policy-h200.json")
