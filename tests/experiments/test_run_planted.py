@@ -37,6 +37,7 @@ def test_a_planted_delay_is_detected_with_its_prediction_beside_it(tmp_path: Pat
     assert len(stock) == 2 and line["predicted_pct"] == pytest.approx(100 * math.expm1(mean_log), rel=1e-6)
     assert line["detected"] is True and line["ci95_pct"][0] > 0
     md = (run_dir / "report.md").read_text()
-    assert f"- planted control {PLANTED} (400 us per norm call x 5 calls per step" in md
+    assert (f"- planted control {PLANTED} (400 us per norm call, 400 us added per call from the delay "
+            "alone x 5 calls per step = 2000 us per step)") in md
     assert "— detected" in md
     print(md.split("\n\n")[0])
