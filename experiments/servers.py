@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from typing import NoReturn
 from pathlib import Path
 
 from experiments.config import RunConfig
@@ -114,18 +115,8 @@ def start_servers(cfg: RunConfig, labels: list[str], run_dir: Path) -> dict[str,
             servers.update(launch_waves([{label: VllmServer(server_config(cfg, arm_of[label]),
                                                             Path(run_dir) / f"server-{label}.log")
                                           for label in wave}], cfg.server_timeout_s))
-    except StartFailed:
-        for s in servers.values():
-            s.stop()
-        raise
-    except (RuntimeError, TimeoutError, OSError) as exc:
-        for s in servers.values():
-            s.stop()
-        raise StartFailed(label, exc) from None
-    except BaseException:
-        for s in servers.values():
-            s.stop()
-        raise
+    except BaseException as exc:
+        _stop_then_raise(servers, label, exc)
     return servers
 
 
@@ -144,15 +135,19 @@ def launch_waves(waves: Sequence[Mapping[str, VllmServer]], timeout_s: float) ->
             for key, server in wave.items():
                 server.wait_healthy(timeout_s)
                 log.info("%s server healthy at %s", key, server.url)
-    except (RuntimeError, TimeoutError, OSError) as exc:
-        for s in started.values():
-            s.stop()
-        raise StartFailed(key, exc) from None
-    except BaseException:
-        for s in started.values():
-            s.stop()
-        raise
+    except BaseException as exc:
+        _stop_then_raise(started, key, exc)
     return started
+
+
+def _stop_then_raise(servers: Mapping[str, Server], label: str, exc: BaseException) -> NoReturn:
+    """Stop every server started so far, then re-raise: a failure to come up (RuntimeError,
+    TimeoutError, OSError) as StartFailed naming `label`, anything else (Ctrl-C) as it is."""
+    for s in servers.values():
+        s.stop()
+    if isinstance(exc, (RuntimeError, TimeoutError, OSError)) and not isinstance(exc, StartFailed):
+        raise StartFailed(label, exc) from None
+    raise exc
 
 
 def died(label: str, server: Server) -> str:

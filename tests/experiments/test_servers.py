@@ -9,7 +9,7 @@ import pytest
 
 from experiments import config
 from experiments.config import make_config
-from experiments.servers import start_waves
+from experiments.servers import StartFailed, _stop_then_raise, start_waves
 
 TRACE = Path(__file__).resolve().parents[2] / "traces" / "chat.jsonl"
 
@@ -40,3 +40,26 @@ def test_endpoints_are_waited_for_one_at_a_time(gpu: None) -> None:
 def test_cpu_servers_start_in_turn() -> None:
     cfg = make_config(TRACE, "cpu", arms=("stock", "patched"))
     assert start_waves(cfg, list(cfg.labels)) == [[lab] for lab in cfg.labels]
+
+
+class _Stoppable:
+    def __init__(self) -> None:
+        self.stopped = False
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+@pytest.mark.parametrize("exc,kind", [(RuntimeError("exited with code 1"), StartFailed),
+                                      (TimeoutError("not healthy"), StartFailed),
+                                      (StartFailed("other", RuntimeError("x")), StartFailed),
+                                      (KeyboardInterrupt(), KeyboardInterrupt)])
+def test_a_failed_start_stops_what_started_and_names_the_server(exc: BaseException, kind: type) -> None:
+    started = {"stock": _Stoppable(), "patched": _Stoppable()}
+    with pytest.raises(kind) as got:
+        _stop_then_raise(started, "patched", exc)
+    assert all(s.stopped for s in started.values())
+    if isinstance(exc, StartFailed):
+        assert got.value is exc and got.value.label == "other"  # the inner wave's name is kept
+    elif kind is StartFailed:
+        assert got.value.label == "patched" and str(exc) in str(got.value)
