@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from typing import NoReturn
 from pathlib import Path
+from typing import NoReturn
 
 from experiments.config import RunConfig
 from integration.arms import Arm

@@ -44,12 +44,14 @@ def test_chat_slice_completes_with_exact_lengths(stock_server: VllmServer, tmp_p
 def test_server_killed_mid_run_every_request_gets_one_record(tmp_path: Path) -> None:
     server = start_server(tiny_server_config("stock"), tmp_path / "server.log")
     out = tmp_path / "records.jsonl"
-    # 30 requests over 10 s: the first 10 short (done before the kill), the rest long enough
+    # 45 requests over 15 s: the first 10 short (done before the kill), the rest long enough
     # (1000 tokens, several seconds each here) that some are streaming when the server is killed at
     # 4 s. Later kills (6 s) met multi-second stalls of the whole 2-core machine once 6-8 of those
-    # long streams ran at once, and the streams in flight then finished before the kill.
+    # long streams ran at once, and the streams in flight then finished before the kill. Such a stall
+    # also delayed the 4-s kill to 8.2 s once, when 30 requests over 10 s left only 3 due after it;
+    # the requests past 10 s keep 5 or more due after a kill up to about 8 s late (they fail at once).
     reqs = [TraceRequest(0.33 * i, q.input_tokens, 16 if i < 10 else 1000)
-            for i, q in enumerate(chat_slice(30))]
+            for i, q in enumerate(chat_slice(45))]
     kill_at_s = 4.0
     killed_ns: list[int] = []
 
