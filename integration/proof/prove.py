@@ -36,7 +36,7 @@ from pathlib import Path
 
 from integration import arms, choice
 from integration.launcher import MODELS_DIR
-from integration.proof import evidence, normcalls
+from integration.proof import evidence, graphtime, normcalls
 from kernels import environment as kernel_env
 
 ARMS = [("stock", "compiled"), ("patched", "compiled"), ("stock", "eager"), ("patched", "eager")]
@@ -65,6 +65,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="scaled: seeded std-0.02 redraw of the dummy weights (default); dummy: vLLM's own")
     p.add_argument("--max-rows", type=int, default=16384,
                    help="scan the policy up to this many rows for compile-range ends")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="profiling rounds; the arms' order reverses every round (default 2). Rounds "
+                        "after the second only replay CUDA graphs (--graph-replays)")
+    p.add_argument("--graph-replays", type=int, default=0,
+                   help="time this many CUDA-graph replays of each decode size per round and arm "
+                        "(integration.proof.graphtime; writes OUT/<gpu>-graph-steps.json); default 0")
+    p.add_argument("--planted", default=None, metavar="planted:<N>ns",
+                   help="also profile this positive-control arm, compiled, in the same turns")
     p.add_argument("--timeout", type=float, default=500.0, help="overall deadline in seconds")
     p.add_argument("--policy", default=None,
                    help="policy table for both modes (default: this GPU's in-vLLM tables, "
@@ -106,8 +114,16 @@ def worker_cmd(a: argparse.Namespace, arm: str, mode: str, scratch: Path, ranges
            "--timed-steps", str(a.timed_steps), "--traced-steps", str(a.traced_steps),
            "--compile-ranges", ",".join(map(str, ranges)), "--weights", a.weights]
     if mode in a.profile_modes.split(","):
-        cmd += ["--turn-file", str(scratch / f"{arm}-{mode}.go"), "--rounds", "2"]
+        cmd += ["--turn-file", str(scratch / f"{arm}-{mode}.go"), "--rounds", str(a.rounds),
+                "--graph-replays", str(a.graph_replays)]
     return cmd
+
+
+def arm_runs(a: argparse.Namespace) -> list[tuple[str, str]]:
+    """(arm, mode) of every engine: ARMS in --modes, and --planted compiled."""
+    modes = set(a.modes.split(","))
+    runs = [(arm, mode) for arm, mode in ARMS if mode in modes]
+    return runs + ([(a.planted, "compiled")] if a.planted else [])
 
 
 def start(cmd: list[str], arm: str, log: Path) -> subprocess.Popen:
@@ -126,15 +142,20 @@ def wait_all(procs: dict, scratch: Path, suffix: str, deadline: float) -> None:
         time.sleep(0.5)
 
 
-def round_order(modes: list[str]) -> list[tuple[str, int]]:
-    """(engine, round) turns: per mode, stock, patched, patched, stock (AB BA: drift cancels)."""
-    return [(f"{arm}-{m}", r) for m in modes for arm, r in
-            (("stock", 1), ("patched", 1), ("patched", 2), ("stock", 2))]
+def round_order(runs: list[tuple[str, str]], modes: list[str], rounds: int = 2) -> list[tuple[str, int]]:
+    """(engine, round) turns: per mode, its arms in order in odd rounds and reversed in even ones
+    (stock, patched, patched, stock, ...: drift and position cancel over each pair of rounds)."""
+    turns = []
+    for m in modes:
+        names = [f"{arm}-{mode}" for arm, mode in runs if mode == m]
+        for r in range(1, rounds + 1):
+            turns += [(n, r) for n in (names if r % 2 else names[::-1])]
+    return turns
 
 
-def take_turns(procs: dict, scratch: Path, deadline: float, modes: list[str]) -> None:
+def take_turns(procs: dict, scratch: Path, deadline: float, turns: list[tuple[str, int]]) -> None:
     """Let the profiling engines run alone on the GPU in turn (see round_order)."""
-    for name, r in round_order(modes):
+    for name, r in turns:
         if name not in procs or procs[name].poll() is not None:
             continue
         (scratch / f"{name}.go{r}").touch()
@@ -182,9 +203,8 @@ def dry_run(a: argparse.Namespace, shape: normcalls.NormShape) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         policy_source = select_policy(a, Path(tmp))
         ranges = compile_ranges(a)
-        modes = set(a.modes.split(","))
         cmds = {f"{arm}-{mode}": shlex.join(worker_cmd(a, arm, mode, Path("SCRATCH"), ranges))
-                for arm, mode in ARMS if mode in modes}
+                for arm, mode in arm_runs(a)}
     return {"model": a.model, "norm_shape": shape.__dict__, "norms_per_forward": shape.expected(),
             "norms_per_forward_by_op": shape.expected_by_op(), "policy": policy_source,
             "compile_ranges_endpoints": ranges, "worker_commands": cmds}
@@ -204,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + a.timeout
     modes = set(a.modes.split(","))
-    runs = [(arm, mode) for arm, mode in ARMS if mode in modes]
+    runs = arm_runs(a)
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
         policy_source = select_policy(a, scratch)
@@ -216,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             procs[name] = start(cmds[name], arm, scratch / f"{name}.log")
         wait_all(procs, scratch, ".ready", deadline)
         profiled = [m for m in ("compiled", "eager") if m in modes and m in a.profile_modes.split(",")]
-        take_turns(procs, scratch, deadline, profiled)
+        take_turns(procs, scratch, deadline, round_order(runs, profiled, a.rounds))
         codes = finish(procs, deadline)
         results = {n: json.loads((scratch / f"{n}.json").read_text()) if (scratch / f"{n}.json").exists()
                    else None for n in procs}
@@ -236,9 +256,14 @@ def main(argv: list[str] | None = None) -> int:
     if profiled:
         raw = {"model": a.model, "ranges": ranges, "command": command, "environment": doc["environment"],
                "policy": policy_source,
-               "results": {f"{arm}-{m}": results.get(f"{arm}-{m}")
-                           for m in profiled for arm in ("stock", "patched")}}
+               "results": {f"{arm}-{m}": results.get(f"{arm}-{m}") for arm, m in runs if m in profiled}}
         (out / "raw-steps.json").write_text(json.dumps(raw))
+        if a.graph_replays:
+            graph = {"command": command, "model": a.model, "environment": doc["environment"],
+                     "norm_calls_per_step": shape.expected(),
+                     "sizes": graphtime.from_results(raw["results"], "compiled",
+                                                     sum(shape.expected().values()))}
+            (out / f"{gpu}-graph-steps.json").write_text(json.dumps(graph, indent=1))
         for m in profiled:
             name = f"{gpu}-profile.json" if m == "compiled" else f"{gpu}-profile-{m}.json"
             (out / name).write_text(json.dumps(evidence.profile_from_raw(raw, m), indent=1))

@@ -7,8 +7,9 @@ torch.profiler sees every kernel of the forward pass, CUDA-graph replays include
 Steps: build the engine; greedy-decode seeded prompts (token ids and top-2 logprobs); write
 `<out>/<arm>-<mode>.json` and `<out>/<arm>-<mode>.ready`; then, if --turn-file is given, wait for it
 and profile decode steps at each --batch-sizes and prefill steps at each --prefill-sizes (wall time
-per step, and a kernel trace of a few),
-and write `<out>/<arm>-<mode>.done`.
+per step, and a kernel trace of a few; in the first --profile-rounds rounds), and with --graph-replays
+time each decode size's CUDA-graph replay by CUDA events in every round (integration.proof.graphtime);
+write `<out>/<arm>-<mode>.done`.
 """
 
 from __future__ import annotations
@@ -29,13 +30,14 @@ import torch  # noqa: E402
 
 from integration import arms  # noqa: E402
 from integration.arms import IR_OPS  # noqa: E402
-from integration.proof import normcalls, steptrace  # noqa: E402
+from integration.proof import graphtime, normcalls, steptrace  # noqa: E402
 from kernels.resultfile import write_json  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--arm", choices=("stock", "patched"), required=True, help="which arm this process is")
+    p.add_argument("--arm", type=_arm_name, required=True,
+                   help="which arm this process is: stock, patched, planted:<N>ns (integration.arms)")
     p.add_argument("--mode", choices=("compiled", "eager"), required=True,
                    help="compiled: torch.compile + CUDA graphs (vLLM default); eager: --enforce-eager")
     p.add_argument("--model", required=True, help="model directory with config.json (dummy weights)")
@@ -57,6 +59,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="wait for <this>1, <this>2, ... before each round of the per-batch profile "
                         "(none: skip that profile); writes <out>/<arm>-<mode>.done<round> after each")
     p.add_argument("--rounds", type=int, default=2, help="rounds of the per-batch profile (default 2)")
+    p.add_argument("--profile-rounds", type=int, default=2,
+                   help="the first this many rounds also time steps by wall clock, kernel-trace them and "
+                        "run the prefill sizes; later rounds only replay graphs (default 2)")
+    p.add_argument("--graph-replays", type=int, default=0,
+                   help="CUDA-graph replays timed per decode size and round (0: none; default 0)")
     p.add_argument("--turn-timeout", type=float, default=400.0, help="seconds to wait for --turn-file")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.2, help="vLLM memory share")
     p.add_argument("--kv-cache-gib", type=float, default=4.0, help="explicit KV-cache size (GiB)")
@@ -65,6 +72,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--compile-ranges", default="",
                    help="compile range endpoints (comma list) for compiled mode; same for both arms")
     return p.parse_args(argv)
+
+
+def _arm_name(name: str) -> str:
+    try:
+        arms.get(name)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return name
 
 
 def build_llm(a: argparse.Namespace):
@@ -169,13 +184,15 @@ def _trace_steps(engine, n: int, label: str, before=None) -> tuple[list[dict], d
     return stats, names
 
 
-def decode_batch(llm, a: argparse.Namespace, batch: int, vocab: int, timed: int, traced: int) -> dict:
-    """Put `batch` requests into decode, then time `timed` steps and kernel-trace `traced` more."""
+def decode_batch(llm, a: argparse.Namespace, batch: int, vocab: int, timed: int, traced: int,
+                 replays: int = 0) -> dict:
+    """Put `batch` requests into decode, then time `timed` steps, time `replays` replays of one
+    step's CUDA graph (if > 0) and kernel-trace `traced` more steps."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     engine = llm.llm_engine
-    params = SamplingParams(temperature=0.0, max_tokens=timed + traced + 16, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=timed + traced + 17, ignore_eos=True)
     ids = [f"b{batch}-{i}" for i in range(batch)]
     for i, rid in enumerate(ids):
         engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt_ids(a.seed + 1, i, 32, vocab)), params)
@@ -193,12 +210,15 @@ def decode_batch(llm, a: argparse.Namespace, batch: int, vocab: int, timed: int,
         t0 = time.perf_counter_ns()
         engine.step()
         samples.append((time.perf_counter_ns() - t0) / 1e3)
-    steps, names = _trace_steps(engine, traced, f"b{batch}")
+    row = {"kind": "decode", "batch_tokens": batch, "step_wall_us": samples}
+    if replays:
+        row["graph_rounds"] = [graphtime.time_step(engine.step, replays)]
+    row["traced_steps"], row["norm_kernel_names"] = (_trace_steps(engine, traced, f"b{batch}") if traced
+                                                     else ([], {}))
     engine.abort_request(ids)
     while engine.has_unfinished_requests():
         engine.step()
-    return {"kind": "decode", "batch_tokens": batch, "step_wall_us": samples, "traced_steps": steps,
-            "norm_kernel_names": names}
+    return row
 
 
 def prefill_steps(llm, a: argparse.Namespace, length: int, vocab: int, timed: int, traced: int) -> dict:
@@ -286,9 +306,16 @@ def main(argv: list[str] | None = None) -> int:
         rows: dict = {key: None for key in sizes}
         for r in range(1, a.rounds + 1):  # the caller alternates the arms' rounds (AB BA)
             _wait_for(Path(f"{a.turn_file}{r}"), a.turn_timeout)
+            full = r <= a.profile_rounds
+            timed, traced = (a.timed_steps, a.traced_steps) if full else (0, 0)
             for kind, n in sizes:
-                run = decode_batch if kind == "decode" else prefill_steps
-                rows[kind, n] = _merge(rows[kind, n], run(llm, a, n, vocab, a.timed_steps, a.traced_steps))
+                if kind == "decode":
+                    row = decode_batch(llm, a, n, vocab, timed, traced, a.graph_replays)
+                elif full:
+                    row = prefill_steps(llm, a, n, vocab, timed, traced)
+                else:
+                    continue
+                rows[kind, n] = _merge(rows[kind, n], row)
             (out / f"{name}.done{r}").touch()
         res["steps"] = list(rows.values())
         res["python_calls"] = _python_calls()
@@ -303,6 +330,8 @@ def _merge(acc: dict | None, row: dict) -> dict:
         return row
     acc["step_wall_us"] += row["step_wall_us"]
     acc["traced_steps"] += row["traced_steps"]
+    if "graph_rounds" in row:
+        acc["graph_rounds"] = acc.get("graph_rounds", []) + row["graph_rounds"]
     return acc
 
 

@@ -9,10 +9,23 @@ from integration.proof import launchcost, prove
 
 
 def test_each_profiled_mode_takes_ab_ba_turns_one_engine_at_a_time() -> None:
-    assert prove.round_order(["compiled", "eager"]) == [
+    runs = prove.arm_runs(prove.parse_args(["--out", "x"]))
+    assert prove.round_order(runs, ["compiled", "eager"]) == [
         ("stock-compiled", 1), ("patched-compiled", 1), ("patched-compiled", 2), ("stock-compiled", 2),
         ("stock-eager", 1), ("patched-eager", 1), ("patched-eager", 2), ("stock-eager", 2)]
-    assert prove.round_order([]) == []
+    assert prove.round_order(runs, []) == []
+
+
+def test_a_planted_arm_joins_the_compiled_turns_and_the_order_reverses_every_round(tmp_path) -> None:  # noqa: ANN001
+    a = prove.parse_args(["--out", str(tmp_path), "--modes", "compiled", "--planted", "planted:500ns",
+                          "--rounds", "3", "--graph-replays", "50"])
+    runs = prove.arm_runs(a)
+    assert runs == [("stock", "compiled"), ("patched", "compiled"), ("planted:500ns", "compiled")]
+    names = ["stock-compiled", "patched-compiled", "planted:500ns-compiled"]
+    assert prove.round_order(runs, ["compiled"], 3) == (
+        [(n, 1) for n in names] + [(n, 2) for n in names[::-1]] + [(n, 3) for n in names])
+    cmd = prove.worker_cmd(a, "planted:500ns", "compiled", tmp_path, [])
+    assert cmd[cmd.index("--rounds") + 1] == "3" and cmd[cmd.index("--graph-replays") + 1] == "50"
 
 
 def test_only_profiled_modes_get_a_turn_file(tmp_path) -> None:  # noqa: ANN001

@@ -1,0 +1,148 @@
+"""Decode-step time from CUDA-graph replays: CUDA events around many replays of the step's graph.
+
+A compiled vLLM decode step (1-256 requests on the 8B shape) is one FULL CUDA graph: the whole
+forward pass, norms included. `captured_graphs` records which graphs one engine step replayed;
+`replay_times` replays that graph many times back to back and times each replay with CUDA events
+(its inputs are the step's persistent buffers, so every replay recomputes that step). This is the
+step's GPU time with the host, the scheduler and the sampler taken out, and it includes what a
+profiler's per-kernel durations miss: the overlap that programmatic dependent launch buys.
+
+Each profiling engine (stock, patched, a planted control) replays in its own turns, alone on the
+GPU, the arms' order reversed every round (integration.proof.prove). `compare` reduces the samples:
+per round the median replay time of each arm, the log ratio to stock's median in the same round,
+and a t interval over rounds. Pure apart from the two GPU helpers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+from collections.abc import Iterator, Mapping, Sequence
+
+from scipy import stats
+
+WARM_REPLAYS = 10  # replays before the timed ones (clocks up, caches warm)
+
+
+@contextlib.contextmanager
+def captured_graphs() -> Iterator[list]:
+    """Within the block, every torch.cuda.CUDAGraph replayed is appended to the yielded list."""
+    import torch
+
+    seen: list = []
+    original = torch.cuda.CUDAGraph.replay
+
+    def spy(self) -> None:  # noqa: ANN001 (a torch.cuda.CUDAGraph)
+        seen.append(self)
+        original(self)
+
+    torch.cuda.CUDAGraph.replay = spy
+    try:
+        yield seen
+    finally:
+        torch.cuda.CUDAGraph.replay = original
+
+
+def replay_times(graph, n: int) -> list[float]:  # noqa: ANN001 (a torch.cuda.CUDAGraph)
+    """Microseconds of each of `n` back-to-back replays of `graph`, after WARM_REPLAYS untimed ones."""
+    import torch
+
+    for _ in range(WARM_REPLAYS):
+        graph.replay()
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
+    events[0].record()
+    for i in range(n):
+        graph.replay()
+        events[i + 1].record()
+    torch.cuda.synchronize()
+    return [events[i].elapsed_time(events[i + 1]) * 1000.0 for i in range(n)]
+
+
+def time_step(step, n: int) -> dict:  # noqa: ANN001 (a callable running one engine step)
+    """Run `step()` once, spying on its graph replays; if it replayed exactly one graph (a FULL
+    graph: the whole forward), time `n` replays of it. Otherwise say why nothing was timed."""
+    with captured_graphs() as seen:
+        step()
+    if len(seen) != 1:
+        return {"graphs_in_step": len(seen), "replay_us": [],
+                "why_not_timed": f"the step replayed {len(seen)} CUDA graphs, not one FULL graph"}
+    return {"graphs_in_step": 1, "replay_us": replay_times(seen[0], n)}
+
+
+def _t_interval(d: Sequence[float]) -> tuple[float, float, float]:
+    """Mean and 95% t interval of `d` (len >= 2)."""
+    mean = statistics.fmean(d)
+    half = stats.t.ppf(0.975, len(d) - 1) * statistics.stdev(d) / math.sqrt(len(d))
+    return mean, mean - half, mean + half
+
+
+def _pct(log_ratio: float) -> float:
+    return 100.0 * math.expm1(log_ratio)
+
+
+def compare(rounds: Mapping[str, Sequence[Sequence[float]]], baseline: str = "stock",
+            calls_per_step: int | None = None) -> dict:
+    """Per arm against `baseline`, from {arm: [replay_us of round 1, of round 2, ...]}.
+
+    Per round r where both arms have samples: d_r = ln(median arm_r / median baseline_r). The
+    change is the mean of d_r with a 95% t interval over rounds (arms' order alternates between
+    rounds, so a position effect cancels over each pair of rounds), in percent. With fewer than
+    two rounds there is no interval. `calls_per_step` adds the change per norm call in us."""
+    base = rounds.get(baseline) or []
+    out: dict = {"baseline": baseline,
+                 "baseline_median_us": _median_of_medians(base),
+                 "replays_per_round": sorted({len(s) for s in base if s}), "arms": {}}
+    for arm, arm_rounds in rounds.items():
+        if arm == baseline:
+            continue
+        pairs = [(statistics.median(b), statistics.median(x))
+                 for b, x in zip(base, arm_rounds) if b and x]
+        d = [math.log(x / b) for b, x in pairs]
+        row: dict = {"rounds": len(d), "median_us": _median_of_medians(arm_rounds),
+                     "per_round_log_ratio": d}
+        if len(d) >= 2:
+            mean, lo, hi = _t_interval(d)
+            row.update(change_pct=_pct(mean), ci95_pct=[_pct(lo), _pct(hi)],
+                       excludes_zero=lo > 0 or hi < 0)
+            if calls_per_step:
+                diff = [x - b for b, x in pairs]
+                m, dlo, dhi = _t_interval(diff)
+                row.update(change_per_norm_call_us=m / calls_per_step,
+                           ci95_per_norm_call_us=[dlo / calls_per_step, dhi / calls_per_step])
+        else:
+            row["why_no_interval"] = f"{len(d)} round(s) with samples from both arms; an interval needs 2"
+        out["arms"][arm] = row
+    return out
+
+
+def _median_of_medians(rounds: Sequence[Sequence[float]]) -> float | None:
+    meds = [statistics.median(s) for s in rounds if s]
+    return statistics.median(meds) if meds else None
+
+
+def from_results(results: Mapping[str, dict | None], mode: str = "compiled",
+                 calls_per_step: int | None = None) -> list[dict]:
+    """One `compare` row per decode size, from prove_arm results {"<arm>-<mode>": result}: each
+    result's "steps" rows carry "graph_rounds" (one entry per round: time_step's dict)."""
+    suffix = f"-{mode}"
+    by_size: dict[int, dict[str, list[list[float]]]] = {}
+    why: dict[int, set[str]] = {}
+    for name, res in results.items():
+        if not name.endswith(suffix) or not res:
+            continue
+        arm = name[: -len(suffix)]
+        for row in res.get("steps", []):
+            if row.get("kind") != "decode" or "graph_rounds" not in row:
+                continue
+            n = row["batch_tokens"]
+            by_size.setdefault(n, {})[arm] = [r["replay_us"] for r in row["graph_rounds"]]
+            why.setdefault(n, set()).update(r["why_not_timed"] for r in row["graph_rounds"]
+                                            if r.get("why_not_timed"))
+    rows = []
+    for n in sorted(by_size):
+        row = {"batch_tokens": n, **compare(by_size[n], calls_per_step=calls_per_step)}
+        if why[n]:
+            row["why_not_timed"] = sorted(why[n])
+        rows.append(row)
+    return rows
