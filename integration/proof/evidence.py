@@ -47,12 +47,19 @@ def judge(greedy: dict) -> dict:
     for name, g in greedy.items():
         if name == BASELINE:
             continue
-        ok = g["identical"] or (base is not None and g["first_token_identical"]
-                                and g["max_abs_logprob_diff_before"]
-                                <= TOLERANCE_FACTOR * max(base["max_abs_logprob_diff_before"], 1e-6))
+        if g["identical"]:
+            ok = True
+        elif base is None:  # nothing to compare the gap with: no verdict
+            ok = None
+        else:
+            ok = bool(g["first_token_identical"] and g["max_abs_logprob_diff_before"]
+                      <= TOLERANCE_FACTOR * max(base["max_abs_logprob_diff_before"], 1e-6))
         out[name] = {"consistent_with_stock_variation": ok, "identical": g["identical"],
                      "first_divergence": g["first_divergence"],
                      "max_abs_logprob_diff_before": g["max_abs_logprob_diff_before"]}
+        if ok is None:
+            out[name]["why_no_verdict"] = (f"no baseline pair {BASELINE!r} (run both modes: "
+                                           "--modes compiled,eager)")
     if base is not None:
         out[BASELINE + " (baseline)"] = {"identical": base["identical"],
                                          "first_divergence": base["first_divergence"],

@@ -10,17 +10,26 @@ profiler's per-kernel durations miss: the overlap that programmatic dependent la
 Each profiling engine (stock, patched, a planted control) replays in its own turns, alone on the
 GPU, the arms' order reversed every round (integration.proof.prove). `compare` reduces the samples:
 per round the median replay time of each arm, the log ratio to stock's median in the same round,
-and a t interval over rounds. Pure apart from the two GPU helpers.
+and a t interval over rounds. Pure apart from the GPU helpers; rebuild a graph-steps file from a
+run's raw data with
+
+    python -m integration.proof.graphtime --raw OUT/raw-steps.json --out OUT/h200-graph-steps.json
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import json
 import math
 import statistics
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 
 from scipy import stats
+
+from integration.launcher import MODELS_DIR
+from integration.proof import normcalls
 
 WARM_REPLAYS = 10  # replays before the timed ones (clocks up, caches warm)
 
@@ -73,7 +82,7 @@ def time_step(step, n: int) -> dict:  # noqa: ANN001 (a callable running one eng
 def _t_interval(d: Sequence[float]) -> tuple[float, float, float]:
     """Mean and 95% t interval of `d` (len >= 2)."""
     mean = statistics.fmean(d)
-    half = stats.t.ppf(0.975, len(d) - 1) * statistics.stdev(d) / math.sqrt(len(d))
+    half = float(stats.t.ppf(0.975, len(d) - 1)) * statistics.stdev(d) / math.sqrt(len(d))
     return mean, mean - half, mean + half
 
 
@@ -104,7 +113,7 @@ def compare(rounds: Mapping[str, Sequence[Sequence[float]]], baseline: str = "st
         if len(d) >= 2:
             mean, lo, hi = _t_interval(d)
             row.update(change_pct=_pct(mean), ci95_pct=[_pct(lo), _pct(hi)],
-                       excludes_zero=lo > 0 or hi < 0)
+                       excludes_zero=bool(lo > 0 or hi < 0))
             if calls_per_step:
                 diff = [x - b for b, x in pairs]
                 m, dlo, dhi = _t_interval(diff)
@@ -146,3 +155,33 @@ def from_results(results: Mapping[str, dict | None], mode: str = "compiled",
             row["why_not_timed"] = sorted(why[n])
         rows.append(row)
     return rows
+
+
+def document(raw: Mapping) -> dict:
+    """The graph-steps file of a prove run, from its raw-steps.json content: per decode size each arm
+    against stock, the change per norm call from the model's norm calls per forward pass."""
+    model = Path(raw["model"])
+    if not (model / "config.json").is_file():  # a run elsewhere: the kit's copy of that model
+        model = MODELS_DIR / model.name
+    calls = normcalls.norm_shape(model).expected()
+    return {"command": raw.get("command"), "model": raw["model"], "environment": raw.get("environment"),
+            "norm_calls_per_step": calls,
+            "sizes": from_results(raw["results"], "compiled", sum(calls.values()))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: rebuild <gpu>-graph-steps.json from a prove run's raw-steps.json."""
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--raw", required=True, help="raw-steps.json of python -m integration.proof.prove")
+    ap.add_argument("--out", required=True, help="graph-steps JSON to write (e.g. OUT/h200-graph-steps.json)")
+    a = ap.parse_args(argv)
+    try:
+        raw = json.loads(Path(a.raw).read_text())
+    except (OSError, ValueError) as exc:
+        ap.error(f"--raw {a.raw}: {exc}")
+    Path(a.out).write_text(json.dumps(document(raw), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -259,11 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                "results": {f"{arm}-{m}": results.get(f"{arm}-{m}") for arm, m in runs if m in profiled}}
         (out / "raw-steps.json").write_text(json.dumps(raw))
         if a.graph_replays:
-            graph = {"command": command, "model": a.model, "environment": doc["environment"],
-                     "norm_calls_per_step": shape.expected(),
-                     "sizes": graphtime.from_results(raw["results"], "compiled",
-                                                     sum(shape.expected().values()))}
-            (out / f"{gpu}-graph-steps.json").write_text(json.dumps(graph, indent=1))
+            (out / f"{gpu}-graph-steps.json").write_text(json.dumps(graphtime.document(raw), indent=1))
         for m in profiled:
             name = f"{gpu}-profile.json" if m == "compiled" else f"{gpu}-profile-{m}.json"
             (out / name).write_text(json.dumps(evidence.profile_from_raw(raw, m), indent=1))

@@ -43,7 +43,7 @@ KERNEL_RESULTS = RESULTS.parents[1] / "kernels" / "results"
 
 
 @pytest.mark.parametrize("profile, table", [
-    ("h200-ingraph-all-fused/h200-profile.json", "policy-h200-in-graph.json"),
+    ("h200-ingraph-all-fused/h200-profile.json", "policy-h200-in-graph-v1.json"),
     ("h200-shipped-policy/h200-profile-eager.json", "policy-h200-in-vllm-eager.json"),
 ])
 def test_shipped_in_vllm_tables_rebuild_from_their_committed_profiles(profile: str, table: str) -> None:
@@ -58,6 +58,30 @@ def test_shipped_in_vllm_tables_rebuild_from_their_committed_profiles(profile: s
     assert rebuilt["table"] == shipped["table"] and rebuilt["mode"] == prof["mode"] == shipped["mode"]
 
 
+def test_shipped_compiled_table_rebuilds_from_the_graph_timed_run_and_was_verified_by_another() -> None:
+    """policy-h200-in-graph.json is ingraph's answer for the kernel-v2 run timed by graph replays,
+    and the run that then ran that table answered the same at every row count."""
+    from integration.proof import ingraph
+    from kernels.policy import load_policy
+
+    run = RESULTS / "h200-llama8b-graph"
+    shipped = json.loads((KERNEL_RESULTS / "policy-h200-in-graph.json").read_text())
+    rebuilt = ingraph.document(_load("h200-llama8b-graph/h200-profile.json"), "bf16", 4096,
+                               source=shipped["source"],
+                               graph=_load("h200-llama8b-graph/h200-graph-steps.json"),
+                               launch=load_policy(KERNEL_RESULTS / "policy-h200.json"))
+    assert rebuilt["table"] == shipped["table"]
+    assert str(run.relative_to(RESULTS.parents[1])) in shipped["source"]
+    a = load_policy(KERNEL_RESULTS / "policy-h200-in-graph.json")
+    b = load_policy(RESULTS / "h200-llama8b-graph-policy" / "policy-used.json")
+    for op in ("rms_norm", "fused_add_rms_norm"):
+        assert all(a.choose(op, "bf16", n, 4096) == b.choose(op, "bf16", n, 4096) for n in range(1, 17000))
+    verified = {r["batch_tokens"]: r["arms"]["patched"]
+                for r in _load("h200-llama8b-graph-policy/h200-graph-steps.json")["sizes"]}
+    assert all(verified[n]["ci95_pct"][1] < 0 for n in (1, 4, 16, 32))  # faster, interval below zero
+    assert all(verified[n]["ci95_pct"][0] <= 0 for n in verified)  # no decode size slower
+
+
 def test_verification_run_ran_the_fused_kernel_exactly_where_its_table_said() -> None:
     from kernels.policy import load_policy
 
@@ -70,3 +94,14 @@ def test_verification_run_ran_the_fused_kernel_exactly_where_its_table_said() ->
     ev = _load("h200-ingraph-policy/h200.json")
     ranges = [ln for ln in ev["arms"]["patched-compiled"]["log_lines"] if "(compile range)" in ln]
     assert sum("-> cupy_fused" in ln for ln in ranges) == 2 and sum("declined" in ln for ln in ranges) == 4
+
+
+@pytest.mark.parametrize("run", ["h200-llama8b-graph", "h200-llama8b-graph-policy", "h200-llama1b-graph",
+                                 "h200-qwen3-0.6b", "h200-qwen3-8b"])
+def test_graph_step_files_rebuild_from_their_raw_samples(run: str) -> None:
+    from integration.proof import graphtime
+
+    committed = _load(f"{run}/h200-graph-steps.json")
+    assert graphtime.document(_load(f"{run}/raw-steps.json")) == committed
+    assert all(r["arms"]["patched"]["rounds"] == 6 and r["replays_per_round"] == [100]
+               for r in committed["sizes"])

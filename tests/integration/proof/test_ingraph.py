@@ -100,3 +100,18 @@ def test_committed_profile_rebuilds_with_step_level_verdicts() -> None:
         extra = sum(row["patched_extra_kernels_us"].values())
         assert row["patched_faster_every_step"] == (max(p) + extra < min(s))
         assert not (row["patched_faster_every_step"] and row["patched_slower_every_step"])
+
+
+def test_graph_replay_timing_overrides_the_profile_at_decode_sizes_only() -> None:
+    prof = {"steps": [_row(1, [10, 11], [12, 13]),        # profile: norm slower, graph: step faster
+                      _row(8, [10, 11], [9, 9.5]),         # profile: faster, graph: interval spans zero
+                      _row(64, [10, 11], [9, 9.5]),        # no graph row: the profile decides
+                      _row(512, [100, 101], [90, 91], kind="prefill")]}
+    graph = {"sizes": [{"batch_tokens": 1, "arms": {"patched": {"ci95_pct": [-2.5, -2.3]}}},
+                       {"batch_tokens": 8, "arms": {"patched": {"ci95_pct": [-0.2, 0.1]}}},
+                       {"batch_tokens": 512, "arms": {"patched": {"ci95_pct": [0.5, 0.9]}}}]}
+    assert ingraph.verdicts(prof, graph) == {1: True, 8: False, 64: True, 512: True}
+    doc = ingraph.document(prof, "bf16", 4096, "test", graph=graph)
+    assert doc["table"]["rms_norm/bf16/4096"] == [[1, "fused:auto"], [8, "stock"], [64, "stock"],
+                                                   [512, "fused:auto"]]
+    assert doc["graph_evidence"][0]["ci95_pct"] == [-2.5, -2.3]

@@ -80,6 +80,10 @@ def test_judge_against_the_two_stock_norms() -> None:
     assert not verdict["e vs f"]["consistent_with_stock_variation"]  # prefill already differs
     assert verdict["g vs h"]["consistent_with_stock_variation"]
     assert evidence.BASELINE + " (baseline)" in verdict
+    alone = evidence.judge({"a vs b": g(False, True, 0.19), "g vs h": g(True, True, 0.0)})
+    assert alone["a vs b"]["consistent_with_stock_variation"] is None  # no baseline, no verdict
+    assert "--modes compiled,eager" in alone["a vs b"]["why_no_verdict"]
+    assert alone["g vs h"]["consistent_with_stock_variation"] is True
 
 
 def _step(hist: dict) -> dict:
