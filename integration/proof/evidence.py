@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 from typing import Any
 
+from integration.launcher import MODELS_DIR
 from integration.proof import normcalls, profiles, steptrace
 
 PAIRS = [("stock-compiled", "patched-compiled"), ("stock-eager", "patched-eager"),
@@ -68,9 +70,13 @@ def judge(greedy: dict) -> dict:
 
 
 def model_norms(model: str) -> normcalls.NormShape | None:
-    """The model's norm shape for the counts by kind (None where its config.json cannot be read)."""
+    """The model's norm shape for the counts by kind (None where its config.json cannot be read); a
+    model directory of a run elsewhere (e.g. /tmp/kr/integration/models/X) is read from the kit's X."""
+    path = Path(model)
+    if not (path / "config.json").is_file() and (MODELS_DIR / path.name / "config.json").is_file():
+        path = MODELS_DIR / path.name
     try:
-        return normcalls.norm_shape(model)
+        return normcalls.norm_shape(path)
     except ValueError:
         return None
 
