@@ -126,6 +126,7 @@ class Inputs:
     patched_policy: Path | None = None
     profile: Path | None = None
     kernel_results: Path | None = None
+    planted_steps: Path | None = None
     notes: tuple[str, ...] = field(default=(), compare=False)  # where each came from, for the CLI
 
 
@@ -152,6 +153,7 @@ def recorded_inputs(run_dir: Path) -> Inputs:
         return Inputs(slos=tuple(SLO(**s) for s in rec["slos"]), aa_report=_from_root(rec["aa_report"]),
                       patched_policy=_from_root(rec["patched_policy"]), profile=_from_root(rec["profile"]),
                       kernel_results=_from_root(rec["kernel_results"]),
+                      planted_steps=_from_root(rec.get("planted_steps")),  # absent before it existed
                       notes=(f"inputs as recorded in {path}",))
     except (KeyError, TypeError, ValueError) as exc:
         raise ResultFileError(f"{path}: bad \"inputs\" entry ({exc!r})") from None
@@ -159,14 +161,17 @@ def recorded_inputs(run_dir: Path) -> Inputs:
 
 def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: Path | None = None,
                 patched_policy: Path | None = None, profile: Path | None = None,
-                kernel_results: Path | None = None, out_dir: Path | None = None) -> dict:
+                kernel_results: Path | None = None, planted_steps: Path | None = None,
+                out_dir: Path | None = None) -> dict:
     """Analyse RUN_DIR, write report.json, report.md and PNGs into out_dir (default RUN_DIR itself) and
     return the report dict.
 
     ``slos`` defaults to the tiers in run.json, else experiments/slos.toml; ``aa_report`` is an A/A
     run's report.json whose per-window spread is drawn as the noise floor (an A/A run is its own noise
     floor); ``patched_policy`` is the policy table the patched arm used, for a run.json that does not
-    record it; ``profile`` and ``kernel_results`` replace the attribution's defaults for the run's GPU.
+    record it; ``profile`` and ``kernel_results`` replace the attribution's defaults for the run's GPU;
+    ``planted_steps`` is a graph-steps file (integration.proof.graphtime) with a planted arm's step
+    time inside vLLM, which the planted control's prediction then uses.
     """
     run_dir = Path(run_dir)
     out_dir = run_dir if out_dir is None else Path(out_dir)
@@ -208,6 +213,8 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
         paired_latency=comparisons.paired_latency(complete, run), in_run_floor=in_run_floor,
         burnin=comparisons.burnin_summary(df, complete), drift=comparisons.drift(complete, run),
         knee=knee.summary(df, run, slos),
+        planted_steps=None if planted_steps is None else
+        (_shown(planted_steps), read_json(planted_steps, None, "graph-steps file")),
     )
     result = report.build_report(analysis)
     result["noise_floor"] = noisefloor.noise_floor(result, aa_report)
@@ -218,6 +225,8 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
     result["inputs"] = {"slos": [s.to_json() for s in slos], "aa_report": _shown(aa_report),
                         "patched_policy": _shown(patched_policy), "profile": attrib["profile"],
                         "kernel_results": attrib["kernel_results"]}
+    if planted_steps is not None:  # recorded only when given, so earlier reports re-derive unchanged
+        result["inputs"]["planted_steps"] = _shown(planted_steps)
     out_dir.mkdir(parents=True, exist_ok=True)
     result["plots"] = plots.write_plots(out_dir, complete, per_slo, secondary, labels, result)
     report.write_report(out_dir, result)
@@ -255,6 +264,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--kernel-results", type=Path, default=None, metavar="RESULTS_JSON",
                     help="the kernel results of the attribution (default: as recorded, else "
                          "kernels/results/<gpu>.json)")
+    ap.add_argument("--planted-steps", type=Path, default=None, metavar="GRAPH_STEPS_JSON",
+                    help="a graph-steps file of integration.proof.prove --planted (e.g. integration/results/"
+                         "h200-llama8b-graph/h200-graph-steps.json): the planted control's prediction uses "
+                         "the planted arm's step time measured there (default: as recorded, else none)")
     add_debug_flag(ap)
     return ap
 
@@ -281,7 +294,8 @@ def _inputs(args: argparse.Namespace) -> Inputs:
     return Inputs(slos=slos, aa_report=pick(args.aa_report, rec.aa_report),
                   patched_policy=pick(args.patched_policy, rec.patched_policy),
                   profile=pick(args.profile, rec.profile),
-                  kernel_results=pick(args.kernel_results, rec.kernel_results), notes=rec.notes)
+                  kernel_results=pick(args.kernel_results, rec.kernel_results),
+                  planted_steps=pick(args.planted_steps, rec.planted_steps), notes=rec.notes)
 
 
 def _changed(before: Path, after: Path) -> str:
@@ -301,7 +315,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(note)
         result = analyze_run(args.run_dir, inputs.slos, aa_report=inputs.aa_report,
                              patched_policy=inputs.patched_policy, profile=inputs.profile,
-                             kernel_results=inputs.kernel_results, out_dir=out)
+                             kernel_results=inputs.kernel_results, planted_steps=inputs.planted_steps,
+                             out_dir=out)
     except (OSError, ValueError) as exc:
         if args.debug:
             raise

@@ -11,8 +11,12 @@ with the stock step time from the in-graph step profile weighted by the step siz
 baseline's median TPOT at each load, the prediction averaged over loads in log space as the paired
 estimate averages cells. The control is detected when the paired TPOT interval excludes zero, and
 the prediction holds when it lies inside that interval. On the GPU the delay also costs one kernel
-launch per call: where integration.proof.plantedcost measured the delay's in-graph cost per call on
-the run's GPU, N is that measured cost; elsewhere (CPU, or a delay not measured) it is N alone.
+launch per call, and inside vLLM's compiled graph whatever Inductor no longer fuses around the op.
+N is, best first: the planted arm's own step time in vLLM's CUDA graphs (a graph-steps file of
+integration.proof.graphtime given to the analysis: the added time per norm call at each measured
+decode size, each step-size bucket of the run taking the nearest measured size, weighted by its
+steps); else the delay's cost per call beside plain norms in a graph
+(integration.proof.plantedcost, for the run's GPU); else N alone (CPU, or nothing measured).
 """
 
 from __future__ import annotations
@@ -58,6 +62,34 @@ def _baseline_tpot(latency: Sequence[Mapping], baseline: str) -> dict[float, flo
             if r["arm"] == baseline and r.get("tpot_p50_ms")}
 
 
+def graph_cost_per_call(graph: Mapping, ns: int, attribution: Mapping) -> float | None:
+    """us added per norm call by a planted delay of `ns`, from a graph-steps document: per measured
+    decode size the planted arm's change per call against stock; each bucket of the attribution's
+    step-size histogram takes the nearest measured size (in log rows), weighted by its steps (the
+    median over sizes without a histogram). None if the document has no arm with that delay."""
+    per_size = {}
+    for row in graph.get("sizes", []):
+        for name, arm in (row.get("arms") or {}).items():
+            try:
+                same = planted_ns(arms.get(name)) == ns
+            except ValueError:
+                same = False
+            if same and arm.get("change_per_norm_call_us") is not None:
+                per_size[int(row["batch_tokens"])] = float(arm["change_per_norm_call_us"])
+    if not per_size:
+        return None
+    buckets = (attribution.get("profile_detail") or {}).get("by_bucket") or []
+    if not buckets:
+        vals = sorted(per_size.values())
+        return vals[len(vals) // 2]
+
+    def nearest(tokens: float) -> float:
+        return per_size[min(per_size, key=lambda n: abs(math.log(n) - math.log(max(tokens, 1.0))))]
+
+    steps = sum(b["steps"] for b in buckets)
+    return sum(nearest(b["tokens"]) * b["steps"] for b in buckets) / steps
+
+
 def prediction(added_us: float, attribution: Mapping, latency: Sequence[Mapping], baseline: str) -> dict:
     """The predicted TPOT change (%) of `added_us` more per step, and what the step time came from."""
     step_us = _step_from_profile(attribution)
@@ -76,9 +108,10 @@ def prediction(added_us: float, attribution: Mapping, latency: Sequence[Mapping]
 
 
 def planted_lines(run: Mapping, latency: Sequence[Mapping], paired_latency: Mapping,
-                  attribution: Mapping) -> list[dict]:
+                  attribution: Mapping, graph_steps: tuple[str, Mapping] | None = None) -> list[dict]:
     """One entry per planted arm: delay, norm calls per step, predicted and measured TPOT change,
-    whether the control was detected and whether the prediction lies inside the interval."""
+    whether the control was detected and whether the prediction lies inside the interval.
+    `graph_steps`: (path shown, document) of a graph-steps file with the planted arm's step time."""
     labels, names = list(run["arm_labels"]), list(run["arms"])
     out = []
     for label, name in zip(labels[1:], names[1:]):
@@ -92,11 +125,18 @@ def planted_lines(run: Mapping, latency: Sequence[Mapping], paired_latency: Mapp
             out.append({**entry, "status": "no prediction", "reason": str(exc)})
             continue
         calls = sum(shape.expected().values())
+        in_vllm = graph_cost_per_call(graph_steps[1], ns, attribution) if graph_steps else None
         measured = added_us_per_call(attribution.get("gpu"), ns)
-        per_call_us = ns / 1000.0 if measured is None else measured
-        entry.update(norm_calls_per_step=calls, added_us_per_call=per_call_us,
-                     per_call_source="the delay alone" if measured is None else
-                     f"measured in a CUDA graph ({result_path(attribution['gpu']).name})",
+        if in_vllm is not None:
+            per_call_us = in_vllm
+            source = (f"the planted arm's step time in vLLM's CUDA graphs ({graph_steps[0]}), per step "
+                      f"size as {attribution.get('histogram_arm') or 'the run'} ran them")
+        elif measured is not None:
+            per_call_us = measured
+            source = f"measured in a CUDA graph ({result_path(attribution['gpu']).name})"
+        else:
+            per_call_us, source = ns / 1000.0, "the delay alone"
+        entry.update(norm_calls_per_step=calls, added_us_per_call=per_call_us, per_call_source=source,
                      added_us_per_step=per_call_us * calls,
                      **prediction(per_call_us * calls, attribution, latency, labels[0]))
         tpot = (paired_latency.get(label) or {}).get("tpot_ms") or {}

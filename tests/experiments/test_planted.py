@@ -36,3 +36,28 @@ def test_prediction_counts_the_measured_launch_not_only_the_delay(tmp_path: Path
     (p,) = planted_lines(run, latency, paired, attribution)  # measured 2 us x 5 calls = 10 us of 1000
     assert p["added_us_per_step"] == pytest.approx(10.0) and p["predicted_pct"] == pytest.approx(1.0)
     assert p["prediction_inside"] is True and "testgpu-planted-cost.json" in planted_text(p)
+
+
+def test_prediction_uses_the_planted_arms_step_time_in_vllm_weighted_by_step_sizes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = make_config(TRACE, "cpu", arms=("stock", "planted:500ns"))
+    run = {"arm_labels": list(cfg.labels), "arms": list(cfg.arms), "arm_definitions": arm_records(cfg),
+           "model": {"config": {"architectures": ["LlamaForCausalLM"], "hidden_size": 256,
+                                "num_hidden_layers": 2, "num_attention_heads": 4}}}
+    latency = [{"arm": "stock", "load": 1.0, "tpot_p50_ms": 1.0}]
+    paired = {"planted:500ns": {"tpot_ms": {"estimate_pct": 0.9, "ci95_pct": [0.5, 1.5]}}}
+    attribution = {"gpu": "testgpu", "profile": "p.json", "histogram_arm": "stock",
+                   "profile_detail": {"by_bucket": [{"tokens": 1.0, "steps": 3, "step_us": 1000.0},
+                                                    {"tokens": 8.0, "steps": 1, "step_us": 1000.0}]}}
+    monkeypatch.setattr(plantedcost, "RESULTS_DIR", tmp_path)  # no plain-graph measurement
+    graph = {"sizes": [{"batch_tokens": 1, "arms": {"planted:500ns": {"change_per_norm_call_us": 2.0},
+                                                    "planted:1us": {"change_per_norm_call_us": 9.0}}},
+                       {"batch_tokens": 16, "arms": {"planted:500ns": {"change_per_norm_call_us": 1.0}}}]}
+    (p,) = planted_lines(run, latency, paired, attribution, ("g.json", graph))
+    # 8 rows take the nearer measured size, 16: (3 x 2.0 + 1 x 1.0) / 4 per call, x 5 calls per step
+    assert p["added_us_per_call"] == pytest.approx(1.75) and p["added_us_per_step"] == pytest.approx(8.75)
+    assert p["predicted_pct"] == pytest.approx(0.875) and p["prediction_inside"] is True
+    assert "g.json" in p["per_call_source"] and "g.json" in planted_text(p)
+    other = {"sizes": [{"batch_tokens": 1, "arms": {"planted:1us": {"change_per_norm_call_us": 9.0}}}]}
+    (q,) = planted_lines(run, latency, paired, attribution, ("g.json", other))  # another delay: unused
+    assert q["per_call_source"] == "the delay alone"
