@@ -225,15 +225,25 @@ def check_plugin_installed(arm: Arm) -> None:
                            f"installed in {sys.prefix}; run `pip install -e .` in the project root")
 
 
-def compilation_config(model_dir: Path, dtype: str = "auto", max_rows: int = MAX_COMPILE_ROWS) -> dict:
-    """The `--compilation-config` every compiled arm of a CUDA run shares: compile ranges that end
-    where the policy switches fused/stock (so wherever stock runs, both arms run the same Inductor
-    code), and one uncaptured warm-up run per CUDA-graph size (fused kernels get built before any
-    capture even when vLLM's compile cache skips the lowering pass)."""
+def compilation_config(model_dir: Path, dtype: str = "auto", max_rows: int = MAX_COMPILE_ROWS,
+                       arm: Arm | None = None) -> dict:
+    """The `--compilation-config` of a compiled arm of a CUDA run: one uncaptured warm-up run per
+    CUDA-graph size (fused kernels get built before any capture even when vLLM's compile cache skips
+    the lowering pass), and, for an arm that dispatches by the kit's policy (`uses_policy`; every
+    arm when `arm` is None), compile ranges that end where the policy switches fused/stock. Any
+    other arm keeps vLLM's default single range, as a user's stock server has: the ranges are part
+    of what the patched arm changes (Inductor compiles each range on its own)."""
     from integration import choice
 
+    if arm is not None and not uses_policy(arm):
+        return compilation_config_for([])
     dtype_name, hidden = model_shape(model_dir, dtype)
     return compilation_config_for(choice.stock_boundaries(dtype_name, hidden, max_rows))
+
+
+def uses_policy(arm: Arm) -> bool:
+    """Whether the arm's norm calls go through the kit's provider and its policy table."""
+    return arm.provider == PROVIDER
 
 
 def compilation_config_for(range_ends: list[int]) -> dict:

@@ -64,11 +64,13 @@ def arm_of(cfg: "ServerConfig") -> arms.Arm:
 
 
 def compile_range_args(cfg: "ServerConfig") -> list[str]:
-    """`--compilation-config` of a compiled CUDA server, the same for every arm (arms.compilation_config);
-    empty in eager mode and without CUDA, where the provider is unsupported."""
+    """`--compilation-config` of a compiled CUDA server (arms.compilation_config: the policy's compile
+    ranges for the patched arm, vLLM's single range for stock); empty in eager mode and without
+    CUDA, where the provider is unsupported."""
     if cfg.eager or not _cuda_available():
         return []
-    return ["--compilation-config", json.dumps(arms.compilation_config(cfg.model_dir, cfg.dtype))]
+    cc = arms.compilation_config(cfg.model_dir, cfg.dtype, arm=arm_of(cfg))
+    return ["--compilation-config", json.dumps(cc)]
 
 
 def _cuda_available() -> bool:

@@ -71,6 +71,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--graph-replays", type=int, default=0,
                    help="time this many CUDA-graph replays of each decode size per round and arm "
                         "(integration.proof.graphtime; writes OUT/<gpu>-graph-steps.json); default 0")
+    p.add_argument("--shared-ranges", action="store_true",
+                   help="give every compiled engine the patched policy's compile ranges (what runs "
+                        "before this flag did); default: stock and planted keep vLLM's single range, "
+                        "as users run it")
     p.add_argument("--planted", default=None, metavar="planted:<N>ns",
                    help="also profile this positive-control arm, compiled, in the same turns")
     p.add_argument("--timeout", type=float, default=500.0, help="overall deadline in seconds")
@@ -108,11 +112,12 @@ def compile_ranges(a: argparse.Namespace) -> list[int]:
 
 
 def worker_cmd(a: argparse.Namespace, arm: str, mode: str, scratch: Path, ranges: list[int]) -> list[str]:
+    own = ranges if a.shared_ranges or arms.uses_policy(arms.get(arm)) else []  # stock: vLLM's one range
     cmd = [sys.executable, "-m", "integration.proof.prove_arm", "--arm", arm, "--mode", mode,
            "--model", a.model, "--out", str(scratch), "--dtype", a.dtype, "--prompts", str(a.prompts),
            "--steps", str(a.steps), "--batch-sizes", a.batch_sizes, "--prefill-sizes", a.prefill_sizes,
            "--timed-steps", str(a.timed_steps), "--traced-steps", str(a.traced_steps),
-           "--compile-ranges", ",".join(map(str, ranges)), "--weights", a.weights]
+           "--compile-ranges", ",".join(map(str, own)), "--weights", a.weights]
     if mode in a.profile_modes.split(","):
         cmd += ["--turn-file", str(scratch / f"{arm}-{mode}.go"), "--rounds", str(a.rounds),
                 "--graph-replays", str(a.graph_replays)]

@@ -70,7 +70,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--weights", choices=("scaled", "dummy"), default="scaled",
                    help="scaled: redraw vLLM's dummy weights at std 0.02 (seeded); dummy: keep them")
     p.add_argument("--compile-ranges", default="",
-                   help="compile range endpoints (comma list) for compiled mode; same for both arms")
+                   help="compile range endpoints (comma list) for compiled mode (prove gives them to "
+                        "the patched arm only, unless --shared-ranges)")
     return p.parse_args(argv)
 
 

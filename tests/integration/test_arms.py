@@ -44,6 +44,24 @@ def test_compilation_config_has_range_ends_only_where_the_policy_switches() -> N
     assert cc == arms.compilation_config_for(cc.get("compile_ranges_endpoints", []))
 
 
+def test_only_the_policy_arm_gets_its_compile_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
+    from integration import choice
+    from kernels.policy import load_policy
+
+    pol = load_policy(MODELS_DIR.parents[1] / "kernels" / "results" / "policy-h200-in-graph.json")
+    monkeypatch.setattr(choice, "policy", lambda mode="compiled": pol)
+    choice.choose.cache_clear()
+    try:
+        model = MODELS_DIR / "llama-3.1-8b"
+        patched = arms.compilation_config(model, "bfloat16", arm=arms.get("patched"))
+        assert patched["compile_ranges_endpoints"] == [32]  # the shipped H200 table: fused at <= 32 rows
+        for name in ("stock", "planted:500ns", "vllm_c"):  # vLLM's own single range, as users run it
+            cc = arms.compilation_config(model, "bfloat16", arm=arms.get(name))
+            assert cc == {"cudagraph_num_of_warmups": 1}
+    finally:
+        choice.choose.cache_clear()
+
+
 def test_plugin_entry_point_check(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("stock", "patched", "planted"):
         arms.check_plugin_installed(arms.get(name))  # installed editable in this venv

@@ -28,6 +28,17 @@ def test_a_planted_arm_joins_the_compiled_turns_and_the_order_reverses_every_rou
     assert cmd[cmd.index("--rounds") + 1] == "3" and cmd[cmd.index("--graph-replays") + 1] == "50"
 
 
+def test_stock_engines_keep_vllms_single_compile_range_unless_shared(tmp_path) -> None:  # noqa: ANN001
+    def ranges(argv: list[str], arm: str) -> str:
+        a = prove.parse_args(["--out", str(tmp_path), *argv])
+        cmd = prove.worker_cmd(a, arm, "compiled", tmp_path, [32])
+        return cmd[cmd.index("--compile-ranges") + 1]
+
+    assert ranges([], "patched") == "32"
+    assert ranges([], "stock") == "" and ranges([], "planted:500ns") == ""
+    assert ranges(["--shared-ranges"], "stock") == "32"
+
+
 def test_only_profiled_modes_get_a_turn_file(tmp_path) -> None:  # noqa: ANN001
     a = prove.parse_args(["--out", str(tmp_path), "--profile-modes", "eager", "--prefill-sizes", "512,1024"])
     eager = prove.worker_cmd(a, "patched", "eager", tmp_path, [])
