@@ -96,12 +96,20 @@ def test_verification_run_ran_the_fused_kernel_exactly_where_its_table_said() ->
     assert sum("-> cupy_fused" in ln for ln in ranges) == 2 and sum("declined" in ln for ln in ranges) == 4
 
 
-@pytest.mark.parametrize("run", ["h200-llama8b-graph", "h200-llama8b-graph-policy", "h200-llama1b-graph",
-                                 "h200-qwen3-0.6b", "h200-qwen3-8b"])
-def test_graph_step_files_rebuild_from_their_raw_samples(run: str) -> None:
+@pytest.mark.parametrize("run, rounds, replays", [
+    ("h200-llama8b-graph", 6, 100), ("h200-llama8b-graph-policy", 6, 100), ("h200-llama1b-graph", 6, 100),
+    ("h200-qwen3-0.6b", 6, 100), ("h200-qwen3-8b", 6, 100), ("h200-llama8b-graph-onerange", 4, 50)])
+def test_graph_step_files_rebuild_from_their_raw_samples(run: str, rounds: int, replays: int) -> None:
     from integration.proof import graphtime
 
     committed = _load(f"{run}/h200-graph-steps.json")
     assert graphtime.document(_load(f"{run}/raw-steps.json")) == committed
-    assert all(r["arms"]["patched"]["rounds"] == 6 and r["replays_per_round"] == [100]
+    assert all(r["arms"]["patched"]["rounds"] == rounds and r["replays_per_round"] == [replays]
                for r in committed["sizes"])
+
+
+def test_the_one_range_run_gave_the_policy_ranges_to_the_patched_engine_only() -> None:
+    ev = _load("h200-llama8b-graph-onerange/h200.json")
+    ranges = {n: a["worker_command"][a["worker_command"].index("--compile-ranges") + 1]
+              for n, a in ev["arms"].items()}
+    assert ranges == {"stock-compiled": "", "patched-compiled": "32"}
