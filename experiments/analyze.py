@@ -21,9 +21,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments import attribution, comparisons, duetreport, goodput, knee, noisefloor, plots, report
+from experiments import (attribution, comparisons, duetreport, goodput, knee, noisefloor, planted, plots,
+                         report)
 from experiments.rundir import load_records, read_run_record
 from experiments.slo import DEFAULT_SLO_FILE, SLO, load_slo_file, parse_slo
+from integration.proof import profiles
 from kernels.environment import gpu_slug
 from kernels.resultfile import ResultFileError, read_json
 from traces.cliargs import OneLineParser, add_debug_flag, fail
@@ -171,7 +173,8 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
     floor); ``patched_policy`` is the policy table the patched arm used, for a run.json that does not
     record it; ``profile`` and ``kernel_results`` replace the attribution's defaults for the run's GPU;
     ``planted_steps`` is a graph-steps file (integration.proof.graphtime) with a planted arm's step
-    time inside vLLM, which the planted control's prediction then uses.
+    time inside vLLM, which the planted control's prediction then uses (default for a run with a
+    planted arm: the GPU's and model's committed one, integration/results/profiles.json).
     """
     run_dir = Path(run_dir)
     out_dir = run_dir if out_dir is None else Path(out_dir)
@@ -206,6 +209,9 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
         policy = {**_policy_override(run, patched_policy), "table": _shown(patched_policy)}
     attrib = attribution.attribute(run, labels[0], PROJECT_ROOT, gpu, profile_path=profile,
                                    kernel_path=kernel_results, policy=policy)
+    if planted_steps is None and planted.has_planted_arm(run):  # the GPU's committed one, if any
+        found = profiles.default_planted_steps(gpu, (run.get("model") or {}).get("name"))
+        planted_steps = PROJECT_ROOT / found if found else None
     analysis = report.Analysis(
         run=run, env=env, slos=slos, per_slo=per_slo, secondary=secondary,
         latency=goodput.latency_table(complete), attribution=attrib, missing=missing,
@@ -267,7 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--planted-steps", type=Path, default=None, metavar="GRAPH_STEPS_JSON",
                     help="a graph-steps file of integration.proof.prove --planted (e.g. integration/results/"
                          "h200-llama8b-graph/h200-graph-steps.json): the planted control's prediction uses "
-                         "the planted arm's step time measured there (default: as recorded, else none)")
+                         "the planted arm's step time measured there (default: as recorded, else the "
+                         "GPU's and model's committed one in integration/results/profiles.json)")
     add_debug_flag(ap)
     return ap
 

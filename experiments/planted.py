@@ -49,6 +49,12 @@ def planted_ns(arm: arms.Arm | None) -> int | None:
     return int(dict(arm.extra_env)[arms.PLANTED_NS_ENV])
 
 
+def has_planted_arm(run: Mapping) -> bool:
+    """Whether any arm of the run after the baseline is a planted control."""
+    return any(planted_ns(arm_definition(run, label, name)) is not None
+               for label, name in zip(list(run["arm_labels"])[1:], list(run["arms"])[1:]))
+
+
 def _step_from_profile(attribution: Mapping) -> float | None:
     """Histogram-weighted stock step time (us) of the attribution's profile detail, if it has one."""
     buckets = (attribution.get("profile_detail") or {}).get("by_bucket") or []

@@ -51,3 +51,13 @@ def default_profile(gpu: str | None, mode: str) -> Path | None:
     index = read_json(INDEX, SCHEMA_VERSION, "profile index").get("profiles") or {}
     path = (index.get(gpu) or {}).get(mode)
     return Path(path) if path else None
+
+
+def default_planted_steps(gpu: str | None, model: str | None) -> Path | None:
+    """The committed graph-steps file with a planted arm's step time for this GPU and model (its
+    directory name, e.g. llama-3.1-8b), relative to the project root; None where there is none."""
+    if gpu is None or model is None or not INDEX.is_file():
+        return None
+    index = read_json(INDEX, SCHEMA_VERSION, "profile index").get("planted_steps") or {}
+    path = (index.get(gpu) or {}).get(model)
+    return Path(path) if path else None

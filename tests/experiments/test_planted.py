@@ -61,3 +61,17 @@ def test_prediction_uses_the_planted_arms_step_time_in_vllm_weighted_by_step_siz
     other = {"sizes": [{"batch_tokens": 1, "arms": {"planted:1us": {"change_per_norm_call_us": 9.0}}}]}
     (q,) = planted_lines(run, latency, paired, attribution, ("g.json", other))  # another delay: unused
     assert q["per_call_source"] == "the delay alone"
+
+
+def test_the_committed_planted_step_time_is_found_by_gpu_and_model() -> None:
+    from experiments.planted import has_planted_arm
+    from integration.proof import profiles
+
+    found = profiles.default_planted_steps("h200", "llama-3.1-8b")
+    assert found is not None and (profiles.PROJECT_ROOT / found).is_file()
+    assert profiles.default_planted_steps("h200", "qwen3-8b") is None
+    assert profiles.default_planted_steps(None, "llama-3.1-8b") is None
+    cfg = make_config(TRACE, "cpu", arms=("stock", "planted:500ns"))
+    run = {"arm_labels": list(cfg.labels), "arms": list(cfg.arms), "arm_definitions": arm_records(cfg)}
+    assert has_planted_arm(run)
+    assert not has_planted_arm({"arm_labels": ["stock", "patched"], "arms": ["stock", "patched"]})
