@@ -83,9 +83,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "kernels/results/policy-<gpu>-in-graph.json and policy-<gpu>-in-vllm-eager.json)")
     p.add_argument("--dry-run", action="store_true",
                    help="check the model config and policy, print the plan, start no engine")
-    p.add_argument("--all-fused", action="store_true",
+    p.add_argument("--all-fused", nargs="?", const="all", choices=("all", "hidden"), default=None,
                    help="use a table that sends every call of this model's shape to the fused kernel "
-                        "(its own launch shape): proves the integration where the shipped policy is stock")
+                        "(its own launch shape): proves the integration where the shipped policy is stock; "
+                        "`--all-fused hidden` leaves a Qwen3's q/k head norms to stock (Inductor folds "
+                        "them into the kernels around them)")
     return p.parse_args(argv)
 
 
@@ -96,10 +98,12 @@ def select_policy(a: argparse.Namespace, scratch: Path) -> dict:
     if a.all_fused:
         dtype, hidden = arms.model_shape(a.model, a.dtype)
         shape = normcalls.norm_shape(a.model)
-        widths = {hidden, shape.head_dim} if shape.qk_norm else {hidden}  # Qwen3: the head norms too
+        heads = shape.qk_norm and a.all_fused == "all"
+        widths = {hidden, shape.head_dim} if heads else {hidden}  # Qwen3: the head norms too, unless "hidden"
         table = {f"{op}/{dtype}/{w}": [[1 << 30, "fused:auto"]] for op in choice.OPS for w in sorted(widths)}
         path = str(scratch / "policy-all-fused.json")
-        Path(path).write_text(json.dumps({"schema_version": 1, "source": "--all-fused", "table": table}))
+        Path(path).write_text(json.dumps({"schema_version": 1, "source": f"--all-fused {a.all_fused}",
+                                          "table": table}))
     if path:
         os.environ[choice.POLICY_ENV] = str(Path(path).resolve())
     choice.policy.cache_clear()

@@ -145,6 +145,14 @@ def test_all_fused_covers_the_head_width_of_a_qwen3(tmp_path, monkeypatch) -> No
         choice.policy.cache_clear()
     assert sorted(table) == ["fused_add_rms_norm/bf16/1024", "fused_add_rms_norm/bf16/128",
                              "rms_norm/bf16/1024", "rms_norm/bf16/128"]
+    a = prove.parse_args(["--out", str(tmp_path), "--model", str(MODELS_DIR / "qwen3-0.6b"),
+                          "--all-fused", "hidden"])
+    try:
+        prove.select_policy(a, tmp_path)
+        table = json.loads((tmp_path / "policy-all-fused.json").read_text())["table"]
+    finally:
+        choice.policy.cache_clear()
+    assert sorted(table) == ["fused_add_rms_norm/bf16/1024", "rms_norm/bf16/1024"]  # head norms: stock
 
 
 def _traced(ir_calls: dict, widths: dict) -> dict:
