@@ -129,6 +129,7 @@ class Inputs:
     profile: Path | None = None
     kernel_results: Path | None = None
     planted_steps: Path | None = None
+    graph_steps: Path | None = None
     notes: tuple[str, ...] = field(default=(), compare=False)  # where each came from, for the CLI
 
 
@@ -156,6 +157,7 @@ def recorded_inputs(run_dir: Path) -> Inputs:
                       patched_policy=_from_root(rec["patched_policy"]), profile=_from_root(rec["profile"]),
                       kernel_results=_from_root(rec["kernel_results"]),
                       planted_steps=_from_root(rec.get("planted_steps")),  # absent before it existed
+                      graph_steps=_from_root(rec.get("graph_steps")),
                       notes=(f"inputs as recorded in {path}",))
     except (KeyError, TypeError, ValueError) as exc:
         raise ResultFileError(f"{path}: bad \"inputs\" entry ({exc!r})") from None
@@ -164,7 +166,7 @@ def recorded_inputs(run_dir: Path) -> Inputs:
 def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: Path | None = None,
                 patched_policy: Path | None = None, profile: Path | None = None,
                 kernel_results: Path | None = None, planted_steps: Path | None = None,
-                out_dir: Path | None = None) -> dict:
+                graph_steps: Path | None = None, out_dir: Path | None = None) -> dict:
     """Analyse RUN_DIR, write report.json, report.md and PNGs into out_dir (default RUN_DIR itself) and
     return the report dict.
 
@@ -174,7 +176,9 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
     record it; ``profile`` and ``kernel_results`` replace the attribution's defaults for the run's GPU;
     ``planted_steps`` is a graph-steps file (integration.proof.graphtime) with a planted arm's step
     time inside vLLM, which the planted control's prediction then uses (default for a run with a
-    planted arm: the GPU's and model's committed one, integration/results/profiles.json).
+    planted arm: the GPU's and model's committed one, integration/results/profiles.json);
+    ``graph_steps`` a graph-steps file of the fused kernel at every size, whose decode step savings
+    the attribution then uses.
     """
     run_dir = Path(run_dir)
     out_dir = run_dir if out_dir is None else Path(out_dir)
@@ -208,7 +212,7 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
     if patched_policy is not None:
         policy = {**_policy_override(run, patched_policy), "table": _shown(patched_policy)}
     attrib = attribution.attribute(run, labels[0], PROJECT_ROOT, gpu, profile_path=profile,
-                                   kernel_path=kernel_results, policy=policy)
+                                   kernel_path=kernel_results, policy=policy, graph_path=graph_steps)
     if planted_steps is None and planted.has_planted_arm(run):  # the GPU's committed one, if any
         found = profiles.default_planted_steps(gpu, (run.get("model") or {}).get("name"))
         planted_steps = PROJECT_ROOT / found if found else None
@@ -231,8 +235,9 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
     result["inputs"] = {"slos": [s.to_json() for s in slos], "aa_report": _shown(aa_report),
                         "patched_policy": _shown(patched_policy), "profile": attrib["profile"],
                         "kernel_results": attrib["kernel_results"]}
-    if planted_steps is not None:  # recorded only when given, so earlier reports re-derive unchanged
-        result["inputs"]["planted_steps"] = _shown(planted_steps)
+    for key, path in (("planted_steps", planted_steps), ("graph_steps", graph_steps)):
+        if path is not None:  # recorded only when given, so earlier reports re-derive unchanged
+            result["inputs"][key] = _shown(path)
     out_dir.mkdir(parents=True, exist_ok=True)
     result["plots"] = plots.write_plots(out_dir, complete, per_slo, secondary, labels, result)
     report.write_report(out_dir, result)
@@ -275,6 +280,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "h200-llama8b-graph/h200-graph-steps.json): the planted control's prediction uses "
                          "the planted arm's step time measured there (default: as recorded, else the "
                          "GPU's and model's committed one in integration/results/profiles.json)")
+    ap.add_argument("--graph-steps", type=Path, default=None, metavar="GRAPH_STEPS_JSON",
+                    help="a graph-steps file of integration.proof.prove with the fused kernel at every size "
+                         "(e.g. integration/results/h200-llama8b-graph/h200-graph-steps.json): at the decode "
+                         "sizes it timed, the attribution counts the step time saved there instead of the "
+                         "profile's norm time (default: as recorded, else none)")
     add_debug_flag(ap)
     return ap
 
@@ -302,7 +312,8 @@ def _inputs(args: argparse.Namespace) -> Inputs:
                   patched_policy=pick(args.patched_policy, rec.patched_policy),
                   profile=pick(args.profile, rec.profile),
                   kernel_results=pick(args.kernel_results, rec.kernel_results),
-                  planted_steps=pick(args.planted_steps, rec.planted_steps), notes=rec.notes)
+                  planted_steps=pick(args.planted_steps, rec.planted_steps),
+                  graph_steps=pick(args.graph_steps, rec.graph_steps), notes=rec.notes)
 
 
 def _changed(before: Path, after: Path) -> str:
@@ -323,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = analyze_run(args.run_dir, inputs.slos, aa_report=inputs.aa_report,
                              patched_policy=inputs.patched_policy, profile=inputs.profile,
                              kernel_results=inputs.kernel_results, planted_steps=inputs.planted_steps,
-                             out_dir=out)
+                             graph_steps=inputs.graph_steps, out_dir=out)
     except (OSError, ValueError) as exc:
         if args.debug:
             raise

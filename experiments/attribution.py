@@ -9,7 +9,11 @@ Inputs:
   per-shape medians of the fused kernel and of the stock kernels,
 - the policy the patched arm dispatched by (run.json "patched_policy": row ranges per op), so a
   step size the policy left to stock saves nothing; a run.json without it (older runs) is read as
-  fused at every size, and the result says so.
+  fused at every size, and the result says so,
+- optionally a graph-steps file (integration.proof.graphtime, a prove run with the fused kernel at
+  every size): at the decode sizes it timed, the step's saving is stock's minus patched's median
+  replay time, which counts what the profile's kernel durations miss (PDL overlap, Inductor's
+  fusions); above them the profile's norm time is used.
 
 Predicted change in step time = -(sum over steps of norm time saved) / (sum of step times), an upper
 bound on the magnitude since the norm overlaps other work. Negative means faster.
@@ -76,21 +80,41 @@ def fused_at(policy: Mapping | None) -> Callable[[float], bool]:
     return lambda tokens: any(lo <= min(int(tokens), top) <= hi and f for lo, hi, f in segs)
 
 
+def graph_saving(graph: Mapping | None) -> Callable[[float], float | None]:
+    """tokens -> us a step saves with the fused kernel, from a graph-steps document (stock's minus
+    patched's median replay time, linear in log tokens between the measured decode sizes); None
+    above the largest measured size (not graph-timed) or without a document."""
+    pts = sorted((float(r["batch_tokens"]), float(r["baseline_median_us"]) - float(p["median_us"]))
+                 for r in (graph or {}).get("sizes", [])
+                 if (p := (r.get("arms") or {}).get("patched") or {}).get("median_us") is not None
+                 and r.get("baseline_median_us") is not None)
+    if not pts:
+        return lambda tokens: None
+    xs, ys = [x for x, _ in pts], [y for _, y in pts]
+    return lambda tokens: _interp(tokens, xs, ys) if tokens <= xs[-1] else None
+
+
 def predict_from_profile(points: list[tuple[float, int]], profile: list[dict],
-                         fused: Callable[[float], bool] = lambda tokens: True) -> dict:
-    """Step-time change (%) of a step histogram under the profile's per-step norm saving, counted
-    only for step sizes the policy sends to the fused kernel."""
+                         fused: Callable[[float], bool] = lambda tokens: True,
+                         graph: Callable[[float], float | None] = lambda tokens: None) -> dict:
+    """Step-time change (%) of a step histogram under the per-step saving, counted only for step
+    sizes the policy sends to the fused kernel: `graph`'s where it has one, else the profile's norm
+    time saving."""
     xs = [r["batch_tokens"] for r in profile]
     saved = total = 0.0
     table = []
     for tokens, count in points:
         step = _interp(tokens, xs, [r["step_us"] for r in profile])
         saving = [r["norm_stock_us"] - r["norm_patched_us"] for r in profile]
-        delta = _interp(tokens, xs, saving) if fused(tokens) else 0.0
+        timed = graph(tokens) if fused(tokens) else None
+        delta = timed if timed is not None else _interp(tokens, xs, saving) if fused(tokens) else 0.0
         saved += count * delta
         total += count * step
-        table.append({"tokens": tokens, "steps": count, "step_us": step, "fused": fused(tokens),
-                      "norm_saved_us": delta})
+        row = {"tokens": tokens, "steps": count, "step_us": step, "fused": fused(tokens),
+               "norm_saved_us": delta}
+        if timed is not None:
+            row["saving_from"] = "graph replays"
+        table.append(row)
     return {"predicted_step_change_pct": 0.0 - 100.0 * saved / total if total else None,  # 0.0 - : no "-0"
             "steps": int(sum(c for _, c in points)), "profiled_tokens": [min(xs), max(xs)],
             "by_bucket": table}
@@ -168,12 +192,14 @@ def _policy(run: Mapping, override: Mapping | None) -> tuple[Mapping | None, str
 
 
 def attribute(run: Mapping, baseline: str, root: Path, gpu: str | None, profile_path: Path | None = None,
-              kernel_path: Path | None = None, policy: Mapping | None = None) -> dict:
+              kernel_path: Path | None = None, policy: Mapping | None = None,
+              graph_path: Path | None = None) -> dict:
     """Predicted step-time change (%) the kernel can explain for this run, with every input named.
 
     ``root`` is the project root where the default result files live; ``gpu`` the run's GPU (short
     name, e.g. h200), whose committed profile and kernel results are the defaults; ``policy``
-    overrides the run's recorded patched_policy (arms.policy_record format). Never raises for a
+    overrides the run's recorded patched_policy (arms.policy_record format); ``graph_path`` a
+    graph-steps file whose decode step savings replace the profile's there. Never raises for a
     missing or unreadable input: the result's "status" and "reason" say what is missing.
     """
     eager = bool((run.get("model") or {}).get("eager"))
@@ -218,13 +244,18 @@ def attribute(run: Mapping, baseline: str, root: Path, gpu: str | None, profile_
                 "reason": f"no profile available at {where}: no measured step time to divide by"}
     try:
         profile = profiles.load_profile(profile_path)
+        graph = graph_saving(read_json(graph_path, None, "graph-steps file") if graph_path else None)
     except ValueError as exc:
         return {**result, "status": "error", "reason": str(exc)}
-    overall = predict_from_profile(points, profile, fused)
-    per_load = {load: predict_from_profile(p, profile, fused)["predicted_step_change_pct"]
+    overall = predict_from_profile(points, profile, fused, graph)
+    per_load = {load: predict_from_profile(p, profile, fused, graph)["predicted_step_change_pct"]
                 for load, p in per_load_points.items() if p}
     reason = ("norm time saved per step (profile, stock - patched) at the step sizes the policy sends to the "
               "fused kernel, weighted by the step-size histogram, over the histogram-weighted step time")
+    if graph_path:
+        result["graph_steps"] = shown_path(graph_path, root)
+        reason += (f"; at the decode sizes {result['graph_steps']} timed, the step's saving from CUDA-graph "
+                   "replays (stock - patched) instead")
     return {**result, "status": "predicted", "reason": reason,
             "predicted_step_change_pct": overall["predicted_step_change_pct"],
             "profile_detail": overall, "per_load_pct": per_load}

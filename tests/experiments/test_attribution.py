@@ -139,3 +139,20 @@ def test_default_inputs_follow_the_runs_gpu(tmp_path):
     a = attribution.attribute(run_json(), "stock", tmp_path, "gpu-without-results")
     assert a["status"] == "no profile available" and "gpu-without-results" in a["reason"]
     assert a["kernel_results"].endswith("gpu-without-results.json")
+
+
+def test_graph_timed_decode_sizes_replace_the_profiles_norm_time(files):
+    # graph replays at 1 and 64 tokens: stock 900 -> patched 870 us, 1800 -> 1810 us (slower)
+    graph = {"sizes": [{"batch_tokens": 1, "baseline_median_us": 900.0,
+                        "arms": {"patched": {"median_us": 870.0}}},
+                       {"batch_tokens": 64, "baseline_median_us": 1800.0,
+                        "arms": {"patched": {"median_us": 1810.0}}}]}
+    (files / "graph.json").write_text(json.dumps(graph))
+    a = attribute(run_json(), files, graph_path=files / "graph.json")
+    # 10 x 30 + 5 x (-10) from the graphs, 1 x 50 from the profile above 64 tokens, over 30000 us
+    assert a["predicted_step_change_pct"] == pytest.approx(-100 * (300 - 50 + 50) / 30000)
+    assert [b.get("saving_from") for b in a["profile_detail"]["by_bucket"]] == ["graph replays"] * 2 + [None]
+    assert a["graph_steps"].endswith("graph.json") and "graph replays" in a["reason"]
+    run = {**run_json(), "patched_policy": policy([(2, 64)])}  # the policy still gates: 1 token stock
+    b = attribute(run, files, graph_path=files / "graph.json")
+    assert b["predicted_step_change_pct"] == pytest.approx(-100 * (5 * -10) / 30000)
