@@ -247,7 +247,7 @@ def uses_policy(arm: Arm) -> bool:
 
 
 def compilation_config_for(range_ends: list[int]) -> dict:
-    """The shared compilation config with the given compile-range ends (none: one range)."""
+    """The compilation config with the given compile-range ends (none: vLLM's one range)."""
     cc: dict = {"cudagraph_num_of_warmups": 1}
     if range_ends:
         cc["compile_ranges_endpoints"] = list(range_ends)

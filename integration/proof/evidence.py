@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 from typing import Any
 
-from integration.launcher import MODELS_DIR
 from integration.proof import normcalls, profiles, steptrace
 
 PAIRS = [("stock-compiled", "patched-compiled"), ("stock-eager", "patched-eager"),
@@ -70,13 +68,10 @@ def judge(greedy: dict) -> dict:
 
 
 def model_norms(model: str) -> normcalls.NormShape | None:
-    """The model's norm shape for the counts by kind (None where its config.json cannot be read); a
-    model directory of a run elsewhere (e.g. /tmp/kr/integration/models/X) is read from the kit's X."""
-    path = Path(model)
-    if not (path / "config.json").is_file() and (MODELS_DIR / path.name / "config.json").is_file():
-        path = MODELS_DIR / path.name
+    """The model's norm shape for the counts by kind (None where its config.json cannot be read), a
+    run elsewhere read from the kit's copy of its model (normcalls.recorded_model_dir)."""
     try:
-        return normcalls.norm_shape(path)
+        return normcalls.norm_shape(normcalls.recorded_model_dir(model))
     except ValueError:
         return None
 

@@ -28,7 +28,6 @@ from pathlib import Path
 
 from scipy import stats
 
-from integration.launcher import MODELS_DIR
 from integration.proof import normcalls
 
 WARM_REPLAYS = 10  # replays before the timed ones (clocks up, caches warm)
@@ -160,10 +159,7 @@ def from_results(results: Mapping[str, dict | None], mode: str = "compiled",
 def document(raw: Mapping) -> dict:
     """The graph-steps file of a prove run, from its raw-steps.json content: per decode size each arm
     against stock, the change per norm call from the model's norm calls per forward pass."""
-    model = Path(raw["model"])
-    if not (model / "config.json").is_file():  # a run elsewhere: the kit's copy of that model
-        model = MODELS_DIR / model.name
-    calls = normcalls.norm_shape(model).expected()
+    calls = normcalls.norm_shape(normcalls.recorded_model_dir(raw["model"])).expected()
     return {"command": raw.get("command"), "model": raw["model"], "environment": raw.get("environment"),
             "norm_calls_per_step": calls,
             "sizes": from_results(raw["results"], "compiled", sum(calls.values()))}

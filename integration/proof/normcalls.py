@@ -64,6 +64,17 @@ class NormShape:
         return self.q_heads + self.kv_heads if self.qk_norm else 0
 
 
+def recorded_model_dir(model: str | Path) -> Path:
+    """A model directory as a result file records it; one of a run elsewhere (e.g.
+    /tmp/kr/integration/models/X, absent here) is read from the kit's copy of X."""
+    from integration.launcher import MODELS_DIR
+
+    path = Path(model)
+    if not (path / "config.json").is_file() and (MODELS_DIR / path.name / "config.json").is_file():
+        return MODELS_DIR / path.name
+    return path
+
+
 def norm_shape(model: str | Path | dict) -> NormShape:
     """The NormShape of a model directory's config.json (or that config as a dict); ValueError naming
     the file and the missing field otherwise."""

@@ -15,12 +15,17 @@ from kernels.resultfile import write_json
 TRACE = Path(__file__).resolve().parents[2] / "traces" / "chat.jsonl"
 
 
+def _planted_run() -> dict:
+    """run.json fields of a stock vs planted:500ns run of a 2-layer Llama (5 norm calls per step)."""
+    cfg = make_config(TRACE, "cpu", arms=("stock", "planted:500ns"))
+    return {"arm_labels": list(cfg.labels), "arms": list(cfg.arms), "arm_definitions": arm_records(cfg),
+            "model": {"config": {"architectures": ["LlamaForCausalLM"], "hidden_size": 256,
+                                 "num_hidden_layers": 2, "num_attention_heads": 4}}}
+
+
 def test_prediction_counts_the_measured_launch_not_only_the_delay(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = make_config(TRACE, "cpu", arms=("stock", "planted:500ns"))
-    run = {"arm_labels": list(cfg.labels), "arms": list(cfg.arms), "arm_definitions": arm_records(cfg),
-           "model": {"config": {"architectures": ["LlamaForCausalLM"], "hidden_size": 256,
-                                "num_hidden_layers": 2, "num_attention_heads": 4}}}
+    run = _planted_run()
     latency = [{"arm": "stock", "load": 1.0, "tpot_p50_ms": 1.0}]
     paired = {"planted:500ns": {"tpot_ms": {"estimate_pct": 1.0, "ci95_pct": [0.5, 1.5]}}}
     profile = {"steps": 1, "step_us": 1000.0}
@@ -40,10 +45,7 @@ def test_prediction_counts_the_measured_launch_not_only_the_delay(tmp_path: Path
 
 def test_prediction_uses_the_planted_arms_step_time_in_vllm_weighted_by_step_sizes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = make_config(TRACE, "cpu", arms=("stock", "planted:500ns"))
-    run = {"arm_labels": list(cfg.labels), "arms": list(cfg.arms), "arm_definitions": arm_records(cfg),
-           "model": {"config": {"architectures": ["LlamaForCausalLM"], "hidden_size": 256,
-                                "num_hidden_layers": 2, "num_attention_heads": 4}}}
+    run = _planted_run()
     latency = [{"arm": "stock", "load": 1.0, "tpot_p50_ms": 1.0}]
     paired = {"planted:500ns": {"tpot_ms": {"estimate_pct": 0.9, "ci95_pct": [0.5, 1.5]}}}
     attribution = {"gpu": "testgpu", "profile": "p.json", "histogram_arm": "stock",
@@ -71,7 +73,5 @@ def test_the_committed_planted_step_time_is_found_by_gpu_and_model() -> None:
     assert found is not None and (profiles.PROJECT_ROOT / found).is_file()
     assert profiles.default_planted_steps("h200", "qwen3-8b") is None
     assert profiles.default_planted_steps(None, "llama-3.1-8b") is None
-    cfg = make_config(TRACE, "cpu", arms=("stock", "planted:500ns"))
-    run = {"arm_labels": list(cfg.labels), "arms": list(cfg.arms), "arm_definitions": arm_records(cfg)}
-    assert has_planted_arm(run)
+    assert has_planted_arm(_planted_run())
     assert not has_planted_arm({"arm_labels": ["stock", "patched"], "arms": ["stock", "patched"]})
