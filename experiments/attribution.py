@@ -164,11 +164,15 @@ def predict_from_kernels(points: list[tuple[float, int]], bench: list[dict], mod
             "stock_kernel": "vllm_c" if eager else "inductor"}
 
 
-def _kernel_bench(path: Path) -> list[dict]:
-    """The "bench" rows of a kernel results file (ResultFileError naming the file otherwise)."""
-    rows = read_json(path, KERNEL_SCHEMA_VERSION, "kernel results").get("bench")
+def _kernel_bench(path: Path, shown: str) -> list[dict]:
+    """The "bench" rows of a kernel results file (ResultFileError naming the file as `shown`
+    otherwise, so a report's reason does not depend on where the checkout lies)."""
+    try:
+        rows = read_json(path, KERNEL_SCHEMA_VERSION, "kernel results").get("bench")
+    except ResultFileError as exc:
+        raise ResultFileError(str(exc).replace(str(path), shown, 1)) from None
     if not isinstance(rows, list):
-        raise ResultFileError(f"{path}: expected a 'bench' list")
+        raise ResultFileError(f"{shown}: expected a 'bench' list")
     return rows
 
 
@@ -234,7 +238,7 @@ def attribute(run: Mapping, baseline: str, root: Path, gpu: str | None, profile_
     else:
         try:
             result["kernel_estimate"] = predict_from_kernels(
-                points, _kernel_bench(kernel_path), run.get("model") or {}, eager,
+                points, _kernel_bench(kernel_path, shown_path(kernel_path, root)), run.get("model") or {}, eager,
                 fused if pol is not None else None)
         except (ValueError, KeyError, TypeError) as exc:
             result["kernel_estimate"] = {"status": "error", "reason": str(exc)}

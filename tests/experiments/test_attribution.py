@@ -156,3 +156,12 @@ def test_graph_timed_decode_sizes_replace_the_profiles_norm_time(files):
     run = {**run_json(), "patched_policy": policy([(2, 64)])}  # the policy still gates: 1 token stock
     b = attribute(run, files, graph_path=files / "graph.json")
     assert b["predicted_step_change_pct"] == pytest.approx(-100 * (5 * -10) / 30000)
+
+
+def test_unreadable_kernel_results_are_named_relative_to_the_root(files):
+    """A report made in one checkout must re-derive in another: the reason names the file by its
+    path inside the project root, not by where the checkout lies."""
+    (files / "bench.json").write_text(json.dumps({**BENCH, "schema_version": 99}))
+    reason = attribute(run_json(), files)["kernel_estimate"]["reason"]
+    assert reason.startswith("bench.json: ") and "schema_version 99" in reason
+    assert str(files) not in reason
