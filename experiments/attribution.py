@@ -238,8 +238,8 @@ def attribute(run: Mapping, baseline: str, root: Path, gpu: str | None, profile_
     else:
         try:
             result["kernel_estimate"] = predict_from_kernels(
-                points, _kernel_bench(kernel_path, shown_path(kernel_path, root)), run.get("model") or {}, eager,
-                fused if pol is not None else None)
+                points, _kernel_bench(kernel_path, shown_path(kernel_path, root)),
+                run.get("model") or {}, eager, fused if pol is not None else None)
         except (ValueError, KeyError, TypeError) as exc:
             result["kernel_estimate"] = {"status": "error", "reason": str(exc)}
     if profile_path is None or not profile_path.is_file():
