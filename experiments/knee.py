@@ -1,7 +1,8 @@
 """The knee search and capacity per window: pure functions.
 
 Goodput only moves when requests sit near an SLO bound, so a run can first search speed-up factors
-on the baseline arm alone (phase "knee", one window per factor) and then measure where the
+on the baseline arm alone (phase "knee", one window per factor: the measured window of median request
+count, `search_window`, since the trace's first window can be its quietest) and then measure where the
 strictest tier it can reach crosses ATTAINMENT_TARGET: at two loads bracketing that knee plus one
 latency-sensitive load (the lowest factor searched). Capacity per arm and window is the load where
 that window's attainment crosses the target, interpolated between the loads measured.
@@ -19,6 +20,18 @@ from experiments import goodput, stats
 from experiments.slo import SLO
 
 BRACKET = 1.25  # the two knee loads: knee / BRACKET and knee * BRACKET
+
+
+def search_window(request_counts: Sequence[int]) -> int:
+    """Index of the window the knee search replays: the one whose request count is the (lower) median
+    of the measured windows, the earliest on ties. A window this busy stands for the run; the first
+    window of a trace is often its quiet start (on the H200 its knee lay above 32x while the measured
+    windows crossed 90% interactive attainment at about 5.7x, experiments/results/h200-llama8b-knee)."""
+    if not request_counts:
+        raise ValueError("the knee search needs at least one window")
+    ranked = sorted(range(len(request_counts)), key=lambda i: (request_counts[i], i))
+    median = request_counts[ranked[(len(ranked) - 1) // 2]]
+    return min(i for i, n in enumerate(request_counts) if n == median)
 
 
 def strictness(slo: SLO) -> tuple[float, float]:
@@ -100,7 +113,7 @@ def summary(df: pd.DataFrame, run: Mapping, slos: Sequence[SLO]) -> dict | None:
     if found.empty and not decided:
         return None
     points = {s.name: attainment_points(found, s) for s in slos}
-    return {"arm": (decided or {}).get("arm"), "points": points,
+    return {"arm": (decided or {}).get("arm"), "window": (decided or {}).get("window", 0), "points": points,
             "knees": {name: knee(p) for name, p in points.items()},
             "chosen": {k: (decided or {}).get(k)
                        for k in ("tier", "knee", "loads", "reason", "loads_before")}}

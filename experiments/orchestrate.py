@@ -162,18 +162,19 @@ class Runner:
             self.record.save()
 
     def _knee_search(self) -> None:
-        """Window 0 at each --knee factor on the baseline arm (phase "knee"); then the schedule is
-        rebuilt at the loads experiments.knee.choose_loads picks (kept as they are when it finds none)."""
+        """One window (experiments.knee.search_window) at each --knee factor on the baseline arm (phase
+        "knee"); then the schedule is rebuilt at the loads experiments.knee.choose_loads picks (kept as
+        they are when it finds none)."""
         cfg, label = self.cfg, self.cfg.labels[0]
         slos = list(cfg.slos) if cfg.slos else load_slo_file(DEFAULT_SLO_FILE)
-        window = self.plan.windows[0]
+        window = self.plan.windows[knee.search_window([len(w.requests) for w in self.plan.windows])]
         points: dict[str, list[tuple[float, float]]] = {s.name: [] for s in slos}
         for j, factor in enumerate(cfg.knee_factors or ()):
             what = f"the knee search at load {factor:g}"
             self.where = f"in {what} on {label}"
-            log.info("knee search on %s: window 0 at load %g", label, factor)
-            tags = {"arm": label, "window": 0, "load": factor, "phase": "knee"}
-            step = Step(0, factor, j, (label,))
+            log.info("knee search on %s: window %d at load %g", label, window.id, factor)
+            tags = {"arm": label, "window": window.id, "load": factor, "phase": "knee"}
+            step = Step(window.id, factor, j, (label,))
             records = self._timed_replay(label, step, "knee", scale_rate(window.requests, factor), tags,
                                          knee_seed(cfg.seed, j), what)
             for s in slos:
@@ -182,7 +183,8 @@ class Runner:
                 break
         knees = {name: knee.knee(p) for name, p in points.items()}
         chosen = knee.choose_loads(knees, slos, cfg.knee_factors or ())
-        self.record.data["knee"] = {"factors": list(cfg.knee_factors or ()), "arm": label, "points": points,
+        self.record.data["knee"] = {"factors": list(cfg.knee_factors or ()), "arm": label,
+                                    "window": window.id, "points": points,
                                     "knees": knees, **chosen, "loads_before": list(cfg.loads)}
         if chosen["loads"]:
             log.info("knee of %s at %.3gx: measuring at %s", chosen["tier"], chosen["knee"], chosen["loads"])

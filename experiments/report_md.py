@@ -190,7 +190,7 @@ def knee_lines(r: Mapping) -> list[str]:
         return []
     names = list(k["points"])
     factors = sorted({f for pts in k["points"].values() for f, _ in pts})
-    out = ["## Knee search (baseline arm, window 0 per factor, not compared)", "",
+    out = [f"## Knee search (baseline arm, window {k.get('window', 0)} per factor, not compared)", "",
            "| factor | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for f in factors:
         vals = [next((f"{a:.3f}" for x, a in k["points"][n] if x == f), "") for n in names]

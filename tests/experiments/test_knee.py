@@ -18,6 +18,14 @@ def test_knee_interpolates_where_attainment_falls_through_ninety_percent() -> No
     assert knee.knee([(1.0, 1.0), (2.0, 0.95)])["status"] == "above highest"
 
 
+def test_the_search_window_has_the_median_request_count() -> None:
+    assert knee.search_window([46, 88, 95, 90, 70]) == 1  # sorted 46 70 88 90 95: the median is 88
+    assert knee.search_window([5, 9, 9, 1]) == 0  # lower median of 1 5 9 9 is 5: window 0
+    assert knee.search_window([7]) == 0
+    with pytest.raises(ValueError, match="at least one window"):
+        knee.search_window([])
+
+
 def test_loads_bracket_the_strictest_reachable_tier_plus_the_lowest_factor() -> None:
     knees = {"interactive": {"status": "below lowest", "load": None},
              "chat": {"status": "interpolated", "load": 6.0},
