@@ -1,22 +1,24 @@
 """The positive control's line: what a planted arm should change, and whether the run saw it.
 
 A planted arm (`planted:<N>us`, integration/planted.py) runs the stock kernels plus a busy-wait of
-N per norm call. Every decode step makes the model's norm calls once (integration.proof.normcalls:
-2L+1 hidden-size norms, plus 2L head norms with q/k norms), and a token costs one decode step, so
+N per norm call. Every step makes the model's norm calls once (integration.proof.normcalls: 2L+1
+hidden-size norms, plus 2L head norms with q/k norms), and each output token of a request waits one
+step, so a request's TPOT grows by the mean time the delay adds to a step:
 
-    predicted TPOT change = N x norm calls per step / stock step time,
+    predicted TPOT change at a load = added us per step at that load / baseline's median TPOT there,
 
-with the stock step time from the in-graph step profile weighted by the step sizes the baseline ran
-(the attribution's profile detail, on a GPU with a profile), else from what the run measured: the
-baseline's median TPOT at each load, the prediction averaged over loads in log space as the paired
-estimate averages cells. The control is detected when the paired TPOT interval excludes zero, and
-the prediction holds when it lies inside that interval. On the GPU the delay also costs one kernel
-launch per call, and inside vLLM's compiled graph whatever Inductor no longer fuses around the op.
-N is, best first: the planted arm's own step time in vLLM's CUDA graphs (a graph-steps file of
-integration.proof.graphtime given to the analysis: the added time per norm call at each measured
-decode size, each step-size bucket of the run taking the nearest measured size, weighted by its
-steps); else the delay's cost per call beside plain norms in a graph
-(integration.proof.plantedcost, for the run's GPU); else N alone (CPU, or nothing measured).
+averaged over loads in log space as the paired estimate averages its cells, and shown per load
+beside the paired estimate of that load. The control is detected when the paired TPOT interval
+excludes zero, and the prediction holds when it lies inside that interval.
+
+The added time per norm call is, best first: the planted arm's own step time in vLLM (a graph-steps
+file of integration.proof.graphtime given to the analysis: CUDA-graph replays at each decode size,
+wall-clock steps at each prefill size above them; each bucket of the baseline's step-size histogram
+at that load takes the cost at its size, linear in log tokens between measured sizes, weighted by
+its steps). Steps outside the FULL decode graphs cost far more than the delay: on the H200 a
+512-token prefill (piecewise graphs) gained 1.9 ms, 30 us per call, against 1.2-2.2 us in the decode
+graphs. Else the delay's cost per call beside plain norms in a graph (integration.proof.plantedcost,
+for the run's GPU); else N alone (CPU, or nothing measured).
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
+from experiments.attribution import histogram_points
 from integration import arms
 from integration.proof.normcalls import norm_shape
 from integration.proof.plantedcost import added_us_per_call, result_path
@@ -55,70 +60,82 @@ def has_planted_arm(run: Mapping) -> bool:
                for label, name in zip(list(run["arm_labels"])[1:], list(run["arms"])[1:]))
 
 
-def _step_from_profile(attribution: Mapping) -> float | None:
-    """Histogram-weighted stock step time (us) of the attribution's profile detail, if it has one."""
-    buckets = (attribution.get("profile_detail") or {}).get("by_bucket") or []
-    steps = sum(b["steps"] for b in buckets)
-    return sum(b["step_us"] * b["steps"] for b in buckets) / steps if steps else None
-
-
 def _baseline_tpot(latency: Sequence[Mapping], baseline: str) -> dict[float, float]:
     """load -> the baseline's median TPOT (ms) at that load."""
     return {float(r["load"]): float(r["tpot_p50_ms"]) for r in latency
             if r["arm"] == baseline and r.get("tpot_p50_ms")}
 
 
-def graph_cost_per_call(graph: Mapping, ns: int, attribution: Mapping) -> float | None:
-    """us added per norm call by a planted delay of `ns`, from a graph-steps document: per measured
-    decode size the planted arm's change per call against stock; each bucket of the attribution's
-    step-size histogram takes the nearest measured size (in log rows), weighted by its steps (the
-    median over sizes without a histogram). None if the document has no arm with that delay."""
-    per_size = {}
-    for row in graph.get("sizes", []):
-        for name, arm in (row.get("arms") or {}).items():
-            try:
-                same = planted_ns(arms.get(name)) == ns
-            except ValueError:
-                same = False
-            if same and arm.get("change_per_norm_call_us") is not None:
-                per_size[int(row["batch_tokens"])] = float(arm["change_per_norm_call_us"])
-    if not per_size:
-        return None
-    buckets = (attribution.get("profile_detail") or {}).get("by_bucket") or []
-    if not buckets:
-        vals = sorted(per_size.values())
-        return vals[len(vals) // 2]
-
-    def nearest(tokens: float) -> float:
-        return per_size[min(per_size, key=lambda n: abs(math.log(n) - math.log(max(tokens, 1.0))))]
-
-    steps = sum(b["steps"] for b in buckets)
-    return sum(nearest(b["tokens"]) * b["steps"] for b in buckets) / steps
+def _same_delay(name: str, ns: int) -> bool:
+    try:
+        return planted_ns(arms.get(name)) == ns
+    except ValueError:
+        return False
 
 
-def prediction(added_us: float, attribution: Mapping, latency: Sequence[Mapping], baseline: str) -> dict:
-    """The predicted TPOT change (%) of `added_us` more per step, and what the step time came from."""
-    step_us = _step_from_profile(attribution)
-    if step_us:
-        return {"predicted_pct": 100.0 * added_us / step_us, "stock_step_us": step_us,
-                "step_source": f"in-graph step profile {attribution.get('profile')}, weighted by the "
-                               f"step sizes {attribution.get('histogram_arm')} ran"}
-    tpot = _baseline_tpot(latency, baseline)
-    if not tpot:
-        return {"predicted_pct": None, "stock_step_us": None,
-                "step_source": f"no step profile and no median TPOT of {baseline}"}
-    logs = [math.log1p(added_us / (1000.0 * ms)) for ms in tpot.values()]
+def cost_curve(graph: Mapping, ns: int) -> list[tuple[float, float]]:
+    """(tokens per step, us added per norm call) of a planted delay of `ns` from a graph-steps
+    document: decode sizes from CUDA-graph replays ("sizes"), then prefill sizes above the largest
+    decode size from wall-clock steps ("prefill"); sorted by tokens, empty without that delay."""
+    def points(rows: Sequence[Mapping]) -> dict[float, float]:
+        return {float(row["batch_tokens"]): float(arm["change_per_norm_call_us"])
+                for row in rows for name, arm in (row.get("arms") or {}).items()
+                if _same_delay(name, ns) and arm.get("change_per_norm_call_us") is not None}
+    decode = points(graph.get("sizes", []))
+    top = max(decode, default=0.0)
+    prefill = {t: c for t, c in points(graph.get("prefill", [])).items() if t > top}
+    return sorted({**decode, **prefill}.items())
+
+
+def cost_at(curve: Sequence[tuple[float, float]], tokens: float) -> float:
+    """The curve's cost at `tokens`: linear in log tokens between measured sizes, the end values
+    outside them (as the attribution interpolates its profile)."""
+    xs = [math.log(t) for t, _ in curve]
+    return float(np.interp(math.log(max(tokens, 1.0)), xs, [c for _, c in curve]))
+
+
+def added_per_step(run: Mapping, baseline: str, loads: Sequence[float], calls: int,
+                   curve: Sequence[tuple[float, float]], flat_us: float) -> dict[float, float]:
+    """load -> us the delay adds to the mean step: with a cost curve and the baseline's step-size
+    histogram at that load (run.json "step_histograms"), each bucket at its representative size,
+    weighted by its steps; otherwise `flat_us` per call. Times `calls` norm calls per step."""
+    hists = (run.get("step_histograms") or {}).get(baseline) or {}
+    out = {}
+    for load in loads:
+        hist = next((h for key, h in hists.items() if float(key) == load), None)
+        pts = histogram_points(hist) if curve and hist else []
+        steps = sum(n for _, n in pts)
+        per_call = sum(cost_at(curve, t) * n for t, n in pts) / steps if steps else flat_us
+        out[load] = per_call * calls
+    return out
+
+
+def prediction(added: Mapping[float, float], tpot_ms: Mapping[float, float]) -> dict:
+    """The predicted TPOT change (%): per load the added step time over the baseline's median TPOT
+    there (each output token waits one step, so a request's TPOT grows by the mean added step time),
+    averaged over loads in log space as the paired estimate averages its cells."""
+    per_load = {load: 100.0 * added[load] / (1000.0 * tpot_ms[load]) for load in sorted(tpot_ms)
+                if load in added}
+    if not per_load:
+        return {"predicted_pct": None, "by_load": {}}
+    logs = [math.log1p(p / 100.0) for p in per_load.values()]
     return {"predicted_pct": 100.0 * math.expm1(sum(logs) / len(logs)),
-            "stock_step_us": {f"{load:g}": 1000.0 * ms for load, ms in sorted(tpot.items())},
-            "step_source": f"{baseline}'s median TPOT per load, measured in this run (no step profile)"}
+            "by_load": {f"{load:g}": {"added_us_per_step": added[load], "stock_tpot_ms": tpot_ms[load],
+                                      "predicted_pct": p} for load, p in per_load.items()}}
+
+
+def _inside(ci: Sequence[float] | None, value: float | None) -> bool | None:
+    return None if ci is None or value is None else bool(ci[0] <= value <= ci[1])
 
 
 def planted_lines(run: Mapping, latency: Sequence[Mapping], paired_latency: Mapping,
                   attribution: Mapping, graph_steps: tuple[str, Mapping] | None = None) -> list[dict]:
-    """One entry per planted arm: delay, norm calls per step, predicted and measured TPOT change,
-    whether the control was detected and whether the prediction lies inside the interval.
-    `graph_steps`: (path shown, document) of a graph-steps file with the planted arm's step time."""
+    """One entry per planted arm: delay, norm calls per step, predicted and measured TPOT change
+    (overall and per load), whether the control was detected and whether the prediction lies
+    inside the interval. `graph_steps`: (path shown, document) of a graph-steps file with the
+    planted arm's step time in vLLM."""
     labels, names = list(run["arm_labels"]), list(run["arms"])
+    tpot_ms = _baseline_tpot(latency, labels[0])
     out = []
     for label, name in zip(labels[1:], names[1:]):
         ns = planted_ns(arm_definition(run, label, name))
@@ -131,26 +148,31 @@ def planted_lines(run: Mapping, latency: Sequence[Mapping], paired_latency: Mapp
             out.append({**entry, "status": "no prediction", "reason": str(exc)})
             continue
         calls = sum(shape.expected().values())
-        in_vllm = graph_cost_per_call(graph_steps[1], ns, attribution) if graph_steps else None
+        curve = cost_curve(graph_steps[1], ns) if graph_steps else []
         measured = added_us_per_call(attribution.get("gpu"), ns)
-        if in_vllm is not None:
-            per_call_us = in_vllm
-            source = (f"the planted arm's step time in vLLM's CUDA graphs ({graph_steps[0]}), per step "
-                      f"size as {attribution.get('histogram_arm') or 'the run'} ran them")
+        if curve:
+            flat, source = cost_at(curve, 1.0), (
+                f"the planted arm's step time in vLLM ({graph_steps[0]}: CUDA-graph replays at decode "
+                f"sizes, wall-clock prefill steps above), per step size as {labels[0]} ran them")
         elif measured is not None:
-            per_call_us = measured
-            source = f"measured in a CUDA graph ({result_path(attribution['gpu']).name})"
+            flat, source = measured, f"measured in a CUDA graph ({result_path(attribution['gpu']).name})"
         else:
-            per_call_us, source = ns / 1000.0, "the delay alone"
-        entry.update(norm_calls_per_step=calls, added_us_per_call=per_call_us, per_call_source=source,
-                     added_us_per_step=per_call_us * calls,
-                     **prediction(per_call_us * calls, attribution, latency, labels[0]))
+            flat, source = ns / 1000.0, "the delay alone"
+        added = added_per_step(run, labels[0], sorted(tpot_ms), calls, curve, flat)
+        pred = prediction(added, tpot_ms)
+        mean_added = sum(added.values()) / len(added) if added else flat * calls
+        entry.update(norm_calls_per_step=calls, added_us_per_call=mean_added / calls, per_call_source=source,
+                     added_us_per_step=mean_added, predicted_pct=pred["predicted_pct"],
+                     step_source=f"{labels[0]}'s median TPOT per load, measured in this run")
         tpot = (paired_latency.get(label) or {}).get("tpot_ms") or {}
         ci = tpot.get("ci95_pct")
-        pred = entry["predicted_pct"]
-        entry.update(measured_pct=tpot.get("estimate_pct"), ci95_pct=ci,
+        for load, row in pred["by_load"].items():
+            m = (tpot.get("by_load") or {}).get(load) or {}
+            row.update(measured_pct=m.get("estimate_pct"), ci95_pct=m.get("ci95_pct"),
+                       prediction_inside=_inside(m.get("ci95_pct"), row["predicted_pct"]))
+        entry.update(by_load=pred["by_load"], measured_pct=tpot.get("estimate_pct"), ci95_pct=ci,
                      detected=None if ci is None else bool(ci[0] > 0 or ci[1] < 0),
-                     prediction_inside=None if ci is None or pred is None else bool(ci[0] <= pred <= ci[1]),
+                     prediction_inside=_inside(ci, entry["predicted_pct"]),
                      status="compared" if ci is not None else "no interval",
                      reason=None if ci is not None else tpot.get("reason"))
         out.append(entry)
@@ -176,4 +198,8 @@ def planted_text(p: Mapping) -> str:
     if p.get("prediction_inside") is not None:
         text += (", prediction inside the interval" if p["prediction_inside"]
                  else ", prediction outside the interval")
-    return text
+    loads = [f"{load}x predicted {row['predicted_pct']:+.2f}%, measured " + (
+        f"{row['measured_pct']:+.2f}% [{row['ci95_pct'][0]:+.2f}, {row['ci95_pct'][1]:+.2f}]% ("
+        f"{'inside' if row['prediction_inside'] else 'outside'})" if row.get("ci95_pct") else "no interval")
+        for load, row in (p.get("by_load") or {}).items()]
+    return text + (f"; per load: {'; '.join(loads)}" if len(loads) > 1 else "")

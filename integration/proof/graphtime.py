@@ -10,7 +10,8 @@ profiler's per-kernel durations miss: the overlap that programmatic dependent la
 Each profiling engine (stock, patched, a planted control) replays in its own turns, alone on the
 GPU, the arms' order reversed every round (integration.proof.prove). `compare` reduces the samples:
 per round the median replay time of each arm, the log ratio to stock's median in the same round,
-and a t interval over rounds. Pure apart from the GPU helpers; rebuild a graph-steps file from a
+and a t interval over rounds. Prefill steps, which are not one FULL graph, are compared by their
+wall-clock step times (`prefill_rows`). Pure apart from the GPU helpers; rebuild a graph-steps file from a
 run's raw data with
 
     python -m integration.proof.graphtime --raw OUT/raw-steps.json --out OUT/h200-graph-steps.json
@@ -26,11 +27,13 @@ import statistics
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
 from scipy import stats
 
 from integration.proof import normcalls
 
 WARM_REPLAYS = 10  # replays before the timed ones (clocks up, caches warm)
+BOOTSTRAP_RESAMPLES = 2000  # for the prefill steps' difference of medians
 
 
 @contextlib.contextmanager
@@ -156,13 +159,53 @@ def from_results(results: Mapping[str, dict | None], mode: str = "compiled",
     return rows
 
 
+def prefill_rows(results: Mapping[str, dict | None], mode: str = "compiled",
+                 calls_per_step: int | None = None, baseline: str = "stock") -> list[dict]:
+    """Per prefill size, each arm's wall-clock step time against `baseline` (prefill steps are not one
+    FULL graph, so they are timed whole, host included): the difference of the medians of the
+    timed steps with a 95% percentile-bootstrap interval (scipy, seeded), and per norm call."""
+    suffix = f"-{mode}"
+    by_size: dict[int, dict[str, list[float]]] = {}
+    for name, res in results.items():
+        if name.endswith(suffix) and res:
+            for row in res.get("steps", []):
+                if row.get("kind") == "prefill" and row.get("step_wall_us"):
+                    by_size.setdefault(row["batch_tokens"], {})[name[: -len(suffix)]] = row["step_wall_us"]
+    rows = []
+    for n in sorted(by_size):
+        base = by_size[n].get(baseline)
+        if not base:
+            continue
+        row: dict = {"batch_tokens": n, "baseline": baseline, "baseline_median_us": statistics.median(base),
+                     "arms": {}}
+        for arm, samples in by_size[n].items():
+            if arm == baseline:
+                continue
+            diff = statistics.median(samples) - statistics.median(base)
+            ci = stats.bootstrap((samples, base), lambda a, b, axis=-1: np.median(a, axis=axis)
+                                 - np.median(b, axis=axis), vectorized=True, n_resamples=BOOTSTRAP_RESAMPLES,
+                                 method="percentile", rng=np.random.default_rng(0)).confidence_interval
+            entry = {"steps": len(samples), "median_us": statistics.median(samples), "change_us": diff,
+                     "ci95_us": [float(ci.low), float(ci.high)]}
+            if calls_per_step:
+                entry.update(change_per_norm_call_us=diff / calls_per_step,
+                             ci95_per_norm_call_us=[float(ci.low) / calls_per_step,
+                                                    float(ci.high) / calls_per_step])
+            row["arms"][arm] = entry
+        rows.append(row)
+    return rows
+
+
 def document(raw: Mapping) -> dict:
     """The graph-steps file of a prove run, from its raw-steps.json content: per decode size each arm
-    against stock, the change per norm call from the model's norm calls per forward pass."""
+    against stock from graph replays, per prefill size from wall-clock steps, and the change per norm
+    call from the model's norm calls per forward pass."""
     calls = normcalls.norm_shape(normcalls.recorded_model_dir(raw["model"])).expected()
+    per_step = sum(calls.values())
     return {"command": raw.get("command"), "model": raw["model"], "environment": raw.get("environment"),
             "norm_calls_per_step": calls,
-            "sizes": from_results(raw["results"], "compiled", sum(calls.values()))}
+            "sizes": from_results(raw["results"], "compiled", per_step),
+            "prefill": prefill_rows(raw["results"], "compiled", per_step)}
 
 
 def main(argv: list[str] | None = None) -> int:
