@@ -203,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
                         f"against both arms ({_defaults('loads')})")
     g.add_argument("--knee", type=loads_list, metavar="FACTORS",
                    help="search these increasing speed-up factors on the baseline arm first (at each, "
-                        "the measured window of median request count; "
+                        "the measured windows at the quartiles of request count, pooled; "
                         "phase 'knee', not compared; it stops once every SLO tier is below 90%% attainment), "
                         "then measure at two loads bracketing the strictest tier's 90%% knee that lies "
                         "inside them, plus the lowest factor, instead of --loads (kept when no knee is "

@@ -1,8 +1,8 @@
 """The knee search and capacity per window: pure functions.
 
 Goodput only moves when requests sit near an SLO bound, so a run can first search speed-up factors
-on the baseline arm alone (phase "knee", one window per factor: the measured window of median request
-count, `search_window`, since the trace's first window can be its quietest) and then measure where the
+on the baseline arm alone (phase "knee": at each factor the quartile windows of `search_windows`,
+pooled, since one window does not stand for the run) and then measure where the
 strictest tier it can reach crosses ATTAINMENT_TARGET: at two loads bracketing that knee plus one
 latency-sensitive load (the lowest factor searched). Capacity per arm and window is the load where
 that window's attainment crosses the target, interpolated between the loads measured.
@@ -22,16 +22,21 @@ from experiments.slo import SLO
 BRACKET = 1.25  # the two knee loads: knee / BRACKET and knee * BRACKET
 
 
-def search_window(request_counts: Sequence[int]) -> int:
-    """Index of the window the knee search replays: the one whose request count is the (lower) median
-    of the measured windows, the earliest on ties. A window this busy stands for the run; the first
-    window of a trace is often its quiet start (on the H200 its knee lay above 32x while the measured
-    windows crossed 90% interactive attainment at about 5.7x, experiments/results/h200-llama8b-knee)."""
+SEARCH_QUANTILES = (0.25, 0.5, 0.75)  # the windows the knee search pools, by request count
+
+
+def search_windows(request_counts: Sequence[int]) -> list[int]:
+    """Indices of the windows the knee search replays and pools: those at the lower quartile, median
+    and upper quartile of the measured windows' request counts (the earliest on ties), so the knee
+    stands for the windows measured. One window alone does not: on the H200 the trace's first
+    window put the interactive knee above 32x, and its median-count window above 12x, while the
+    measured windows pooled crossed 90% at about 5.7x (experiments/results/h200-llama8b-knee,
+    -knee-search), their own attainment at 8x ranging from 0.41 to 1.0."""
     if not request_counts:
         raise ValueError("the knee search needs at least one window")
     ranked = sorted(range(len(request_counts)), key=lambda i: (request_counts[i], i))
-    median = request_counts[ranked[(len(ranked) - 1) // 2]]
-    return min(i for i, n in enumerate(request_counts) if n == median)
+    picks = {ranked[round(q * (len(ranked) - 1))] for q in SEARCH_QUANTILES}
+    return sorted(picks)
 
 
 def strictness(slo: SLO) -> tuple[float, float]:
@@ -113,7 +118,9 @@ def summary(df: pd.DataFrame, run: Mapping, slos: Sequence[SLO]) -> dict | None:
     if found.empty and not decided:
         return None
     points = {s.name: attainment_points(found, s) for s in slos}
-    return {"arm": (decided or {}).get("arm"), "window": (decided or {}).get("window", 0), "points": points,
+    decided = decided or {}
+    return {"arm": decided.get("arm"), "windows": decided.get("windows", [decided.get("window", 0)]),
+            "points": points,
             "knees": {name: knee(p) for name, p in points.items()},
             "chosen": {k: (decided or {}).get(k)
                        for k in ("tier", "knee", "loads", "reason", "loads_before")}}

@@ -162,21 +162,24 @@ class Runner:
             self.record.save()
 
     def _knee_search(self) -> None:
-        """One window (experiments.knee.search_window) at each --knee factor on the baseline arm (phase
-        "knee"); then the schedule is rebuilt at the loads experiments.knee.choose_loads picks (kept as
-        they are when it finds none)."""
+        """The windows of experiments.knee.search_windows at each --knee factor on the baseline arm,
+        attainment pooled over them (phase "knee"); then the schedule is rebuilt at the loads
+        experiments.knee.choose_loads picks (kept as they are when it finds none)."""
         cfg, label = self.cfg, self.cfg.labels[0]
         slos = list(cfg.slos) if cfg.slos else load_slo_file(DEFAULT_SLO_FILE)
-        window = self.plan.windows[knee.search_window([len(w.requests) for w in self.plan.windows])]
+        counts = [len(w.requests) for w in self.plan.windows]
+        picked = [self.plan.windows[i] for i in knee.search_windows(counts)]
         points: dict[str, list[tuple[float, float]]] = {s.name: [] for s in slos}
         for j, factor in enumerate(cfg.knee_factors or ()):
             what = f"the knee search at load {factor:g}"
             self.where = f"in {what} on {label}"
-            log.info("knee search on %s: window %d at load %g", label, window.id, factor)
-            tags = {"arm": label, "window": window.id, "load": factor, "phase": "knee"}
-            step = Step(window.id, factor, j, (label,))
-            records = self._timed_replay(label, step, "knee", scale_rate(window.requests, factor), tags,
-                                         knee_seed(cfg.seed, j), what)
+            records: list[RequestRecord] = []
+            for window in picked:
+                log.info("knee search on %s: window %d at load %g", label, window.id, factor)
+                tags = {"arm": label, "window": window.id, "load": factor, "phase": "knee"}
+                records += self._timed_replay(label, Step(window.id, factor, j, (label,)), "knee",
+                                              scale_rate(window.requests, factor), tags,
+                                              knee_seed(cfg.seed, j), what)
             for s in slos:
                 points[s.name].append((factor, sum(meets(r, s) for r in records) / len(records)))
             if all(p[-1][1] < ATTAINMENT_TARGET for p in points.values()):
@@ -184,7 +187,7 @@ class Runner:
         knees = {name: knee.knee(p) for name, p in points.items()}
         chosen = knee.choose_loads(knees, slos, cfg.knee_factors or ())
         self.record.data["knee"] = {"factors": list(cfg.knee_factors or ()), "arm": label,
-                                    "window": window.id, "points": points,
+                                    "windows": [w.id for w in picked], "points": points,
                                     "knees": knees, **chosen, "loads_before": list(cfg.loads)}
         if chosen["loads"]:
             log.info("knee of %s at %.3gx: measuring at %s", chosen["tier"], chosen["knee"], chosen["loads"])

@@ -190,7 +190,10 @@ def knee_lines(r: Mapping) -> list[str]:
         return []
     names = list(k["points"])
     factors = sorted({f for pts in k["points"].values() for f, _ in pts})
-    out = [f"## Knee search (baseline arm, window {k.get('window', 0)} per factor, not compared)", "",
+    windows = k.get("windows", [0])
+    which = (f"window {windows[0]}" if len(windows) == 1 else
+             f"windows {', '.join(map(str, windows))} pooled")
+    out = [f"## Knee search (baseline arm, {which} per factor, not compared)", "",
            "| factor | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for f in factors:
         vals = [next((f"{a:.3f}" for x, a in k["points"][n] if x == f), "") for n in names]

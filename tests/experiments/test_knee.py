@@ -18,12 +18,13 @@ def test_knee_interpolates_where_attainment_falls_through_ninety_percent() -> No
     assert knee.knee([(1.0, 1.0), (2.0, 0.95)])["status"] == "above highest"
 
 
-def test_the_search_window_has_the_median_request_count() -> None:
-    assert knee.search_window([46, 88, 95, 90, 70]) == 1  # sorted 46 70 88 90 95: the median is 88
-    assert knee.search_window([5, 9, 9, 1]) == 0  # lower median of 1 5 9 9 is 5: window 0
-    assert knee.search_window([7]) == 0
+def test_the_search_pools_the_windows_at_the_quartiles_of_request_count() -> None:
+    # sorted 46 (w0) 70 (w4) 88 (w1) 90 (w3) 95 (w2): quartiles at ranks 1, 2, 3
+    assert knee.search_windows([46, 88, 95, 90, 70]) == [1, 3, 4]
+    assert knee.search_windows([5, 9, 9, 1]) == [0, 1]  # 1 5 9 9: ranks 1, 2 (round(1.5) is 2), 2
+    assert knee.search_windows([7]) == [0]
     with pytest.raises(ValueError, match="at least one window"):
-        knee.search_window([])
+        knee.search_windows([])
 
 
 def test_loads_bracket_the_strictest_reachable_tier_plus_the_lowest_factor() -> None:

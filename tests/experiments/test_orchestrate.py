@@ -224,8 +224,9 @@ def test_knee_search_chooses_the_loads_measured(cfg: RunConfig, fakes: dict[str,
     records = read_records(cfg.results_dir / "run" / "requests.jsonl.gz")
     assert {r.tags["arm"] for r in records if r.tags["phase"] == "knee"} == {"stock"}
     counts = [w["requests"] for w in run["windows"]]
-    assert {r.tags["window"] for r in records if r.tags["phase"] == "knee"} == {knee.search_window(counts)}
-    assert k["window"] == knee.search_window(counts)
+    searched = {r.tags["window"] for r in records if r.tags["phase"] == "knee"}
+    assert searched == set(knee.search_windows(counts))
+    assert k["windows"] == knee.search_windows(counts)
     md = (cfg.results_dir / "run" / "report.md").read_text()
     assert "## Knee search" in md and "Measured at 1x, 1.8x, 2.8x: around the interactive knee (2.2x)" in md
 
