@@ -32,7 +32,10 @@ from integration.proof import profiles
 from kernels.resultfile import ResultFileError, read_json
 
 POLICY_OP = "fused_add_rms_norm"  # 64 of the 65 norm calls of a Llama step: its answer stands for the step
-KERNEL_SCHEMA_VERSION = 1  # kernels/results/<gpu>.json (kernels.suite)
+# kernels/results/<gpu>.json (kernels.suite): version 2 added launch-shape candidates, the faithful
+# Inductor arm and the targets; what is read here (op, dtype, rows, hidden, median_us, stock, policy)
+# is in both
+KERNEL_SCHEMA_VERSIONS = (1, 2)
 
 
 def histogram_points(hist: Mapping) -> list[tuple[float, int]]:
@@ -168,7 +171,7 @@ def _kernel_bench(path: Path, shown: str) -> list[dict]:
     """The "bench" rows of a kernel results file (ResultFileError naming the file as `shown`
     otherwise, so a report's reason does not depend on where the checkout lies)."""
     try:
-        rows = read_json(path, KERNEL_SCHEMA_VERSION, "kernel results").get("bench")
+        rows = read_json(path, KERNEL_SCHEMA_VERSIONS, "kernel results").get("bench")
     except ResultFileError as exc:
         raise ResultFileError(str(exc).replace(str(path), shown, 1)) from None
     if not isinstance(rows, list):

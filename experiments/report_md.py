@@ -23,6 +23,9 @@ def _cap(c: Mapping) -> str:
     return c["status"]
 
 
+LATENESS_BOUND_MS = 10.0  # a send later than this no longer replays the trace's arrival process
+
+
 def headline(r: Mapping) -> list[str]:
     """The first lines: notices (A/A, CPU, partial), the paired latency changes with the A/A floor of
     the same run, one goodput verdict per SLO, then the per-window medians (secondary)."""
@@ -51,6 +54,12 @@ def headline(r: Mapping) -> list[str]:
                      f"{check['checked']} "
                      "requests the server's usage.prompt_tokens is not the trace's input_tokens (examples "
                      "under Arms and prompts).  ")
+    late = [f"{row['arm']} {row['load']:g}x ({row['lateness_p99_ms']:.0f} ms)" for row in r["latency"]
+            if (row.get("lateness_p99_ms") or 0.0) > LATENESS_BOUND_MS]
+    if late:
+        lines.append(f"**The load generator fell behind** — send lateness p99 above {LATENESS_BOUND_MS:g} ms "
+                     f"in {', '.join(late)}: those cells did not replay the trace's arrival times "
+                     "(see the latency table).  ")
     lines += layout_lines(r)
     lines += paired_lines(r)
     lines += [f"- {planted_text(p)}" for p in r.get("planted") or []]
@@ -103,6 +112,9 @@ def _metric_lines(r: Mapping, treat: str, with_floor: bool) -> list[str]:
         if f and f.get("ci95_pct"):
             ctrl = r["aa_in_run"]["pair"][1]
             text += f"; A/A floor ({ctrl} vs {base}, this run) {f['estimate_pct']:+.2f}% {_ci(f['ci95_pct'])}"
+            if f["ci95_pct"][0] > 0 or f["ci95_pct"][1] < 0:
+                text += (" — the A/A interval excludes 0: the two servers of one arm differ, so a change "
+                         "of that size is not the arms'")
         elif (with_floor and nf.get("applied") and not (r.get("aa") or {}).get("is_aa") and nf.get("source")
               and (nf.get("band_pct") or {}).get(f"paired:{m}")):
             text += f"; A/A floor ({nf['source']}) +-{nf['band_pct'][f'paired:{m}'][1]:.2f}%"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +49,10 @@ def write_text(path: str | Path, text: str) -> None:
         raise
 
 
-def read_json(path: str | Path, schema_version: int | None, what: str) -> dict:
+def read_json(path: str | Path, schema_version: int | Collection[int] | None, what: str) -> dict:
     """The JSON object in `path` (a `what`, e.g. "step profile"), its schema_version checked against
-    `schema_version` (None: no check); ResultFileError naming the file otherwise."""
+    `schema_version` (one version or the versions a reader knows; None: no check); ResultFileError
+    naming the file otherwise."""
     path = Path(path)
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -63,7 +65,8 @@ def read_json(path: str | Path, schema_version: int | None, what: str) -> dict:
         raise ResultFileError(f"{path}: cannot read {what}: {exc}") from None
     if not isinstance(doc, dict):
         raise ResultFileError(f"{path}: {what} must be a JSON object, got {type(doc).__name__}")
-    if schema_version is not None and doc.get("schema_version") != schema_version:
+    known = {schema_version} if isinstance(schema_version, int) else set(schema_version or ())
+    if schema_version is not None and doc.get("schema_version") not in known:
         raise ResultFileError(f"{path}: {what} schema_version {doc.get('schema_version')!r}; this reader "
-                              f"knows {schema_version}")
+                              f"knows {', '.join(map(str, sorted(known)))}")
     return doc

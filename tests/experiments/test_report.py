@@ -111,3 +111,33 @@ def test_further_arms_get_their_own_paired_lines_without_the_floor():
          "paired_latency": {"patched": {"tpot_ms": c}, "stock-b": {"tpot_ms": c}, "planted": {"tpot_ms": c}}}
     lines = paired_lines(r)
     assert [x.split(":")[1].split()[0] for x in lines] == ["patched", "planted"]
+
+
+def test_an_aa_floor_off_zero_says_the_servers_differ():
+    from experiments.report_md import paired_lines
+
+    c = {"estimate_pct": 0.3, "ci95_pct": [-0.1, 0.7], "bootstrap_ci95_pct": [0.0, 0.6], "mde_pct": 0.6,
+         "n_cells": 21}
+    off = {"estimate_pct": 0.55, "ci95_pct": [0.20, 0.90]}
+    r = {"comparison": ["stock", "patched"], "paired_latency": {"patched": {"tpot_ms": c}},
+         "aa_in_run": {"pair": ["stock", "stock-b"], "paired_latency": {"tpot_ms": off}}}
+    assert paired_lines(r)[0].endswith("A/A floor (stock-b vs stock, this run) +0.55% [+0.20, +0.90]% — the "
+                                       "A/A interval excludes 0: the two servers of one arm differ, so a "
+                                       "change of that size is not the arms'")
+    r["aa_in_run"]["paired_latency"]["tpot_ms"] = {"estimate_pct": 0.1, "ci95_pct": [-0.2, 0.4]}
+    assert "excludes 0" not in paired_lines(r)[0]
+
+
+def test_a_client_that_fell_behind_is_flagged_at_the_top():
+    from experiments.report_md import LATENESS_BOUND_MS, headline
+
+    rows = [{"arm": "stock", "load": 4.0, "lateness_p99_ms": 0.7},
+            {"arm": "patched", "load": 16.0, "lateness_p99_ms": 118.6}]
+    r = {"aa": {"is_aa": False}, "status": "complete", "latency": rows, "comparison": ["stock", "patched"],
+         "slos": [], "secondary": {}}
+    lines = headline(r)
+    assert LATENESS_BOUND_MS < 118.6
+    assert any(x.startswith("**The load generator fell behind**") and "patched 16x (119 ms)" in x
+               and "stock 4x" not in x for x in lines)
+    rows[1]["lateness_p99_ms"] = 0.8
+    assert not any("fell behind" in x for x in headline(r))
