@@ -230,15 +230,23 @@ def compilation_config(model_dir: Path, dtype: str = "auto", max_rows: int = MAX
     """The `--compilation-config` of a compiled arm of a CUDA run: one uncaptured warm-up run per
     CUDA-graph size (fused kernels get built before any capture even when vLLM's compile cache skips
     the lowering pass), and, for an arm that dispatches by the kit's policy (`uses_policy`; every
-    arm when `arm` is None), compile ranges that end where the policy switches fused/stock. Any
+    arm when `arm` is None), compile ranges that end where the policy switches fused/stock, for the
+    hidden-size norms and (models with q/k norms) where tokens x heads crosses a head-width switch. Any
     other arm keeps vLLM's default single range, as a user's stock server has: the ranges are part
     of what the patched arm changes (Inductor compiles each range on its own)."""
     from integration import choice
 
     if arm is not None and not uses_policy(arm):
         return compilation_config_for([])
+    from integration.proof.normcalls import norm_shape
+
     dtype_name, hidden = model_shape(model_dir, dtype)
-    return compilation_config_for(choice.stock_boundaries(dtype_name, hidden, max_rows))
+    ends = set(choice.stock_boundaries(dtype_name, hidden, max_rows))
+    shape = norm_shape(model_dir)
+    if shape.qk_norm:  # q/k norms over [tokens, heads, head_dim]: their row boundaries in tokens
+        ends.update(choice.head_boundaries(dtype_name, shape.head_dim, (shape.q_heads, shape.kv_heads),
+                                           max_rows))
+    return compilation_config_for(sorted(ends))
 
 
 def uses_policy(arm: Arm) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
@@ -142,6 +143,17 @@ def stock_boundaries(dtype: str, hidden: int, max_rows: int) -> list[int]:
     ends: set[int] = set()
     for op in OPS:
         ends.update(hi for _, hi, _ in segments(op, dtype, hidden, max_rows, "compiled")[:-1])
+    return sorted(ends)
+
+
+def head_boundaries(dtype: str, width: int, heads: Sequence[int], max_tokens: int) -> list[int]:
+    """Token counts after which a head norm's compiled-mode answer changes (compile range ends): a
+    [tokens, heads, width] call has tokens x heads rows, so a row boundary b ends a range at
+    b // heads tokens, for each head count (q and kv heads norm separately)."""
+    ends: set[int] = set()
+    for h in heads:
+        tokens = (b // h for b in stock_boundaries(dtype, width, max_tokens * h))
+        ends.update(t for t in tokens if 1 <= t < max_tokens)
     return sorted(ends)
 
 

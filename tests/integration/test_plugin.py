@@ -132,6 +132,29 @@ def test_segments_and_compile_range_ends(small_policy) -> None:
     assert choice.variant_of("fused:t256r1") == "t256r1" and choice.variant_of("fused:auto") is None
 
 
+def test_head_norm_range_ends_are_in_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernels.policy import Policy
+
+    # width 128: fused up to 256 rows, stock above; q norms over 32 heads, k norms over 8
+    table = {f"{op}/bf16/128": [[256, "fused:t128r1"], [16384, "stock"]] for op in choice.OPS}
+    pol = Policy(table, source="t")
+    monkeypatch.setattr(choice, "policy", lambda mode="compiled": pol)
+    choice.choose.cache_clear()
+    try:
+        assert choice.stock_boundaries("bf16", 128, 32 * 1024) == [256]
+        assert choice.head_boundaries("bf16", 128, (32, 8), 1024) == [8, 32]  # 256 rows: 8 and 32 tokens
+        assert choice.head_boundaries("bf16", 128, (512,), 1024) == []  # 1 token is already 512 rows
+        from integration.launcher import MODELS_DIR
+
+        # Qwen3-8B: hidden 4096 has no entry (stock everywhere), so only the head norms end ranges
+        cc = arms.compilation_config(MODELS_DIR / "qwen3-8b", "bfloat16", arm=arms.get("patched"))
+        assert cc["compile_ranges_endpoints"] == [8, 32]
+        llama = arms.compilation_config(MODELS_DIR / "llama-3.1-8b", "bfloat16", arm=arms.get("patched"))
+        assert "compile_ranges_endpoints" not in llama  # no q/k norms: the head table is not consulted
+    finally:
+        choice.choose.cache_clear()
+
+
 def test_model_shape_reads_config() -> None:
     from integration.launcher import MODELS_DIR
 
