@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
@@ -133,6 +133,10 @@ class Inputs:
     notes: tuple[str, ...] = field(default=(), compare=False)  # where each came from, for the CLI
 
 
+PATH_INPUTS = ("aa_report", "patched_policy", "profile", "kernel_results", "planted_steps", "graph_steps")
+REQUIRED_INPUTS = PATH_INPUTS[:4]  # in every report that records inputs; the last two came later
+
+
 def _shown(path: Path | None) -> str | None:
     return None if path is None else attribution.shown_path(path, PROJECT_ROOT)
 
@@ -153,11 +157,8 @@ def recorded_inputs(run_dir: Path) -> Inputs:
         return Inputs(notes=(f"{path} records no inputs (an older report): the run's SLO tiers and today's "
                              "defaults are used",))
     try:
-        return Inputs(slos=tuple(SLO(**s) for s in rec["slos"]), aa_report=_from_root(rec["aa_report"]),
-                      patched_policy=_from_root(rec["patched_policy"]), profile=_from_root(rec["profile"]),
-                      kernel_results=_from_root(rec["kernel_results"]),
-                      planted_steps=_from_root(rec.get("planted_steps")),  # absent before it existed
-                      graph_steps=_from_root(rec.get("graph_steps")),
+        return Inputs(slos=tuple(SLO(**s) for s in rec["slos"]),
+                      **{k: _from_root(rec[k] if k in REQUIRED_INPUTS else rec.get(k)) for k in PATH_INPUTS},
                       notes=(f"inputs as recorded in {path}",))
     except (KeyError, TypeError, ValueError) as exc:
         raise ResultFileError(f"{path}: bad \"inputs\" entry ({exc!r})") from None
@@ -307,13 +308,8 @@ def _inputs(args: argparse.Namespace) -> Inputs:
     slos = tuple(parse_slo(s) for s in args.slo) if args.slo else rec.slos
     if args.slo_file is not None:
         slos = tuple(load_slo_file(args.slo_file))
-    pick = lambda flag, recorded: recorded if flag is None else flag  # noqa: E731
-    return Inputs(slos=slos, aa_report=pick(args.aa_report, rec.aa_report),
-                  patched_policy=pick(args.patched_policy, rec.patched_policy),
-                  profile=pick(args.profile, rec.profile),
-                  kernel_results=pick(args.kernel_results, rec.kernel_results),
-                  planted_steps=pick(args.planted_steps, rec.planted_steps),
-                  graph_steps=pick(args.graph_steps, rec.graph_steps), notes=rec.notes)
+    given = {k: getattr(args, k) for k in PATH_INPUTS if getattr(args, k) is not None}
+    return replace(rec, slos=slos, **given)
 
 
 def _changed(before: Path, after: Path) -> str:
@@ -331,10 +327,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         out, inputs = _out_dir(args), _inputs(args)
         for note in inputs.notes:
             print(note)
-        result = analyze_run(args.run_dir, inputs.slos, aa_report=inputs.aa_report,
-                             patched_policy=inputs.patched_policy, profile=inputs.profile,
-                             kernel_results=inputs.kernel_results, planted_steps=inputs.planted_steps,
-                             graph_steps=inputs.graph_steps, out_dir=out)
+        result = analyze_run(args.run_dir, inputs.slos, out_dir=out,
+                             **{k: getattr(inputs, k) for k in PATH_INPUTS})
     except (OSError, ValueError) as exc:
         if args.debug:
             raise
