@@ -13,8 +13,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from experiments.paired import METRIC_NAMES  # noqa: E402
+
 COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple")
-_METRIC_NAMES = {"tpot_ms": "TPOT", "ttft_ms": "TTFT", "e2e_ms": "E2E"}
 
 
 def attainment_vs_load(path: Path, per_slo: Sequence[dict], labels: Sequence[str]) -> None:
@@ -92,7 +93,7 @@ def forest_rows(report: dict) -> list[dict]:
     bands = (report.get("noise_floor") or {}).get("band_pct") or {}
     rows = []
     for m, c in ((report.get("paired_latency") or {}).get(treat) or {}).items():
-        rows.append({"label": f"{_METRIC_NAMES.get(m, m)} paired per request",
+        rows.append({"label": f"{METRIC_NAMES.get(m, m)} paired per request",
                      "estimate": c.get("estimate_pct"),
                      "ci": c.get("ci95_pct"), "band": bands.get(f"paired:{m}")})
     for m, sec in report["secondary"].items():

@@ -6,6 +6,7 @@ import shlex
 from collections.abc import Mapping
 
 from experiments.duetreport import layout_lines
+from experiments.paired import METRIC_NAMES
 from experiments.planted import planted_text
 
 _ADJUSTED = {"gpu": "GPU"}  # the covariate of a duet's comparison (experiments.duet), else the arm order
@@ -51,20 +52,15 @@ def headline(r: Mapping) -> list[str]:
     check = (r.get("prompts") or {}).get("check") or {}
     if check.get("mismatched"):
         lines.append(f"**Prompt lengths differ from the trace** — in {check['mismatched']} of "
-                     f"{check['checked']} "
-                     "requests the server's usage.prompt_tokens is not the trace's input_tokens (examples "
-                     "under Arms and prompts).  ")
+                     f"{check['checked']} requests the server's usage.prompt_tokens is not the trace's "
+                     "input_tokens (examples under Arms and prompts).  ")
     late = [f"{row['arm']} {row['load']:g}x ({row['lateness_p99_ms']:.0f} ms)" for row in r["latency"]
             if (row.get("lateness_p99_ms") or 0.0) > LATENESS_BOUND_MS]
     if late:
-        lines.append(f"**The load generator fell behind** — send lateness p99 above {LATENESS_BOUND_MS:g} ms "
-                     f"in {', '.join(late)}: those cells did not replay the trace's arrival times "
-                     "(see the latency table).  ")
-    lines += layout_lines(r)
-    lines += paired_lines(r)
-    lines += [f"- {planted_text(p)}" for p in r.get("planted") or []]
-    lines += [f"- {s['verdict']}" for s in r["slos"]]
-    return lines + latency_lines(r)
+        lines.append(f"**The load generator fell behind** — send lateness p99 above {LATENESS_BOUND_MS:g} "
+                     f"ms in {', '.join(late)}: those cells did not replay the trace's arrival times.  ")
+    lines += layout_lines(r) + paired_lines(r) + [f"- {planted_text(p)}" for p in r.get("planted") or []]
+    return lines + [f"- {s['verdict']}" for s in r["slos"]] + latency_lines(r)
 
 
 def _ci(ci, digits: int = 2) -> str:
@@ -123,7 +119,6 @@ def _metric_lines(r: Mapping, treat: str, with_floor: bool) -> list[str]:
 
 
 _SECONDARY_NAMES = {"tpot_p50_ms": "median TPOT", "ttft_p90_ms": "p90 TTFT"}
-METRIC_NAMES = {"tpot_ms": "TPOT", "ttft_ms": "TTFT", "e2e_ms": "E2E"}
 
 
 def latency_lines(r: Mapping) -> list[str]:
