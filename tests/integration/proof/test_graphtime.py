@@ -55,3 +55,21 @@ def test_from_results_groups_decode_sizes_and_keeps_why_a_step_was_not_timed() -
     assert rows[0]["arms"]["patched"]["change_pct"] == pytest.approx(-10.0)
     rows = graphtime.from_results({"stock-compiled": res(10.0, False), "patched-compiled": res(9.0, False)})
     assert rows[0]["why_not_timed"] == ["40 graphs"] and "ci95_pct" not in rows[0]["arms"]["patched"]
+
+
+def test_prefill_steps_compare_wall_times_and_find_a_planted_shift() -> None:
+    rng = np.random.default_rng(0)
+    wall = lambda shift: list(15_000 + shift + 300 * rng.standard_normal(20))  # noqa: E731 (20 steps, 2% noise)
+    results = {"stock-compiled": {"steps": [{"kind": "prefill", "batch_tokens": 512, "step_wall_us": wall(0)},
+                                            {"kind": "decode", "batch_tokens": 1, "step_wall_us": wall(0)}]},
+               "planted:500ns-compiled": {"steps": [{"kind": "prefill", "batch_tokens": 512,
+                                                     "step_wall_us": wall(1950)}]},
+               "patched-compiled": {"steps": [{"kind": "prefill", "batch_tokens": 512,
+                                               "step_wall_us": wall(0)}]}}
+    (row,) = graphtime.prefill_rows(results, calls_per_step=65)  # decode rows are not prefill rows
+    planted, patched = row["arms"]["planted:500ns"], row["arms"]["patched"]
+    assert row["batch_tokens"] == 512 and planted["steps"] == 20
+    assert planted["ci95_us"][0] > 1000 and planted["ci95_us"][0] <= 1950 <= planted["ci95_us"][1]
+    assert planted["change_per_norm_call_us"] == pytest.approx(planted["change_us"] / 65)
+    assert patched["ci95_us"][0] < 0 < patched["ci95_us"][1]  # no shift: the interval holds zero
+    assert graphtime.prefill_rows({"patched-compiled": results["patched-compiled"]}) == []  # no stock
