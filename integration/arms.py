@@ -29,6 +29,7 @@ PLANTED_PLUGIN = "rmsnorm_planted"  # the positive control's plugin (integration
 PLANTED_PROVIDER = "planted_delay"  # its provider: stock norm + a known GPU delay per call
 PLANTED_NS_ENV = "RMSNORM_PLANTED_NS"  # the delay per norm call, in ns, for every vLLM process
 IR_OPS = ("rms_norm", "fused_add_rms_norm")  # the vLLM IR ops the provider implements
+QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM",)  # vLLM's qwen3.py: q_norm and k_norm per layer
 MAX_COMPILE_ROWS = 16384  # compile-range ends are looked for up to this many rows per step
 
 
@@ -238,15 +239,23 @@ def compilation_config(model_dir: Path, dtype: str = "auto", max_rows: int = MAX
 
     if arm is not None and not uses_policy(arm):
         return compilation_config_for([])
-    from integration.proof.normcalls import norm_shape
-
     dtype_name, hidden = model_shape(model_dir, dtype)
     ends = set(choice.stock_boundaries(dtype_name, hidden, max_rows))
-    shape = norm_shape(model_dir)
-    if shape.qk_norm:  # q/k norms over [tokens, heads, head_dim]: their row boundaries in tokens
-        ends.update(choice.head_boundaries(dtype_name, shape.head_dim, (shape.q_heads, shape.kv_heads),
-                                           max_rows))
+    heads = head_norms(model_dir)
+    if heads:  # q/k norms over [tokens, heads, head_dim]: their row boundaries in tokens
+        ends.update(choice.head_boundaries(dtype_name, heads[0], heads[1:], max_rows))
     return compilation_config_for(sorted(ends))
+
+
+def head_norms(model_dir: Path) -> tuple[int, int, int] | None:
+    """(head_dim, q heads, kv heads) of a model whose layers norm q and k per head
+    (QK_NORM_ARCHITECTURES), from its config.json; None for any other model."""
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    if (cfg.get("architectures") or ["?"])[0] not in QK_NORM_ARCHITECTURES:
+        return None
+    heads = int(cfg["num_attention_heads"])
+    return (int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads), heads,
+            int(cfg.get("num_key_value_heads", heads)))
 
 
 def uses_policy(arm: Arm) -> bool:

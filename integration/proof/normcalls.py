@@ -26,9 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
-from integration.arms import IR_OPS
-
-QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM",)  # vLLM's qwen3.py: q_norm and k_norm per layer
+from integration.arms import IR_OPS, QK_NORM_ARCHITECTURES
 TAG_PREFIX = "norm:"  # profiler annotation around one eager IR-op call: norm:<op>:<width>
 
 
