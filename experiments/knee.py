@@ -122,5 +122,5 @@ def summary(df: pd.DataFrame, run: Mapping, slos: Sequence[SLO]) -> dict | None:
     return {"arm": decided.get("arm"), "windows": decided.get("windows", [decided.get("window", 0)]),
             "points": points,
             "knees": {name: knee(p) for name, p in points.items()},
-            "chosen": {k: (decided or {}).get(k)
+            "chosen": {k: decided.get(k)
                        for k in ("tier", "knee", "loads", "reason", "loads_before")}}

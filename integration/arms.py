@@ -248,11 +248,15 @@ def compilation_config(model_dir: Path, dtype: str = "auto", max_rows: int = MAX
 
 
 def head_norms(model_dir: Path) -> tuple[int, int, int] | None:
-    """(head_dim, q heads, kv heads) of a model whose layers norm q and k per head
-    (QK_NORM_ARCHITECTURES), from its config.json; None for any other model."""
+    """head_layout of a model whose layers norm q and k per head (QK_NORM_ARCHITECTURES), from its
+    config.json; None for any other model."""
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    if (cfg.get("architectures") or ["?"])[0] not in QK_NORM_ARCHITECTURES:
-        return None
+    return head_layout(cfg) if (cfg.get("architectures") or ["?"])[0] in QK_NORM_ARCHITECTURES else None
+
+
+def head_layout(cfg: dict) -> tuple[int, int, int]:
+    """(head_dim, q heads, kv heads) of a model config: head_dim defaults to hidden / heads, kv
+    heads to the q heads."""
     heads = int(cfg["num_attention_heads"])
     return (int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads), heads,
             int(cfg.get("num_key_value_heads", heads)))

@@ -132,24 +132,29 @@ def _median_of_medians(rounds: Sequence[Sequence[float]]) -> float | None:
     return statistics.median(meds) if meds else None
 
 
+def _steps(results: Mapping[str, dict | None], mode: str, kind: str) -> Iterator[tuple[str, dict]]:
+    """(arm, step row) for every `kind` step row of the prove_arm results {"<arm>-<mode>": result}."""
+    suffix = f"-{mode}"
+    for name, res in results.items():
+        if name.endswith(suffix) and res:
+            for row in res.get("steps", []):
+                if row.get("kind") == kind:
+                    yield name[: -len(suffix)], row
+
+
 def from_results(results: Mapping[str, dict | None], mode: str = "compiled",
                  calls_per_step: int | None = None) -> list[dict]:
     """One `compare` row per decode size, from prove_arm results {"<arm>-<mode>": result}: each
     result's "steps" rows carry "graph_rounds" (one entry per round: time_step's dict)."""
-    suffix = f"-{mode}"
     by_size: dict[int, dict[str, list[list[float]]]] = {}
     why: dict[int, set[str]] = {}
-    for name, res in results.items():
-        if not name.endswith(suffix) or not res:
+    for arm, row in _steps(results, mode, "decode"):
+        if "graph_rounds" not in row:
             continue
-        arm = name[: -len(suffix)]
-        for row in res.get("steps", []):
-            if row.get("kind") != "decode" or "graph_rounds" not in row:
-                continue
-            n = row["batch_tokens"]
-            by_size.setdefault(n, {})[arm] = [r["replay_us"] for r in row["graph_rounds"]]
-            why.setdefault(n, set()).update(r["why_not_timed"] for r in row["graph_rounds"]
-                                            if r.get("why_not_timed"))
+        n = row["batch_tokens"]
+        by_size.setdefault(n, {})[arm] = [r["replay_us"] for r in row["graph_rounds"]]
+        why.setdefault(n, set()).update(r["why_not_timed"] for r in row["graph_rounds"]
+                                        if r.get("why_not_timed"))
     rows = []
     for n in sorted(by_size):
         row = {"batch_tokens": n, **compare(by_size[n], calls_per_step=calls_per_step)}
@@ -164,13 +169,10 @@ def prefill_rows(results: Mapping[str, dict | None], mode: str = "compiled",
     """Per prefill size, each arm's wall-clock step time against `baseline` (prefill steps are not one
     FULL graph, so they are timed whole, host included): the difference of the medians of the
     timed steps with a 95% percentile-bootstrap interval (scipy, seeded), and per norm call."""
-    suffix = f"-{mode}"
     by_size: dict[int, dict[str, list[float]]] = {}
-    for name, res in results.items():
-        if name.endswith(suffix) and res:
-            for row in res.get("steps", []):
-                if row.get("kind") == "prefill" and row.get("step_wall_us"):
-                    by_size.setdefault(row["batch_tokens"], {})[name[: -len(suffix)]] = row["step_wall_us"]
+    for arm, row in _steps(results, mode, "prefill"):
+        if row.get("step_wall_us"):
+            by_size.setdefault(row["batch_tokens"], {})[arm] = row["step_wall_us"]
     rows = []
     for n in sorted(by_size):
         base = by_size[n].get(baseline)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
-from integration.arms import IR_OPS, QK_NORM_ARCHITECTURES
+from integration.arms import IR_OPS, QK_NORM_ARCHITECTURES, head_layout
 TAG_PREFIX = "norm:"  # profiler annotation around one eager IR-op call: norm:<op>:<width>
 
 
@@ -88,12 +88,11 @@ def norm_shape(model: str | Path | dict) -> NormShape:
     if missing:
         raise ValueError(f"{where}: no {', '.join(missing)}")
     arch = (cfg.get("architectures") or ["?"])[0]
-    heads = int(cfg["num_attention_heads"])
-    head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+    head_dim, heads, kv_heads = head_layout(cfg)
     if arch in QK_NORM_ARCHITECTURES and head_dim == int(cfg["hidden_size"]):
         raise ValueError(f"{where}: head_dim equals hidden_size ({head_dim}): norm kinds are told by width")
     return NormShape(arch, int(cfg["hidden_size"]), head_dim, int(cfg["num_hidden_layers"]), heads,
-                     int(cfg.get("num_key_value_heads", heads)), arch in QK_NORM_ARCHITECTURES)
+                     kv_heads, arch in QK_NORM_ARCHITECTURES)
 
 
 def by_kind(counts: dict, shape: NormShape) -> dict[str, int]:
