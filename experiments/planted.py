@@ -1,9 +1,10 @@
 """The positive control's line: what a planted arm should change, and whether the run saw it.
 
-A planted arm (`planted:<N>us`, integration/planted.py) runs the stock kernels plus a busy-wait of
-N per norm call. Every step makes the model's norm calls once (integration.proof.normcalls: 2L+1
-hidden-size norms, plus 2L head norms with q/k norms), and each output token of a request waits one
-step, so a request's TPOT grows by the mean time the delay adds to a step:
+A planted arm (`planted:<N>us`, integration/planted.py) spins N inside every norm call (on CUDA
+the fused kernel at every call, built with the delay; on CPU stock plus a host busy-wait). Every
+step makes the model's norm calls once (integration.proof.normcalls: 2L+1 hidden-size norms, plus
+2L head norms with q/k norms), and each output token of a request waits one step, so a request's
+TPOT grows by the mean time the delay adds to a step:
 
     predicted TPOT change at a load = added us per step at that load / baseline's median TPOT there,
 
@@ -15,10 +16,11 @@ The added time per norm call is, best first: the planted arm's own step time in 
 file of integration.proof.graphtime given to the analysis: CUDA-graph replays at each decode size,
 wall-clock steps at each prefill size above them; each bucket of the baseline's step-size histogram
 at that load takes the cost at its size, linear in log tokens between measured sizes, weighted by
-its steps). Steps outside the FULL decode graphs cost far more than the delay: on the H200 a
-512-token prefill (piecewise graphs) gained 1.9 ms, 30 us per call, against 1.2-2.2 us in the decode
-graphs. Else the delay's cost per call beside plain norms in a graph (integration.proof.plantedcost,
-for the run's GPU); else N alone (CPU, or nothing measured).
+its steps). That cost also holds the fused kernel's own difference from stock at each size, and
+it need not be flat: the first planted arm (a separate delay op after each stock norm) cost 1.2-2.2 us
+per call in the decode graphs but 30 us in a 512-token prefill (piecewise graphs) on the H200. Else
+the delay's cost per call beside plain fused calls in a graph (integration.proof.plantedcost, for the
+run's GPU); else N alone (CPU, or nothing measured).
 """
 
 from __future__ import annotations

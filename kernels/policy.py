@@ -107,6 +107,17 @@ class Policy:
         return choices[min(i, len(choices) - 1)]
 
 
+class EveryCallFused(Policy):
+    """Every call of every shape to the fused kernel at its own launch shape ('fused:auto'): the
+    planted control's policy, and what `integration.proof.prove --all-fused` measures."""
+
+    def __init__(self, source: str = "every call fused (fused:auto)") -> None:
+        super().__init__({}, source=source)
+
+    def choose(self, op: str, dtype: object, rows: int, hidden: int) -> str:
+        return "fused:auto" if rows >= 1 else STOCK
+
+
 def _parse_key(key: str, source: str) -> tuple[str, str, int]:
     parts = key.split("/")
     if len(parts) != 3 or not parts[2].isdigit() or parts[1] not in ("bf16", "fp16", "fp32"):

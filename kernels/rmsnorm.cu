@@ -15,6 +15,10 @@
 //              programmatic-serialization attribute both instructions are no-ops.
 //   NEG_DROP_EPS, NEG_SKIP_LAST  negative-control builds: eps left out / last column never written.
 //     Validation must fail with either; they are never used outside kernels/validate.py.
+//   PLANT_NS   the planted positive control of the serving experiment (kernels/rmsnorm.py planted):
+//     after its rows, thread 0 of the grid's last block spins PLANT_NS ns of GPU time (%globaltimer),
+//     so a call lasts about PLANT_NS longer at any row count (the last block is dispatched last) and
+//     its output is unchanged.
 //
 // Rounding (vLLM csrc/layernorm_kernels.cu): the sum x + residual is rounded to T, stored as the new
 // residual, and the variance is taken from that rounded value; norm(x) = T(x * rsqrt(mean(x^2) + eps))
@@ -261,4 +265,13 @@ rmsnorm_kernel(T* __restrict__ out, const long long out_so, const long long out_
 #endif
       dst[tail_col] = scale_one(ft, s, wt);
   }
+#ifdef PLANT_NS
+  if (blockIdx.x == gridDim.x - 1 && threadIdx.x == 0) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < (unsigned long long)PLANT_NS);
+  }
+#endif
 }

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 from kernels import launch
+from kernels.planted import build_flag
 from kernels.checks import UnsupportedInput, unsupported_reason
 from kernels.plans import BuildKey, LaunchSpec, PlanCache, build_key, launch_shape, plan_spec
 
@@ -49,16 +50,32 @@ def _cupy() -> Any:
 
 
 @contextlib.contextmanager
-def negative_control(name: str) -> Iterator[None]:
-    """Build and run the deliberately broken kernel `name` ('epsilon' or 'tail') inside the block."""
+def _built_with(flags: tuple[str, ...]) -> Iterator[None]:
     global _flags
-    if name not in NEGATIVE_CONTROLS:
-        raise ValueError(f"negative control {name!r}: choose one of {sorted(NEGATIVE_CONTROLS)}")
-    old, _flags = _flags, (NEGATIVE_CONTROLS[name],)
+    old, _flags = _flags, flags
     try:
         yield
     finally:
         _flags = old
+
+
+def negative_control(name: str) -> contextlib.AbstractContextManager[None]:
+    """Build and run the deliberately broken kernel `name` ('epsilon' or 'tail') inside the block."""
+    if name not in NEGATIVE_CONTROLS:
+        raise ValueError(f"negative control {name!r}: choose one of {sorted(NEGATIVE_CONTROLS)}")
+    return _built_with((NEGATIVE_CONTROLS[name],))
+
+
+def planted(ns: int) -> contextlib.AbstractContextManager[None]:
+    """Build and run the planted kernel (kernels.planted: `ns` of GPU delay per call) inside the block."""
+    return _built_with((build_flag(ns),))
+
+
+def plant(ns: int) -> None:
+    """From now on every kernel this process builds is the planted one (`ns` ns per call): the
+    planted arm's vLLM processes (integration/planted.py)."""
+    global _flags
+    _flags = (build_flag(ns),)
 
 
 def compiled(key: BuildKey, device: int) -> Any:

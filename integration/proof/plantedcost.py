@@ -1,17 +1,16 @@
 """What the planted control really adds per norm call inside a CUDA graph, measured on the GPU.
 
-The planted arm (integration/planted.py) runs the stock norm and then one spin kernel of N ns per
-call. In a captured decode step that costs N plus one more kernel launch, and the launch is not
-known from N. This module measures it the way a step runs it: a CUDA graph of `calls` consecutive
-stock norm calls (torch's fused rms_norm of [rows, hidden] bf16, the native implementation that
-vLLM's stock arm runs as an Inductor kernel), with and without the planted spin after each call,
-replayed many times, stock and planted replays interleaved. The added time per call is the
-difference of per-call medians, with every raw sample kept.
+The planted arm (integration/planted.py) runs the fused kernel built to spin N ns in each call
+(kernels.rmsnorm.planted). This module measures that the way a decode step runs it, in isolation: a
+CUDA graph of `calls` consecutive fused rms_norm calls of [rows, hidden] bf16, plain and planted
+builds, replayed many times, interleaved. The added time per call is the difference of per-call
+medians, with every raw sample kept. What a whole step in vLLM gains is measured by
+integration.proof.prove --planted (graph-steps), which the prediction prefers.
 
     python -m integration.proof.plantedcost --ns 200,500,1000 --out integration/results/h200-planted-cost.json
 
 experiments/ reads the result through `added_us_per_call(gpu, ns)` (versioned), to predict what a
-planted arm should change.
+planted arm should change where no step measurement exists.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from pathlib import Path
 
 from kernels.resultfile import ResultFileError, read_json, write_json
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 1 measured a separate spin kernel after each stock norm (no longer the arm)
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 CALLS = 65  # norm calls per decode step of the 8B Llama shape (2 x 32 layers + the final norm)
 
@@ -53,36 +52,30 @@ def added_us_per_call(gpu: str | None, ns: int, path: Path | None = None) -> flo
 
 
 def measure(ns_list: Sequence[int], rows: int = 32, hidden: int = 4096, calls: int = CALLS,
-            samples: int = 200) -> dict:
-    """Per-call graph replay time of stock norms with and without the planted spin (GPU only)."""
+             samples: int = 200) -> dict:
+    """Per-call graph replay time of the fused kernel, plain and planted builds (GPU only)."""
     import torch
 
-    from kernels.planted import check_ns, compiled, spin
+    from kernels import rmsnorm
+    from kernels.planted import check_ns
     from kernels.timing import capture
 
     for ns in ns_list:
         check_ns(ns)
-    dev = torch.cuda.current_device()
-    compiled(dev)
     x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
     outs = [torch.empty_like(x) for _ in range(calls)]
 
-    def stock(i: int) -> None:
-        outs[i % calls].copy_(torch.nn.functional.rms_norm(x, (hidden,), w, 1e-6))
+    def call(i: int) -> None:
+        rmsnorm.rms_norm(x, w, 1e-6, out=outs[i % calls])
 
-    def planted(ns: int):
-        def call(i: int) -> None:
-            stock(i)
-            spin(ns, dev)
-        return call
-
-    graphs = {"stock": capture(stock, calls)}
-    graphs.update({f"planted:{ns}": capture(planted(ns), calls) for ns in ns_list})
+    graphs = {"fused": capture(call, calls)}
+    for ns in ns_list:
+        with rmsnorm.planted(ns):
+            graphs[f"planted:{ns}"] = capture(call, calls)
     for g in graphs.values():  # warm the clocks
         for _ in range(20):
             g.replay()
-    raw: dict[str, list[float]] = {k: [] for k in graphs}
     events = {k: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                   for _ in range(samples)] for k in graphs}
     for s in range(samples):  # interleaved: every graph once per round
@@ -92,14 +85,14 @@ def measure(ns_list: Sequence[int], rows: int = 32, hidden: int = 4096, calls: i
             g.replay()
             end.record()
     torch.cuda.synchronize()
-    for k in graphs:
-        raw[k] = [a.elapsed_time(b) * 1000.0 / calls for a, b in events[k]]
-    base = statistics.median(raw["stock"])
+    raw = {k: [a.elapsed_time(b) * 1000.0 / calls for a, b in events[k]] for k in graphs}
+    base = statistics.median(raw["fused"])
     delays = [{"ns": ns, "added_us_per_call": statistics.median(raw[f"planted:{ns}"]) - base,
                "planted_us_per_call_p50": statistics.median(raw[f"planted:{ns}"])} for ns in ns_list]
     return {"schema_version": SCHEMA_VERSION, "rows": rows, "hidden": hidden, "dtype": "bf16",
-            "calls_per_graph": calls, "samples": samples, "stock_us_per_call_p50": base,
-            "delays": delays, "raw_us_per_call": raw, "gpu": torch.cuda.get_device_name(dev)}
+            "calls_per_graph": calls, "samples": samples, "fused_us_per_call_p50": base,
+            "delays": delays, "raw_us_per_call": raw,
+            "gpu": torch.cuda.get_device_name(torch.cuda.current_device())}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -126,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_json(args.out, result)
     for d in result["delays"]:
         print(f"planted {d['ns']} ns: +{d['added_us_per_call']:.3f} us per call in a graph "
-              f"(stock {result['stock_us_per_call_p50']:.3f} us per call)")
+              f"(fused kernel alone {result['fused_us_per_call_p50']:.3f} us per call)")
     return 0
 
 

@@ -74,11 +74,13 @@ def test_plugin_entry_point_check(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(("spec", "ns", "name"), [("planted", 2000, "planted:2us"),
                                                   ("planted:0.5us", 500, "planted:0.5us"),
                                                   ("planted:750ns", 750, "planted:750ns")])
-def test_planted_arm_is_stock_plus_a_known_delay(spec: str, ns: int, name: str) -> None:
+def test_planted_arm_is_a_known_delay_in_every_fused_call(spec: str, ns: int, name: str) -> None:
     arm = arms.get(spec)
     assert arm.name == name and arm.plugins == (arms.PLANTED_PLUGIN,)
     assert arm.env() == {"VLLM_PLUGINS": "rmsnorm_planted", arms.PLANTED_NS_ENV: str(ns),
+                         "RMSNORM_FUSED_POLICY": "all", "RMSNORM_FUSED_POLICY_COMPILED": "all",
                          "VLLM_DISABLE_COMPILE_CACHE": "1"}
+    assert not arms.uses_policy(arm)  # no compile ranges: fused at every call, one range like stock
     # where the provider declines nothing it still falls back to what stock runs
     assert arm.ir_op_priority(eager=False)["rms_norm"] == ["planted_delay", "native"]
     assert arm.ir_op_priority(eager=True)["fused_add_rms_norm"] == ["planted_delay", "vllm_c", "native"]

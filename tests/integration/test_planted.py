@@ -84,3 +84,56 @@ def test_host_spin_waits_at_least_its_time_and_checks_it() -> None:
         assert time.perf_counter_ns() - started >= ns
     with pytest.raises(ValueError, match="1..1000000 ns"):
         planted.host_spin(0)
+
+
+@pytest.fixture
+def on_cuda(monkeypatch: pytest.MonkeyPatch):
+    """register() as on a CUDA platform with CuPy (this machine has neither): the planted build
+    flag it sets is undone afterwards."""
+    from vllm.platforms import current_platform
+
+    from integration import choice, plugin
+    from kernels import rmsnorm
+
+    monkeypatch.setattr(current_platform, "is_cuda", lambda: True)
+    monkeypatch.setattr(plugin, "platform_support", lambda: (True, "a CUDA platform (test)"))
+    monkeypatch.setenv(arms.PLANTED_NS_ENV, "700")
+    monkeypatch.delenv(choice.POLICY_ENV_COMPILED, raising=False)
+    for op in arms.IR_OPS:
+        getattr(vllm_ir.ops, op).impls.pop(arms.PLANTED_PROVIDER, None)
+    choice.policy.cache_clear()
+    yield
+    for op in arms.IR_OPS:
+        getattr(vllm_ir.ops, op).impls.pop(arms.PLANTED_PROVIDER, None)
+    choice.policy.cache_clear()
+    rmsnorm._flags = ()
+
+
+def test_on_cuda_the_planted_provider_is_the_fused_kernel_built_to_spin(
+        on_cuda: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from integration import choice, plugin
+    from kernels import rmsnorm
+
+    monkeypatch.setenv(choice.POLICY_ENV, choice.ALL_FUSED)
+    planted.register()
+    impls = {op: getattr(vllm_ir.ops, op).impls[arms.PLANTED_PROVIDER] for op in arms.IR_OPS}
+    assert impls["rms_norm"].impl_fn is plugin.rms_norm_impl
+    assert impls["fused_add_rms_norm"].impl_fn is plugin.fused_add_rms_norm_impl
+    assert impls["fused_add_rms_norm"].inplace and all(i.supported for i in impls.values())
+    assert rmsnorm._flags == ("PLANT_NS=700",)  # every kernel this process builds spins 700 ns
+
+
+def test_on_cuda_a_policy_other_than_all_fused_is_refused(on_cuda: None, monkeypatch: pytest.MonkeyPatch,
+                                                          tmp_path) -> None:
+    from integration import choice
+    from kernels import rmsnorm
+
+    from kernels.policy import SCHEMA_VERSION
+    from kernels.resultfile import write_json
+
+    table = tmp_path / "policy.json"
+    write_json(table, {"schema_version": SCHEMA_VERSION, "table": {}})
+    monkeypatch.setenv(choice.POLICY_ENV, str(table))
+    with pytest.raises(RuntimeError, match="RMSNORM_FUSED_POLICY=all"):
+        planted.register()
+    assert rmsnorm._flags == ()  # nothing planted when the control cannot run as designed

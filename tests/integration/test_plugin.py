@@ -193,6 +193,26 @@ def test_policy_table_per_mode_and_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path
         choice.policy_path("graph")
 
 
+@pytest.mark.parametrize("variable", [choice.POLICY_ENV, choice.POLICY_ENV_COMPILED])
+def test_policy_all_sends_every_call_to_the_fused_kernel(monkeypatch: pytest.MonkeyPatch,
+                                                         variable: str) -> None:
+    monkeypatch.delenv(choice.POLICY_ENV, raising=False)
+    monkeypatch.delenv(choice.POLICY_ENV_COMPILED, raising=False)
+    monkeypatch.setenv(variable, choice.ALL_FUSED)
+    choice.policy.cache_clear()
+    choice.choose.cache_clear()
+    try:
+        assert {choice.choose(op, dt, rows, width) for op in choice.OPS for dt in ("bf16", "fp32")
+                for rows in (1, 7, 512, 16384) for width in (64, 4096, 5000)} == {"fused:auto"}
+        assert "every call fused" in choice.policy("compiled").source
+        assert choice.fused_over("rms_norm", "bf16", 1, 8192, 4096)
+        assert choice.stock_boundaries("bf16", 4096, 16384) == []  # no compile-range ends needed
+    finally:
+        choice.policy.cache_clear()
+        choice.choose.cache_clear()
+        choice.fused_over.cache_clear()
+
+
 def test_a_gpu_without_tables_declines_everything_and_says_how_to_measure(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.delenv(choice.POLICY_ENV, raising=False)
