@@ -34,12 +34,23 @@ CALLS: Counter = Counter()  # (op, answer) -> Python-level calls in this process
 _warmed: set[tuple] = set()
 _lock = threading.Lock()
 _inconsistent: set[tuple] = set()
+_VARIANTS: dict[str, str | None] = {}  # answer -> its launch variant (choice.variant_of), per call
+_KERNELS: list = []  # kernels.rmsnorm once imported (an import statement per call costs ~1 us)
 
 
 def _kernels():
-    from kernels import rmsnorm
+    if not _KERNELS:
+        from kernels import rmsnorm
 
-    return rmsnorm
+        _KERNELS.append(rmsnorm)
+    return _KERNELS[0]
+
+
+def _variant(answer: str) -> str | None:
+    v = _VARIANTS.get(answer, "")
+    if v == "":
+        v = _VARIANTS[answer] = choice.variant_of(answer)
+    return v
 
 
 def _answer(op: str, x: Tensor, mode: str) -> str:
@@ -98,7 +109,7 @@ def run_rms_norm(x: Tensor, weight: Tensor, epsilon: float, mode: str = "eager")
     answer = _answer("rms_norm", x, mode)
     CALLS[("rms_norm", answer)] += 1
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    return _kernels().rms_norm(x, weight, epsilon, out=out, variant=choice.variant_of(answer))
+    return _kernels().rms_norm(x, weight, epsilon, out=out, variant=_variant(answer))
 
 
 def run_fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, epsilon: float,
@@ -106,7 +117,7 @@ def run_fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, epsilon:
     """In place: residual <- x + residual; x <- rms_norm(residual) * weight (vLLM semantics)."""
     answer = _answer("fused_add_rms_norm", x, mode)
     CALLS[("fused_add_rms_norm", answer)] += 1
-    _kernels().fused_add_rms_norm(x, residual, weight, epsilon, variant=choice.variant_of(answer))
+    _kernels().fused_add_rms_norm(x, residual, weight, epsilon, variant=_variant(answer))
 
 
 def _rms_norm_cuda(x: Tensor, weight: Tensor, epsilon: float) -> Tensor:

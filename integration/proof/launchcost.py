@@ -8,7 +8,11 @@ Above vLLM's CUDA-graph sizes every norm call of the patched arm runs through Py
 (cuLaunchKernelEx, or CuPy where cuda-bindings is missing). This times each layer on the CPU:
 batches of calls with the GPU work queued, perf_counter_ns around the batch, a synchronize after it
 (outside the timing); rows=1 keeps the GPU far ahead of the CPU, so a batch measures launch cost.
-A plain PyTorch in-place add is the reference for one aten kernel launch. It also writes the
+Every layer runs under torch.inference_mode(), as vLLM's model runner calls the model
+(execute_model is decorated with it), except `library_op_grad_mode`, the same op call with autograd's
+dispatch keys in the way, for reference. `library_op_default` calls the op's overload
+(`.default`), as the code Inductor generates does; `library_op` the overload packet, as Python code
+does. A plain PyTorch in-place add is the reference for one aten kernel launch. It also writes the
 cProfile of one batch through the custom op. Needs CUDA and CuPy; every sample is kept.
 """
 
@@ -38,8 +42,10 @@ def _layers(x: torch.Tensor, res: torch.Tensor, w: torch.Tensor,
     (pdl_key,) = set(rmsnorm.PLANS._plans) - before
     launch = rmsnorm.PLANS.get(pdl_key)
     xp, rp, wp = x.data_ptr(), res.data_ptr(), w.data_ptr()
+    op = torch.ops.rmsnorm_fused.fused_add_rms_norm
     return {
-        "library_op": lambda: torch.ops.rmsnorm_fused.fused_add_rms_norm(x, res, w, eps),
+        "library_op_default": lambda: op.default(x, res, w, eps),
+        "library_op": lambda: op(x, res, w, eps),
         "integration_ops": lambda: ops.run_fused_add_rms_norm(x, res, w, eps, "compiled"),
         "kernels_rmsnorm": lambda: rmsnorm.fused_add_rms_norm(x, res, w, eps),
         "kernels_rmsnorm_pdl": lambda: rmsnorm.fused_add_rms_norm(x, res, w, eps, variant="t512r1p"),
@@ -48,26 +54,29 @@ def _layers(x: torch.Tensor, res: torch.Tensor, w: torch.Tensor,
     }
 
 
-def time_batches(fn: Callable[[], object], calls: int, batches: int) -> list[float]:
-    """Per-call CPU microseconds of each batch of `calls` calls."""
+def time_batches(fn: Callable[[], object], calls: int, batches: int, inference: bool = True) -> list[float]:
+    """Per-call CPU microseconds of each batch of `calls` calls (under torch.inference_mode() unless
+    `inference` is False)."""
     out = []
-    for _ in range(batches):
+    with torch.inference_mode(inference):
+        for _ in range(batches):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter_ns()
+            for _ in range(calls):
+                fn()
+            out.append((time.perf_counter_ns() - t0) / 1e3 / calls)
         torch.cuda.synchronize()
-        t0 = time.perf_counter_ns()
-        for _ in range(calls):
-            fn()
-        out.append((time.perf_counter_ns() - t0) / 1e3 / calls)
-    torch.cuda.synchronize()
     return out
 
 
 def profile_text(fn: Callable[[], object], calls: int, top: int = 25) -> str:
     """cProfile of `calls` calls, sorted by cumulative time."""
     prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(calls):
-        fn()
-    prof.disable()
+    with torch.inference_mode():
+        prof.enable()
+        for _ in range(calls):
+            fn()
+        prof.disable()
     torch.cuda.synchronize()
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(top)
@@ -84,10 +93,11 @@ def measure(rows: int, hidden: int, calls: int, batches: int) -> dict:
     for fn in layers.values():  # builds, caches, first-call costs
         time_batches(fn, 20, 1)
     samples = {name: time_batches(fn, calls, batches) for name, fn in layers.items()}
+    samples["library_op_grad_mode"] = time_batches(layers["library_op"], calls, batches, inference=False)
     return {"rows": rows, "hidden": hidden, "dtype": "bf16", "calls_per_batch": calls,
             "per_call_us": samples,
             "median_per_call_us": {k: sorted(v)[len(v) // 2] for k, v in samples.items()},
-            "cprofile_library_op": profile_text(layers["library_op"], calls)}
+            "cprofile_library_op_default": profile_text(layers["library_op_default"], calls)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [measure(int(r), a.hidden, a.calls, a.batches) for r in a.rows.split(",") if r]
     from kernels import launch
 
-    doc = {"schema_version": 2, "launch_route": launch.route(), "goal_us_per_fused_call": 12.0,
+    doc = {"schema_version": 3, "launch_route": launch.route(), "goal_us_per_fused_call": 12.0,
            "command": "python -m integration.proof.launchcost " + " ".join(argv or sys.argv[1:]),
            "torch": torch.__version__, "gpu": kernel_env.smi("name,driver_version"), "shapes": shapes}
     Path(a.out).write_text(json.dumps(doc, indent=1))

@@ -28,3 +28,17 @@ def test_fake_implementations_give_the_output_metadata() -> None:
 
 def test_new_launch_plans_warm_through_the_ops_hook() -> None:
     assert ops._on_new_plan in rmsnorm.PLAN_HOOKS
+
+
+def test_the_per_call_path_reuses_the_kernels_module_and_each_answers_variant() -> None:
+    from integration import choice
+
+    assert ops._kernels() is rmsnorm and ops._kernels() is ops._KERNELS[0]  # imported once
+    for answer in ("fused:auto", "fused:", "fused:t512r1p", "fused:t128r4"):
+        assert ops._variant(answer) == choice.variant_of(answer)
+        assert answer in ops._VARIANTS  # split once, then looked up
+    ops._VARIANTS["fused:t128r4"] = "cached"  # a cached answer is not split again
+    try:
+        assert ops._variant("fused:t128r4") == "cached"
+    finally:
+        del ops._VARIANTS["fused:t128r4"]
