@@ -145,7 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one arm (repeatable, in order); the first is the baseline every other arm is "
                         "compared with, request by request. Built in: stock (vLLM as shipped), patched "
                         "(the kit's fused RMSNorm), vllm_c (vLLM's own CUDA norm kernels), planted:<N>us "
-                        "or planted:<N>ns (positive control: stock plus N of delay per norm call); more in "
+                        "or planted:<N>ns (positive control: N of delay inside every norm call; on a GPU the "
+                        "fused kernel built to spin, on CPU stock plus a host wait); more in "
                         "--arms-file (default: stock then patched)")
     a.add_argument("--arms", type=arms_list, metavar="A,B[,...]",
                    help="the same as repeated --arm, comma-separated (stock,stock is a plain A/A run, "
