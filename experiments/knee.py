@@ -20,6 +20,12 @@ from experiments import goodput, stats
 from experiments.slo import SLO
 
 BRACKET = 1.25  # the two knee loads: knee / BRACKET and knee * BRACKET
+# Past the listed --knee factors, while every tier still meets the target at the highest factor
+# searched, the search goes on at GROWTH times it, at most EXTRA more factors: on the H200 the
+# pooled 15-s windows of the 8B shape met every tier at 3x-8x (experiments/results/
+# h200-llama8b-planted-inkernel), so a list that stops too low found no knee and measured below it.
+GROWTH = 1.5
+EXTRA = 3
 
 
 SEARCH_QUANTILES = (0.25, 0.5, 0.75)  # the windows the knee search pools, by request count
@@ -37,6 +43,17 @@ def search_windows(request_counts: Sequence[int]) -> list[int]:
     ranked = sorted(range(len(request_counts)), key=lambda i: (request_counts[i], i))
     picks = {ranked[round(q * (len(ranked) - 1))] for q in SEARCH_QUANTILES}
     return sorted(picks)
+
+
+def extension(last: float, attainment: Mapping[str, float], extra_done: int,
+              target: float = goodput.ATTAINMENT_TARGET) -> float | None:
+    """The factor to search after the listed ones have run out: GROWTH x the `last` factor searched,
+    while every tier's attainment there still meets `target` and fewer than EXTRA were added; else
+    None (a tier has crossed, so its knee lies inside the factors searched, or the extra ones are
+    spent)."""
+    if extra_done >= EXTRA or not attainment or any(a < target for a in attainment.values()):
+        return None
+    return _round(last * GROWTH)
 
 
 def strictness(slo: SLO) -> tuple[float, float]:
@@ -110,6 +127,13 @@ def compare_capacity(cells: pd.DataFrame, slo: str, baseline: str, treatment: st
     return out
 
 
+def beyond_listed(decided: Mapping) -> list[float]:
+    """The factors a knee search ran past its --knee list (run.json "knee": "factors" searched,
+    "listed"; runs before the extension record no "listed" and searched only their list)."""
+    listed = decided.get("listed", decided.get("factors", []))
+    return [f for f in decided.get("factors", []) if f not in listed]
+
+
 def summary(df: pd.DataFrame, run: Mapping, slos: Sequence[SLO]) -> dict | None:
     """The knee search of a run re-derived from its records (phase "knee"), beside the choice run.json
     records; None for a run without one."""
@@ -123,4 +147,5 @@ def summary(df: pd.DataFrame, run: Mapping, slos: Sequence[SLO]) -> dict | None:
             "points": points,
             "knees": {name: knee(p) for name, p in points.items()},
             "chosen": {k: decided.get(k)
-                       for k in ("tier", "knee", "loads", "reason", "loads_before")}}
+                       for k in ("tier", "knee", "loads", "reason", "loads_before")},
+            "beyond_listed": beyond_listed(decided)}

@@ -206,6 +206,9 @@ def knee_lines(r: Mapping) -> list[str]:
         vals = [next((f"{a:.3f}" for x, a in k["points"][n] if x == f), "") for n in names]
         out.append(f"| {f:g}x | " + " | ".join(vals) + " |")
     out += ["", "Knees (90% attainment): " + ", ".join(f"{n} {_cap(v)}" for n, v in k["knees"].items()) + "."]
+    if k.get("beyond_listed"):
+        more = ", ".join(f"{f:g}x" for f in k["beyond_listed"])
+        out.append(f"Every tier still met at the last --knee factor: searched on at {more}.")
     c = k["chosen"]
     out.append(f"Measured at {', '.join(f'{x:g}x' for x in c['loads'])}: around the {c['tier']} knee "
                f"({c['knee']:.3g}x) plus the lowest factor." if c.get("loads")

@@ -55,3 +55,13 @@ def test_capacity_per_window_and_its_paired_change() -> None:
     assert c["paired"]["t_ci95"][0] < 5.0 < c["paired"]["t_ci95"][1]
     never = knee.capacity_per_window(_cells({("stock", 0): [1.0, 0.95]}), "chat")
     assert never["capacity"].isna().all() and list(never["status"]) == ["above highest"]
+
+
+def test_past_the_list_the_search_grows_while_every_tier_is_met() -> None:
+    met = {"interactive": 0.95, "chat": 1.0}
+    assert knee.extension(8.0, met, 0) == 12.0 and knee.extension(12.0, met, 1) == 18.0
+    assert knee.extension(18.0, met, knee.EXTRA) is None  # the extra factors are spent
+    assert knee.extension(8.0, {"interactive": 0.89, "chat": 1.0}, 0) is None  # a tier crossed: knee inside
+    assert knee.extension(8.0, {}, 0) is None
+    assert knee.beyond_listed({"factors": [3, 4, 6, 9], "listed": [3, 4]}) == [6, 9]
+    assert knee.beyond_listed({"factors": [3, 4]}) == []  # runs before the extension listed nothing

@@ -231,6 +231,21 @@ def test_knee_search_chooses_the_loads_measured(cfg: RunConfig, fakes: dict[str,
     assert "## Knee search" in md and "Measured at 1x, 1.8x, 2.8x: around the interactive knee (2.2x)" in md
 
 
+def test_knee_search_goes_past_its_list_while_every_tier_is_met(cfg: RunConfig, fakes: dict[str, VllmServer],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # every SLO met below 5x: the listed 1x and 2x meet everything, so the search goes on at 3x, 4.5x
+    # (met) and 6.8x (every tier fails), and the knee lies between 4.5x and 6.8x
+    monkeypatch.setattr("experiments.orchestrate.meets", lambda r, slo: r.tags["load"] < 5)
+    kneed = dataclasses.replace(cfg, knee_factors=(1.0, 2.0), windows=2)
+    run = _run(run_experiment(kneed, servers=fakes))
+    k = run["knee"]
+    assert k["listed"] == [1.0, 2.0] and k["factors"] == [1.0, 2.0, 3.0, 4.5, 6.8]
+    assert [f for f, _ in k["points"]["interactive"]] == k["factors"]
+    assert k["tier"] == "interactive" and 4.5 < k["knee"] < 6.8 and k["loads"][0] == 1.0
+    md = (cfg.results_dir / "run" / "report.md").read_text()
+    assert "searched on at 3x, 4.5x, 6.8x" in md
+
+
 def test_knee_needs_resident_servers(cfg: RunConfig) -> None:
     with pytest.raises(ValueError, match="--knee needs resident servers"):
         dataclasses.replace(cfg, knee_factors=(1.0, 2.0), one_at_a_time=True)
