@@ -28,6 +28,7 @@ class PolicyUnavailable(RuntimeError):
 MODES = ("compiled", "eager")
 POLICY_ENV = "RMSNORM_FUSED_POLICY"  # a policy table for every mode (overrides the GPU's tables)
 ALL_FUSED = "all"  # as either variable's value: every call fused at the kernel's own launch shape
+NONE_FUSED = "none"  # as either variable's value: every call declined (stock), the plugin idle
 POLICY_ENV_COMPILED = "RMSNORM_FUSED_POLICY_COMPILED"  # a table for the torch.compile path only
 GPU_ENV = "RMSNORM_FUSED_GPU"  # whose tables to use, e.g. h200 (default: the GPU this process sees)
 # Tables built by integration/proof/ingraph.py from timings inside vLLM, per GPU, beside the kernel
@@ -80,8 +81,8 @@ def policy_path(mode: str, gpu: str | None = None) -> Path | None:
 @functools.cache
 def policy(mode: str = "compiled") -> Any:
     """The shape policy of a mode, loaded once per process (see policy_path; $RMSNORM_FUSED_POLICY=all:
-    every call fused). Where this GPU has no table, a policy that declines every call (stock), said
-    once in the log with how to make one."""
+    every call fused, =none: every call declined). Where this GPU has no table, a policy that declines
+    every call (stock), said once in the log with how to make one."""
     try:
         from kernels.policy import EveryCallFused, Policy, load_policy
     except ImportError as exc:
@@ -89,6 +90,8 @@ def policy(mode: str = "compiled") -> Any:
     path = policy_path(mode)
     if path is not None and str(path) == ALL_FUSED:
         return EveryCallFused(f"{ALL_FUSED}: every call fused (fused:auto)")
+    if path is not None and str(path) == NONE_FUSED:
+        return Policy({}, source=f"{NONE_FUSED}: every call declined (stock)")
     if path is not None:
         return load_policy(path)
     gpu = current_gpu() or "no GPU"

@@ -93,7 +93,8 @@ def test_bad_planted_specs_are_refused(spec: str) -> None:
 
 
 def test_builtin_arms_come_from_the_shipped_file() -> None:
-    assert set(arms.load_arm_file(arms.BUILTIN_FILE)) == {"stock", "patched", "vllm_c"} == set(arms.ARMS)
+    builtin = {"stock", "patched", "plugin-idle", "vllm_c"}
+    assert set(arms.load_arm_file(arms.BUILTIN_FILE)) == builtin == set(arms.ARMS)
     assert arms.get("vllm_c").server_args(eager=False) == [
         "--ir-op-priority.rms_norm=vllm_c,native", "--ir-op-priority.fused_add_rms_norm=vllm_c,native"]
     assert arms.get("vllm_c").env() == {"VLLM_PLUGINS": ""}

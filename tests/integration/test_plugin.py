@@ -213,6 +213,26 @@ def test_policy_all_sends_every_call_to_the_fused_kernel(monkeypatch: pytest.Mon
         choice.fused_over.cache_clear()
 
 
+def test_the_idle_arm_loads_the_plugin_with_a_policy_that_declines_every_call(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    idle = arms.get("plugin-idle")
+    assert idle.plugins == ("rmsnorm_fused",) and arms.uses_policy(idle)
+    env = idle.env()
+    assert env[choice.POLICY_ENV] == env[choice.POLICY_ENV_COMPILED] == choice.NONE_FUSED
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    choice.policy.cache_clear()
+    choice.choose.cache_clear()
+    try:
+        assert {choice.choose(op, "bf16", rows, 4096, mode) for op in choice.OPS for mode in choice.MODES
+                for rows in (1, 32, 8192)} == {"stock"}
+        assert "every call declined" in choice.policy("compiled").source
+        assert choice.stock_boundaries("bf16", 4096, 16384) == []  # one compile range, as stock
+    finally:
+        choice.policy.cache_clear()
+        choice.choose.cache_clear()
+
+
 def test_a_gpu_without_tables_declines_everything_and_says_how_to_measure(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.delenv(choice.POLICY_ENV, raising=False)
