@@ -143,9 +143,9 @@ def summary(df: pd.DataFrame, run: Mapping, slos: Sequence[SLO]) -> dict | None:
         return None
     points = {s.name: attainment_points(found, s) for s in slos}
     decided = decided or {}
-    return {"arm": decided.get("arm"), "windows": decided.get("windows", [decided.get("window", 0)]),
-            "points": points,
-            "knees": {name: knee(p) for name, p in points.items()},
-            "chosen": {k: decided.get(k)
-                       for k in ("tier", "knee", "loads", "reason", "loads_before")},
-            "beyond_listed": beyond_listed(decided)}
+    out = {"arm": decided.get("arm"), "windows": decided.get("windows", [decided.get("window", 0)]),
+           "points": points,
+           "knees": {name: knee(p) for name, p in points.items()},
+           "chosen": {k: decided.get(k) for k in ("tier", "knee", "loads", "reason", "loads_before")}}
+    more = beyond_listed(decided)
+    return {**out, "beyond_listed": more} if more else out  # only where the search went past its list
