@@ -1,0 +1,125 @@
+"""Where a treatment's cost lies: the paired TPOT change by a request's exposure to prefills.
+
+A request's decode steps are pure decode steps unless another request's prefill joins them. Its
+exposure is the number of other requests that became due while it decoded (first to last token in
+the baseline's replay) per decode step (output tokens - 1): an estimate of the share of its steps
+that carried a prefill. If a treatment costs more in mixed or prefill steps than in decode steps, the
+per-request log TPOT ratio grows with exposure; if the cost sits in the decode steps (or in the
+server as a whole), it does not. This is a diagnosis beside the report, not a verdict:
+
+    python -m experiments.exposure experiments/results/<run> --arm planted:0.5us
+
+prints, per load, the median change of the least, middle and most exposed third of the requests,
+and the slope of the change on exposure with cell (window, load) effects removed, with its 95% t
+interval. Pure functions; `main` reads the run with experiments.load_run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sps
+
+from experiments.paired import PAIR_KEY, pct, request_pairs
+
+THIRDS = ("least", "middle", "most")
+
+
+def exposure_frame(df: pd.DataFrame, baseline: str, treatment: str) -> pd.DataFrame:
+    """Per request paired in both arms (measured rows of `df`, a goodput.records_frame with `ok`):
+    window, load, index, the TPOT log ratio and its exposure to prefills (see the module text)."""
+    pairs = request_pairs(df, baseline, treatment, "tpot_ms").set_index(PAIR_KEY)
+    base = df[df["arm"] == baseline].set_index(PAIR_KEY)
+    base = base.loc[pairs.index]
+    start = base["due_ms"] + base["ttft_ms"]
+    end = base["due_ms"] + base["e2e_ms"]
+    exposure = []
+    for (w, ld), idx in pairs.groupby(level=[0, 1]).groups.items():
+        due = np.sort(df.loc[(df["arm"] == baseline) & (df["window"] == w) & (df["load"] == ld),
+                             "due_ms"].to_numpy())
+        arrived = (np.searchsorted(due, end.loc[idx].to_numpy())
+                   - np.searchsorted(due, start.loc[idx].to_numpy()))
+        steps = base.loc[idx, "output_tokens"].to_numpy() - 1
+        exposure.append(pd.Series(arrived / np.maximum(steps, 1), index=idx))
+    out = pairs.assign(exposure=pd.concat(exposure) if exposure else pd.Series(dtype=float))
+    steps = base["output_tokens"] - 1
+    return out[steps > 0].reset_index()
+
+
+def by_third(frame: pd.DataFrame) -> list[dict]:
+    """Per load: for the least, middle and most exposed third, n, mean exposure and median change (%)."""
+    rows = []
+    for load, g in frame.groupby("load", sort=True):
+        third = pd.qcut(g["exposure"].rank(method="first"), 3, labels=list(THIRDS))
+        for name, part in g.groupby(third, observed=True):
+            rows.append({"load": float(load), "third": str(name), "n": len(part),
+                         "exposure": float(part["exposure"].mean()),
+                         "median_change_pct": float(pct(part["log_ratio"].median()))})
+    return rows
+
+
+def slope(frame: pd.DataFrame, confidence: float = 0.95) -> dict:
+    """Least-squares slope of the log ratio (%) on exposure within cells (both demeaned per window and
+    load), with its t interval; None fields when the exposure does not vary."""
+    cells = frame.groupby(["window", "load"])
+    y = 100.0 * (frame["log_ratio"] - cells["log_ratio"].transform("mean")).to_numpy()
+    x = (frame["exposure"] - cells["exposure"].transform("mean")).to_numpy()
+    dof = len(frame) - cells.ngroups - 1
+    sxx = float(x @ x)
+    if dof < 1 or sxx == 0.0:
+        return {"slope_pct": None, "ci95_pct": None, "n": len(frame), "cells": cells.ngroups}
+    b = float(x @ y) / sxx
+    resid = y - b * x
+    se = float(np.sqrt(resid @ resid / dof / sxx))
+    half = float(sps.t.ppf(0.5 + confidence / 2, dof)) * se
+    return {"slope_pct": b, "ci95_pct": [b - half, b + half], "n": len(frame), "cells": cells.ngroups}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments.exposure", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run", type=Path, help="a run directory (run.json and requests.jsonl.gz)")
+    ap.add_argument("--arm", required=True, help="the treatment arm's label, as the report names it")
+    ap.add_argument("--baseline", default=None, help="the baseline arm's label (default: the run's first)")
+    a = ap.parse_args(argv)
+    from experiments.rundir import read_run_record
+    from experiments.runframe import load_run
+    from kernels.resultfile import ResultFileError
+
+    try:
+        run = read_run_record(a.run)
+        df = load_run(a.run)
+    except (FileNotFoundError, ValueError, ResultFileError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    baseline = a.baseline or run["arm_labels"][0]
+    labels = set(df["arm"])
+    for flag, label in (("--arm", a.arm), ("--baseline", baseline)):
+        if label not in labels:
+            print(f"error: {flag} {label!r} is not an arm of {a.run} (arms: {', '.join(sorted(labels))})",
+                  file=sys.stderr)
+            return 2
+    measured = df[df["phase"] == "measure"].rename(columns={"succeeded": "ok"})
+    frame = exposure_frame(measured, baseline, a.arm)
+    print(f"{a.arm} vs {baseline}, TPOT paired per request, by exposure to prefills "
+          "(requests due during its decode, per decode step)")
+    for row in by_third(frame):
+        print(f"  {row['load']:g}x {row['third']:>6} third: n {row['n']:4d}, exposure {row['exposure']:.3f}, "
+              f"median change {row['median_change_pct']:+.2f}%")
+    s = slope(frame)
+    if s["slope_pct"] is None:
+        print("  slope: none (exposure does not vary)")
+    else:
+        lo, hi = s["ci95_pct"]
+        print(f"  slope within cells: {s['slope_pct']:+.2f}% per unit of exposure, 95% CI "
+              f"[{lo:+.2f}, {hi:+.2f}] ({s['n']} requests, {s['cells']} cells)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""experiments.exposure: a planted cost that grows with exposure to prefills is found, a flat one is not."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from experiments import exposure
+
+
+def _frame(effect, seed: int = 1, n: int = 400) -> pd.DataFrame:
+    """Two arms replaying the same n requests (two cells): arrivals bursty (rate changing 10x), TPOT
+    10 ms for stock and stock x exp(effect(exposure) + noise) for the treatment."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for window in (0, 1):
+        gaps = np.where(np.arange(n) % 100 < 50, rng.exponential(20.0, n), rng.exponential(200.0, n))
+        due = np.cumsum(gaps)
+        out = rng.integers(20, 200, n)
+        tpot = 10.0 * np.exp(rng.normal(0, 0.01, n))
+        e2e = 50.0 + tpot * (out - 1)
+        arrived = np.searchsorted(np.sort(due), due + e2e) - np.searchsorted(np.sort(due), due + 50.0)
+        expo = arrived / (out - 1)
+        t_tpot = tpot * np.exp(effect(expo) + rng.normal(0, 0.002, n))
+        for arm, tp in (("stock", tpot), ("treated", t_tpot)):
+            for i in range(n):
+                rows.append({"arm": arm, "window": window, "load": 2.0, "index": i, "ok": True,
+                             "due_ms": due[i], "input_tokens": 100, "output_tokens": int(out[i]),
+                             "ttft_ms": 50.0, "tpot_ms": tp[i], "e2e_ms": 50.0 + tp[i] * (out[i] - 1)})
+    return pd.DataFrame(rows)
+
+
+def test_a_cost_that_grows_with_exposure_has_a_positive_slope() -> None:
+    frame = exposure.exposure_frame(_frame(lambda x: 0.002 + 0.05 * x), "stock", "treated")
+    assert len(frame) == 800 and frame["exposure"].std() > 0.05
+    s = exposure.slope(frame)
+    assert s["ci95_pct"][0] <= 5.0 <= s["ci95_pct"][1] and s["ci95_pct"][0] > 0  # 5% per unit
+    thirds = {r["third"]: r["median_change_pct"] for r in exposure.by_third(frame)}
+    assert thirds["least"] < thirds["middle"] < thirds["most"]
+
+
+def test_a_flat_cost_has_a_slope_near_zero() -> None:
+    frame = exposure.exposure_frame(_frame(lambda x: 0.01 + 0.0 * x, seed=2), "stock", "treated")
+    s = exposure.slope(frame)
+    assert s["ci95_pct"][0] <= 0.0 <= s["ci95_pct"][1]
+    assert all(r["median_change_pct"] == pytest.approx(1.005, abs=0.1) for r in exposure.by_third(frame))
+
+
+def test_the_cli_names_an_unknown_arm(tmp_path, capsys) -> None:  # noqa: ANN001
+    assert exposure.main([str(tmp_path), "--arm", "x"]) == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_the_cli_reads_a_committed_run(capsys) -> None:  # noqa: ANN001
+    from pathlib import Path
+
+    run = Path(__file__).resolve().parents[2] / "experiments/results/h200-llama8b-planted-inkernel"
+    assert exposure.main([str(run), "--arm", "nope"]) == 2
+    assert "'nope' is not an arm" in capsys.readouterr().err
+    assert exposure.main([str(run), "--arm", "stock-b"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("third:") == 9 and "slope within cells" in out
