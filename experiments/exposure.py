@@ -32,23 +32,18 @@ THIRDS = ("least", "middle", "most")
 
 def exposure_frame(df: pd.DataFrame, baseline: str, treatment: str) -> pd.DataFrame:
     """Per request paired in both arms (measured rows of `df`, a goodput.records_frame with `ok`):
-    window, load, index, the TPOT log ratio and its exposure to prefills (see the module text)."""
+    window, load, index, the TPOT log ratio and its exposure to prefills (see the module text).
+    Only requests with a TPOT pair, so every one has at least one decode step."""
     pairs = request_pairs(df, baseline, treatment, "tpot_ms").set_index(PAIR_KEY)
     base = df[df["arm"] == baseline].set_index(PAIR_KEY)
+    due = {cell: np.sort(g["due_ms"].to_numpy()) for cell, g in base.groupby(level=[0, 1])}
     base = base.loc[pairs.index]
-    start = base["due_ms"] + base["ttft_ms"]
-    end = base["due_ms"] + base["e2e_ms"]
-    exposure = []
-    for (w, ld), idx in pairs.groupby(level=[0, 1]).groups.items():
-        due = np.sort(df.loc[(df["arm"] == baseline) & (df["window"] == w) & (df["load"] == ld),
-                             "due_ms"].to_numpy())
-        arrived = (np.searchsorted(due, end.loc[idx].to_numpy())
-                   - np.searchsorted(due, start.loc[idx].to_numpy()))
-        steps = base.loc[idx, "output_tokens"].to_numpy() - 1
-        exposure.append(pd.Series(arrived / np.maximum(steps, 1), index=idx))
-    out = pairs.assign(exposure=pd.concat(exposure) if exposure else pd.Series(dtype=float))
-    steps = base["output_tokens"] - 1
-    return out[steps > 0].reset_index()
+    start, end = base["due_ms"] + base["ttft_ms"], base["due_ms"] + base["e2e_ms"]
+    arrived = pd.Series(0.0, index=pairs.index)
+    for cell, idx in pairs.groupby(level=[0, 1]).groups.items():
+        arrived[idx] = (np.searchsorted(due[cell], end[idx].to_numpy())
+                        - np.searchsorted(due[cell], start[idx].to_numpy()))
+    return pairs.assign(exposure=arrived / (base["output_tokens"] - 1)).reset_index()
 
 
 def by_third(frame: pd.DataFrame) -> list[dict]:

@@ -170,10 +170,9 @@ class Runner:
         counts = [len(w.requests) for w in self.plan.windows]
         picked = [self.plan.windows[i] for i in knee.search_windows(counts)]
         points: dict[str, list[tuple[float, float]]] = {s.name: [] for s in slos}
-        factors, searched = list(cfg.knee_factors or ()), []
-        j = 0
-        while j < len(factors):
-            factor = factors[j]
+        listed = list(cfg.knee_factors or ())
+        factors, searched = list(listed), []
+        for j, factor in enumerate(factors):  # extension() appends to factors as the search goes
             searched.append(factor)
             what = f"the knee search at load {factor:g}"
             self.where = f"in {what} on {label}"
@@ -188,16 +187,15 @@ class Runner:
                 points[s.name].append((factor, sum(meets(r, s) for r in records) / len(records)))
             if all(p[-1][1] < ATTAINMENT_TARGET for p in points.values()):
                 break
-            j += 1
-            if j == len(factors):  # the list ran out with every tier still met: search higher
+            if j + 1 == len(factors):  # the list ran out: search higher while every tier is still met
                 more = knee.extension(factor, {n: p[-1][1] for n, p in points.items()},
-                                      j - len(cfg.knee_factors or ()))
+                                      len(factors) - len(listed))
                 if more is not None:
                     log.info("knee search: every tier met at %gx; searching %gx too", factor, more)
                     factors.append(more)
         knees = {name: knee.knee(p) for name, p in points.items()}
         chosen = knee.choose_loads(knees, slos, searched)
-        self.record.data["knee"] = {"factors": searched, "listed": list(cfg.knee_factors or ()), "arm": label,
+        self.record.data["knee"] = {"factors": searched, "listed": listed, "arm": label,
                                     "windows": [w.id for w in picked], "points": points,
                                     "knees": knees, **chosen, "loads_before": list(cfg.loads)}
         if chosen["loads"]:
