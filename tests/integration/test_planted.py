@@ -109,31 +109,21 @@ def on_cuda(monkeypatch: pytest.MonkeyPatch):
     rmsnorm._flags = ()
 
 
-def test_on_cuda_the_planted_provider_is_the_fused_kernel_built_to_spin(
-        on_cuda: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_on_cuda_the_planted_provider_is_the_patched_implementation_built_to_spin(
+        on_cuda: None, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     from integration import choice, plugin
     from kernels import rmsnorm
+    from kernels.policy import SCHEMA_VERSION
+    from kernels.resultfile import write_json
 
-    monkeypatch.setenv(choice.POLICY_ENV, choice.ALL_FUSED)
+    # any policy table: the planted arm follows the one patched follows (here one that fuses nothing)
+    table = tmp_path / "policy.json"
+    write_json(table, {"schema_version": SCHEMA_VERSION, "table": {}})
+    monkeypatch.setenv(choice.POLICY_ENV, str(table))
     planted.register()
     impls = {op: getattr(vllm_ir.ops, op).impls[arms.PLANTED_PROVIDER] for op in arms.IR_OPS}
     assert impls["rms_norm"].impl_fn is plugin.rms_norm_impl
     assert impls["fused_add_rms_norm"].impl_fn is plugin.fused_add_rms_norm_impl
+    assert impls["rms_norm"]._supports_args is plugin.rms_norm_supports  # the policy decides per call
     assert impls["fused_add_rms_norm"].inplace and all(i.supported for i in impls.values())
-    assert rmsnorm._flags == ("PLANT_NS=700",)  # every kernel this process builds spins 700 ns
-
-
-def test_on_cuda_a_policy_other_than_all_fused_is_refused(on_cuda: None, monkeypatch: pytest.MonkeyPatch,
-                                                          tmp_path) -> None:
-    from integration import choice
-    from kernels import rmsnorm
-
-    from kernels.policy import SCHEMA_VERSION
-    from kernels.resultfile import write_json
-
-    table = tmp_path / "policy.json"
-    write_json(table, {"schema_version": SCHEMA_VERSION, "table": {}})
-    monkeypatch.setenv(choice.POLICY_ENV, str(table))
-    with pytest.raises(RuntimeError, match="RMSNORM_FUSED_POLICY=all"):
-        planted.register()
-    assert rmsnorm._flags == ()  # nothing planted when the control cannot run as designed
+    assert rmsnorm._flags == ("PLANT_NS=700",)  # every fused kernel this process builds spins 700 ns
