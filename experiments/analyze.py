@@ -217,15 +217,21 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
     if planted_steps is None and planted.has_planted_arm(run):  # the GPU's committed one, if any
         found = profiles.default_planted_steps(gpu, (run.get("model") or {}).get("name"))
         planted_steps = PROJECT_ROOT / found if found else None
+    latency_rows = goodput.latency_table(complete)
+    paired_lat = comparisons.paired_latency(complete, run)
     analysis = report.Analysis(
         run=run, env=env, slos=slos, per_slo=per_slo, secondary=secondary,
-        latency=goodput.latency_table(complete), attribution=attrib, missing=missing,
+        latency=latency_rows, attribution=attrib, missing=missing,
         warnings=warnings, excluded=excluded, n_records=len(df), source=source, pair=pair,
-        paired_latency=comparisons.paired_latency(complete, run), in_run_floor=in_run_floor,
+        paired_latency=paired_lat, in_run_floor=in_run_floor,
         burnin=comparisons.burnin_summary(df, complete), drift=comparisons.drift(complete, run),
         knee=knee.summary(df, run, slos),
-        planted_steps=None if planted_steps is None else
-        (_shown(planted_steps), read_json(planted_steps, None, "graph-steps file")),
+        planted=planted.planted_lines(
+            run, latency_rows, paired_lat, attrib,
+            None if planted_steps is None else (_shown(planted_steps), read_json(planted_steps, None,
+                                                                                 "graph-steps file")),
+            planted.reference_comparisons(complete, run, comparisons.cell_orders(run)),
+            planted.decode_totals(complete)),
     )
     result = report.build_report(analysis)
     result["noise_floor"] = noisefloor.noise_floor(result, aa_report)

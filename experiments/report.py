@@ -38,7 +38,7 @@ class Analysis:
     burnin: list[dict]
     drift: dict
     knee: dict | None  # experiments.knee.summary
-    planted_steps: tuple[str, dict] | None = None  # (path shown, graph-steps document) for planted lines
+    planted: list[dict] | None = None  # experiments.planted.planted_lines
 
 
 def aa_reason(run: Mapping) -> str | None:
@@ -210,7 +210,7 @@ def build_report(a: Analysis) -> dict:
                     "burnin_excluded": a.excluded.get("burnin", 0)},
         "arm_definitions": arm_details(run, a.env), "prompts": {**(run.get("prompts") or {}),
                                                                  "check": run.get("prompt_tokens")},
-        "planted": planted.planted_lines(run, a.latency, a.paired_latency, a.attribution, a.planted_steps),
+        "planted": a.planted or [],
         "paired_latency": a.paired_latency, "aa_in_run": _floor_comparisons(a),
         "burnin": a.burnin, "drift": a.drift, "knee": a.knee,
         "latency": a.latency, "secondary": secondary,

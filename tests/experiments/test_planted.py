@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from experiments.config import make_config
-from experiments.planted import planted_lines, planted_text
+from experiments.planted import (decode_totals, planted_lines, planted_text, reference_comparisons,
+                                 reference_label)
 from experiments.runrecord import arm_records
 from integration.proof import plantedcost
 from kernels.resultfile import write_json
@@ -28,54 +31,113 @@ def test_prediction_counts_the_measured_launch_not_only_the_delay(tmp_path: Path
     run = _planted_run()
     latency = [{"arm": "stock", "load": 1.0, "tpot_p50_ms": 1.0}]
     paired = {"planted:500ns": {"tpot_ms": {"estimate_pct": 1.0, "ci95_pct": [0.5, 1.5]}}}
-    profile = {"steps": 1, "step_us": 1000.0}
-    attribution = {"gpu": "testgpu", "profile": "p.json", "histogram_arm": "stock",
-                   "profile_detail": {"by_bucket": [profile]}}
     monkeypatch.setattr(plantedcost, "RESULTS_DIR", tmp_path)
-    (alone,) = planted_lines(run, latency, paired, attribution)  # no measurement: 0.5 us x 5 calls
+    (alone,) = planted_lines(run, latency, paired, {"gpu": "testgpu"})  # no measurement: 0.5 us x 5 calls
     assert alone["predicted_pct"] == pytest.approx(0.25) and alone["per_call_source"] == "the delay alone"
-    assert alone["prediction_inside"] is False
+    assert alone["prediction_inside"] is False and alone["reference"] == "stock"
     write_json(tmp_path / "testgpu-planted-cost.json",
                {"schema_version": plantedcost.SCHEMA_VERSION,
                 "delays": [{"ns": 500, "added_us_per_call": 2.0}]})
-    (p,) = planted_lines(run, latency, paired, attribution)  # measured 2 us x 5 calls = 10 us of 1000
-    assert p["added_us_per_step"] == pytest.approx(10.0) and p["predicted_pct"] == pytest.approx(1.0)
+    (p,) = planted_lines(run, latency, paired, {"gpu": "testgpu"})  # measured 2 us x 5 calls = 10 us of 1000
+    assert p["added_us_per_decode_token"] == pytest.approx(10.0) and p["predicted_pct"] == pytest.approx(1.0)
     assert p["prediction_inside"] is True and "testgpu-planted-cost.json" in planted_text(p)
+    # with the records' decode time per token (2 ms: 300 ms over 150 tokens) in place of the median TPOT
+    (q,) = planted_lines(run, latency, paired, {"gpu": "testgpu"}, decode={("stock", 1.0): (300.0, 150)})
+    assert q["predicted_pct"] == pytest.approx(0.5) and q["prediction_inside"] is True
 
 
-def test_prediction_uses_the_planted_arms_step_time_in_vllm_per_load_and_step_size(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_decode_steps_weigh_by_their_requests_over_the_decode_time(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     run = _planted_run()
-    # stock ran 3 steps of 1 token and 1 of 4 tokens at 1x; 1 step of 1 and 1 of 64 at 2x (upper bounds)
-    buckets = [1, 4, 16, 64, "+Inf"]
-    run["step_histograms"] = {"stock": {"1.0": {"buckets": buckets, "counts": [3, 1, 0, 0, 0]},
-                                        "2.0": {"buckets": buckets, "counts": [1, 0, 0, 1, 0]}}}
-    latency = [{"arm": "stock", "load": 1.0, "tpot_p50_ms": 1.0},
-               {"arm": "stock", "load": 2.0, "tpot_p50_ms": 2.0}]
-    by_load = {"1": {"estimate_pct": 0.8, "ci95_pct": [0.6, 1.2]},
-               "2": {"estimate_pct": 0.9, "ci95_pct": [0.1, 0.3]}}
-    paired = {"planted:500ns": {"tpot_ms": {"estimate_pct": 0.9, "ci95_pct": [0.5, 1.5], "by_load": by_load}}}
+    # stock ran, at 1x, 3 steps of 1 token and 2 steps of 2-4 tokens (midpoint 3) and one mixed step of
+    # 200 tokens; the records hold 20 decode tokens (so 20 - 3 - 6 = 11 in the mixed step) over 40 ms
+    hist = {"buckets": [1, 4, 16, 256, "+Inf"], "counts": [3, 2, 0, 1, 0]}
+    run["step_histograms"] = {"stock": {"1.0": hist}}
+    latency = [{"arm": "stock", "load": 1.0, "tpot_p50_ms": 1.0}]
+    paired = {"planted:500ns": {"tpot_ms": {"estimate_pct": 0.9, "ci95_pct": [0.5, 1.5]}}}
     monkeypatch.setattr(plantedcost, "RESULTS_DIR", tmp_path)  # no plain-graph measurement
     graph = {"sizes": [{"batch_tokens": 1, "arms": {"planted:500ns": {"change_per_norm_call_us": 2.0},
                                                     "planted:1us": {"change_per_norm_call_us": 9.0}}},
                        {"batch_tokens": 16, "arms": {"planted:500ns": {"change_per_norm_call_us": 1.0}}}],
              "prefill": [{"batch_tokens": 8, "arms": {"planted:500ns": {"change_per_norm_call_us": 50.0}}},
                          {"batch_tokens": 256, "arms": {"planted:500ns": {"change_per_norm_call_us": 10.0}}}]}
-    (p,) = planted_lines(run, latency, paired, {"gpu": "testgpu"}, ("g.json", graph))
-    # 4 tokens lie halfway between 1 and 16 in log tokens: 1.5 us; 64 halfway between 16 and 256: 5.5 us
-    # (the 8-token prefill lies inside the decode sizes and is not used); x 5 calls per step
-    at_1x, at_2x = (3 * 2.0 + 1.5) / 4 * 5, (2.0 + 5.5) / 2 * 5
-    assert p["by_load"]["1"]["added_us_per_step"] == pytest.approx(at_1x)
-    assert p["by_load"]["2"]["added_us_per_step"] == pytest.approx(at_2x)
-    pct_1x, pct_2x = 100 * at_1x / 1000, 100 * at_2x / 2000
-    assert p["by_load"]["1"]["predicted_pct"] == pytest.approx(pct_1x)
-    assert p["predicted_pct"] == pytest.approx(100 * (((1 + pct_1x / 100) * (1 + pct_2x / 100)) ** 0.5 - 1))
-    assert p["by_load"]["1"]["prediction_inside"] is True and p["by_load"]["2"]["prediction_inside"] is False
-    assert p["prediction_inside"] is True and "g.json" in p["per_call_source"]
-    assert "1x predicted" in planted_text(p) and "(outside)" in planted_text(p)
+    (p,) = planted_lines(run, latency, paired, {"gpu": "testgpu"}, ("g.json", graph),
+                         decode={("stock", 1.0): (40.0, 20)})
+    # 3 tokens: log-linear between 2.0 us at 1 and 1.0 at 16; the mixed step, in the bucket up to 256
+    # tokens, takes the prefill cost at 256 (10 us); the 8-token prefill lies inside the decode sizes
+    # and is not used
+    at_3 = 2.0 - (np.log(3) / np.log(16))
+    added = (3 * 1 * 2.0 + 2 * 3 * at_3 + 11 * 10.0) * 5  # us over all decode tokens, x 5 calls
+    assert p["by_load"]["1"]["added_us_per_decode_token"] == pytest.approx(added / 20)
+    assert p["predicted_pct"] == pytest.approx(100 * added / 40_000)
+    assert "g.json" in p["per_call_source"] and "prefill" in p["per_call_source"]
     other = {"sizes": [{"batch_tokens": 1, "arms": {"planted:1us": {"change_per_norm_call_us": 9.0}}}]}
     (q,) = planted_lines(run, latency, paired, {"gpu": "testgpu"}, ("g.json", other))  # another delay: unused
     assert q["per_call_source"] == "the delay alone"
+
+
+def _twin_run() -> dict:
+    """A CUDA run of stock, patched and planted:500ns whose policy fuses at 1-32 rows."""
+    cfg = make_config(TRACE, "cpu", arms=("stock", "patched", "planted:500ns"))
+    run = {"arm_labels": list(cfg.labels), "arms": list(cfg.arms), "arm_definitions": arm_records(cfg),
+           "device": "cuda", "model": _planted_run()["model"],
+           "patched_policy": {"segments": {"rms_norm": [[1, 32, True], [33, 16384, False]],
+                                           "fused_add_rms_norm": [[1, 32, True], [33, 16384, False]]}}}
+    run["step_histograms"] = {"patched": {"2.0": {"buckets": [1, 16, 64, "+Inf"], "counts": [4, 2, 1, 0]}}}
+    return run
+
+
+def test_the_planted_arm_is_compared_with_its_twin_by_the_delay_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = _twin_run()
+    assert reference_label(run, "planted:500ns") == "patched"
+    latency = [{"arm": "patched", "load": 2.0, "tpot_p50_ms": 3.0}]
+    by_load = {"2": {"estimate_pct": 0.3, "ci95_pct": [0.1, 0.5]}}
+    twin = {"planted:500ns": {"estimate_pct": 0.3, "ci95_pct": [0.1, 0.5], "by_load": by_load}}
+    paired = {"planted:500ns": {"tpot_ms": {"estimate_pct": 2.0, "ci95_pct": [1.0, 3.0]}}}
+    graph = {"sizes": [{"batch_tokens": n, "arms": {"patched": {"change_per_norm_call_us": -0.5},
+                                                    "planted:500ns": {"change_per_norm_call_us": c}}}
+                       for n, c in ((1, 1.5), (64, 0.5))],
+             "prefill": [{"batch_tokens": 512, "arms": {"planted:500ns": {"change_per_norm_call_us": 99.0}}}]}
+    monkeypatch.setattr(plantedcost, "RESULTS_DIR", tmp_path)
+    (p,) = planted_lines(run, latency, paired, {"gpu": "testgpu"}, ("g.json", graph), twin,
+                         decode={("patched", 2.0): (250.0, 100)})
+    # per call planted - patched: 2.0 us at 1 token, 1.0 at 64; fused only at 1-32 tokens, so the
+    # 17-64-token step (midpoint 40.5) adds nothing; 4 steps of 1 token, 2 of 2-16 (midpoint 9); the
+    # records' 100 decode tokens over 250 ms: 2.5 ms per decode token
+    at_9 = 2.0 - np.log(9) / np.log(64)
+    added = (4 * 1 * 2.0 + 2 * 9 * at_9) * 5
+    assert p["predicted_pct"] == pytest.approx(100 * added / 100 / 2500)
+    assert p["measured_pct"] == 0.3 and p["detected"] is True and p["reference"] == "patched"
+    assert p["vs_baseline"] == {"baseline": "stock", "estimate_pct": 2.0, "ci95_pct": [1.0, 3.0]}
+    text = planted_text(p)
+    assert "vs patched" in text and "minus patched's" in text
+    assert "against stock +2.00% [+1.00, +3.00]%" in text
+    run["arm_definitions"]["planted:500ns"]["env"]["RMSNORM_FUSED_POLICY"] = "all"  # the earlier control
+    assert reference_label(run, "planted:500ns") == "stock"
+
+
+def test_reference_comparisons_find_a_planted_effect_against_the_twin() -> None:
+    run = _twin_run()
+    rng = np.random.default_rng(3)
+    rows = []
+    for w in range(6):
+        for i in range(40):
+            base = rng.lognormal(np.log(8.0), 0.2)
+            for arm, f in (("stock", 1.0), ("patched", 1.0), ("planted:500ns", 1.01)):
+                rows.append({"arm": arm, "window": w, "load": 2.0, "index": i, "ok": True,
+                             "due_ms": 25.0 * i, "input_tokens": 100, "output_tokens": 11,
+                             "completion_tokens": 11, "tpot_ms": base * f * rng.lognormal(0, 0.002),
+                             "ttft_ms": 50.0, "e2e_ms": 130.0})
+    frame = pd.DataFrame(rows)
+    orders = {(w, 2.0): ["stock", "patched", "planted:500ns"] for w in range(6)}
+    (label, cmp), = reference_comparisons(frame, run, orders).items()
+    assert label == "planted:500ns" and cmp["baseline"] == "patched"
+    assert cmp["ci95_pct"][0] < 1.0 < cmp["ci95_pct"][1] and cmp["significant"] is True
+    totals = decode_totals(frame)
+    assert totals[("patched", 2.0)][1] == 6 * 40 * 10
+    patched = frame[frame["arm"] == "patched"]
+    assert totals[("patched", 2.0)][0] == pytest.approx(10 * patched["tpot_ms"].sum())
 
 
 def test_the_committed_planted_step_time_is_found_by_gpu_and_model() -> None:
