@@ -208,7 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "phase 'knee', not compared; it stops once every SLO tier is below 90%% attainment, "
                         "and past the last factor goes on at 1.5x it, up to 3 more, while every tier is "
                         "still met), then measure at two loads bracketing the strictest tier's 90%% knee, "
-                        "plus the lowest factor, instead of --loads (kept when no knee is found)")
+                        "plus a latency-sensitive load (the lowest factor, or half the knee if that is "
+                        "lower), instead of --loads (kept when no knee is found)")
     g.add_argument("--max-input-tokens", type=clip,
                    help=f"clip every request's prompt to this many tokens; 'none' for no clip "
                         f"({_defaults('max_input_tokens')})")

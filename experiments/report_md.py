@@ -211,7 +211,7 @@ def knee_lines(r: Mapping) -> list[str]:
         out.append(f"Every tier still met at the last --knee factor: searched on at {more}.")
     c = k["chosen"]
     out.append(f"Measured at {', '.join(f'{x:g}x' for x in c['loads'])}: around the {c['tier']} knee "
-               f"({c['knee']:.3g}x) plus the lowest factor." if c.get("loads")
+               f"({c['knee']:.3g}x) plus a latency-sensitive load ({min(c['loads']):g}x)." if c.get("loads")
                else f"No knee chosen ({c.get('reason')}); measured at --loads.")
     return out + [""]
 

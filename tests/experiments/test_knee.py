@@ -33,6 +33,10 @@ def test_loads_bracket_the_strictest_reachable_tier_plus_the_lowest_factor() -> 
              "relaxed": {"status": "above highest", "load": 16.0}}
     got = knee.choose_loads(knees, [RELAXED, CHAT, INTERACTIVE], (1.0, 2.0, 4.0, 8.0, 16.0))
     assert got == {"tier": "chat", "knee": 6.0, "loads": (1.0, 4.8, 7.5), "reason": None}
+    # a lowest factor next to the knee gives way to knee / 2 as the latency-sensitive load
+    near = knee.choose_loads({"interactive": {"status": "interpolated", "load": 6.77}}, [INTERACTIVE],
+                             (5.0, 8.0))
+    assert near["loads"] == (3.4, 5.4, 8.5)
     none = knee.choose_loads({"chat": {"status": "above highest", "load": 16.0}}, [CHAT], (1.0, 16.0))
     assert none["loads"] is None and "1x, 16x" in none["reason"]
 
