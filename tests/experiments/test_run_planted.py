@@ -9,8 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from experiments import goodput
+from experiments.analyze import run_slos
 from experiments.config import make_config
 from experiments.orchestrate import run_experiment
+from experiments.planted import decode_totals
+from experiments.rundir import load_records
 
 pytestmark = pytest.mark.server
 TRACE = Path(__file__).resolve().parents[2] / "traces" / "chat.jsonl"
@@ -30,14 +34,19 @@ def test_a_planted_delay_is_detected_with_its_prediction_beside_it(tmp_path: Pat
     assert run["mode_note"] is None  # a real A/B on CPU: the planted arm differs
     report = json.loads((run_dir / "report.json").read_text())
     (line,) = report["planted"]
-    assert line["norm_calls_per_step"] == 5 and line["added_us_per_step"] == 2000.0
-    assert line["step_source"].startswith("stock's median TPOT per load")
-    stock = [row["tpot_p50_ms"] for row in report["latency"] if row["arm"] == "stock"]  # one per load
-    mean_log = sum(math.log1p(2.0 / ms) for ms in stock) / len(stock)  # 2 ms over stock's TPOT per load
-    assert len(stock) == 2 and line["predicted_pct"] == pytest.approx(100 * math.expm1(mean_log), rel=1e-6)
+    assert line["reference"] == "stock" and line["delay_at"] == "every norm call"  # CPU: a host wait per call
+    assert line["norm_calls_per_step"] == 5 and line["added_us_per_decode_token"] == 2000.0
+    assert line["step_source"].startswith("stock's decode time per token (its records)")
+    records, _ = load_records(run_dir)
+    frame = goodput.records_frame(records, run_slos(run))
+    totals = decode_totals(frame[frame["phase"] == "measure"])  # the measured replays, as compared
+    per_token = [ms / tokens for (arm, _), (ms, tokens) in sorted(totals.items()) if arm == "stock"]
+    mean_log = sum(math.log1p(2.0 / ms) for ms in per_token) / len(per_token)  # 2 ms over each load's
+    assert len(per_token) == 2
+    assert line["predicted_pct"] == pytest.approx(100 * math.expm1(mean_log), rel=1e-6)
     assert line["detected"] is True and line["ci95_pct"][0] > 0
     md = (run_dir / "report.md").read_text()
-    assert (f"- planted control {PLANTED} (400 us per norm call, 400 us added per call from the delay "
-            "alone x 5 calls per step = 2000 us per step)") in md
+    assert (f"- planted control {PLANTED} vs stock (400 us at every norm call; 400 us added per call from "
+            "the delay alone x 5 calls per step = 2000 us per decode token, mean over loads)") in md
     assert "— detected" in md
     print(md.split("\n\n")[0])
