@@ -22,7 +22,7 @@ import asyncio
 
 import aiohttp
 
-from integration import arms
+from integration import arms, compilecache
 
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 
@@ -145,7 +145,8 @@ class VllmServer:
         arm = arm_of(self.config)
         arms.check_plugin_installed(arm)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **arm.env(), **dict(self.config.extra_env)}
+        env = {**os.environ, **arm.env(), **compilecache.cache_env(arm, self.config.eager, _cuda_available()),
+               **dict(self.config.extra_env)}
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
         env.setdefault("PYTHONUNBUFFERED", "1")
         log = open(self.log_path, "ab")

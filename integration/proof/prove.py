@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from integration import arms, choice
+from integration import arms, choice, compilecache
 from integration.launcher import MODELS_DIR
 from integration.proof import evidence, graphtime, normcalls
 from kernels import environment as kernel_env
@@ -135,8 +135,12 @@ def arm_runs(a: argparse.Namespace) -> list[tuple[str, str]]:
     return runs + ([(a.planted, "compiled")] if a.planted else [])
 
 
-def start(cmd: list[str], arm: str, log: Path) -> subprocess.Popen:
-    env = {**os.environ, **arms.get(arm).env(), "PYTHONUNBUFFERED": "1"}
+def start(cmd: list[str], arm: str, log: Path, mode: str = "compiled") -> subprocess.Popen:
+    import torch
+
+    definition = arms.get(arm)
+    env = {**os.environ, **definition.env(), "PYTHONUNBUFFERED": "1",
+           **compilecache.cache_env(definition, mode == "eager", torch.cuda.is_available())}
     with open(log, "wb") as f:
         f.write(f"$ VLLM_PLUGINS={env['VLLM_PLUGINS']!r} {shlex.join(cmd)}\n".encode())
         f.flush()
@@ -242,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         for arm, mode in runs:
             name = f"{arm}-{mode}"
             cmds[name] = worker_cmd(a, arm, mode, scratch, ranges)
-            procs[name] = start(cmds[name], arm, scratch / f"{name}.log")
+            procs[name] = start(cmds[name], arm, scratch / f"{name}.log", mode)
         wait_all(procs, scratch, ".ready", deadline)
         profiled = [m for m in ("compiled", "eager") if m in modes and m in a.profile_modes.split(",")]
         take_turns(procs, scratch, deadline, round_order(runs, profiled, a.rounds))
