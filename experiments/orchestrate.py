@@ -77,6 +77,7 @@ class Runner:
         self.where = "before the first replay"
         self.t_start = time.time()
         self.burned: set[str] = set()  # arms burnt in since their server (re)started
+        self.loads: tuple[float, ...] = tuple(self.cfg.loads)  # measured loads: --loads, or the knee's
         self.record.data.setdefault("replays", [])
         self.record.data.setdefault("burnin", [])
         self.record.data["order"] = {"method": "randomised balanced per load (experiments.schedule)",
@@ -86,10 +87,11 @@ class Runner:
                         position=0, leave=True)
 
     def execute(self) -> None:
-        """Run every segment: bring up its arms (warming each new one up), replay its steps; with
-        --knee, search the knee on the baseline first and measure at the loads it chose."""
+        """Run every segment: bring up its arms (warming each new one up and burning it in), replay
+        its steps; with --knee, search the knee on the baseline first (the servers warmed up, the
+        burn-in left for the loads the search chooses) and measure at the loads it chose."""
         if self.cfg.knee_factors:
-            self._ensure(tuple(self.cfg.labels))
+            self._ensure(tuple(self.cfg.labels), burn_in=False)
             self._knee_search()
         for seg in segments(self.plan.steps, self.cfg.one_at_a_time):
             self._ensure(seg.arms)
@@ -106,7 +108,7 @@ class Runner:
         self.owned.clear()
         self.bar.close()
 
-    def _ensure(self, arms: tuple[str, ...]) -> None:
+    def _ensure(self, arms: tuple[str, ...], burn_in: bool = True) -> None:
         for label in [lab for lab in self.owned if lab not in arms]:
             log.info("stopping %s server (one at a time)", label)
             self.servers[label].stop()
@@ -127,7 +129,7 @@ class Runner:
             if label in new or not self.record.warmed(label):
                 self._warm_up(label)
         fresh = tuple(lab for lab in arms if lab in new or lab not in self.burned)
-        if fresh:
+        if fresh and burn_in:
             self._burn_in(fresh)
 
     def _warm_up(self, label: str) -> None:
@@ -145,7 +147,7 @@ class Runner:
 
     def _burn_in(self, fresh: tuple[str, ...]) -> None:
         """One burn-in cell on the freshly started arms: measured and kept, never compared."""
-        step = burnin_step(self.plan.steps, self.cfg.loads, fresh)
+        step = burnin_step(self.plan.steps, self.loads, fresh)
         n = len(self.record.data["burnin"])
         entry = {"burnin": n, "window": step.window, "load": step.load, "order": list(step.order), "done": []}
         self.record.data["burnin"].append(entry)
@@ -202,6 +204,7 @@ class Runner:
             log.info("knee of %s at %.3gx: measuring at %s", chosen["tier"], chosen["knee"], chosen["loads"])
             self.plan.steps = build_schedule(cfg.windows, chosen["loads"], cfg.labels, False, cfg.blocks,
                                              cfg.seed)
+            self.loads = tuple(chosen["loads"])
             self.record.data["loads"] = list(chosen["loads"])
             self.bar.total = len(cfg.labels) * len(self.plan.steps)
         else:
