@@ -39,7 +39,6 @@ import pandas as pd
 from experiments import paired
 from experiments.attribution import histogram_points
 from integration import arms
-from integration.choice import POLICY_ENV, POLICY_ENV_COMPILED
 from integration.proof.normcalls import norm_shape
 from integration.proof.plantedcost import added_us_per_call, result_path
 
@@ -58,8 +57,9 @@ def arm_definition(run: Mapping, label: str, name: str) -> arms.Arm | None:
 
 
 def planted_ns(arm: arms.Arm | None) -> int | None:
-    """The planted delay per norm call (ns) of a planted arm, None for any other arm."""
-    if arm is None or arm.provider != arms.PLANTED_PROVIDER:
+    """The planted delay per norm call (ns) of a planted arm ($RMSNORM_PLANTED_NS in its environment,
+    today's and every earlier design), None for any other arm."""
+    if arm is None or not arms.is_planted(arm):
         return None
     return int(dict(arm.extra_env)[arms.PLANTED_NS_ENV])
 
@@ -87,30 +87,27 @@ DECODE_TOP = 256.0  # without decode sizes measured, steps up to this many token
 
 
 def follows_policy(run: Mapping, label: str) -> bool:
-    """Whether the planted arm `label` is today's control, the patched arm plus the delay in its fused
-    calls: its recorded definition is the one the kit builds for that name now. Earlier planted arms
-    (a delay op after every stock norm; the fused kernel at every call, $RMSNORM_FUSED_POLICY=all)
-    delayed every call and are compared with the baseline, as they were."""
+    """Whether the planted arm `label` is the patched arm plus the delay in its fused calls: its
+    recorded description says so (arms.PLANTED_TWIN: today's arm, and the first twin, which had a
+    provider of its own). Earlier planted arms (a delay op after every stock norm; the fused kernel
+    at every call) delayed every call and are compared with the baseline, as they were."""
     labels, names = list(run["arm_labels"]), list(run["arms"])
-    name = names[labels.index(label)]
-    try:
-        today = arms.get(name)
-    except ValueError:
-        return False
-    return planted_ns(today) is not None and arm_definition(run, label, name) == today
+    arm = arm_definition(run, label, names[labels.index(label)])
+    return planted_ns(arm) is not None and arm.description.startswith(arms.PLANTED_TWIN)
 
 
 def reference_label(run: Mapping, label: str) -> str:
-    """The arm the planted arm `label` is compared with: its twin, the run's first arm on the kit's
-    provider with the policy as shipped (patched), else the baseline (and always the baseline for a
-    planted arm fused at every call)."""
+    """The arm the planted arm `label` is compared with: its twin, the run's first other arm on the
+    kit's provider with the policy as shipped and no delay (patched), else the baseline (and always
+    the baseline for an earlier planted design)."""
     labels, names = list(run["arm_labels"]), list(run["arms"])
     if not follows_policy(run, label):
         return labels[0]
+    changed = {arms.POLICY_ENV, arms.POLICY_ENV_COMPILED, arms.PLANTED_NS_ENV}  # what patched leaves alone
     for lab, name in zip(labels[1:], names[1:]):
         arm = arm_definition(run, lab, name)
         if lab != label and arm is not None and arm.provider == arms.PROVIDER and not (
-                {POLICY_ENV, POLICY_ENV_COMPILED} & dict(arm.extra_env).keys()):
+                changed & dict(arm.extra_env).keys()):
             return lab
     return labels[0]
 

@@ -25,9 +25,12 @@ from kernels.checks import CONFIG_DTYPES
 
 PLUGIN_NAME = "rmsnorm_fused"  # the entry-point name in pyproject.toml (integration/plugin.py)
 PROVIDER = "cupy_fused"  # the IR-op provider the plugin registers
-PLANTED_PLUGIN = "rmsnorm_planted"  # the positive control's plugin (integration/planted.py)
-PLANTED_PROVIDER = "planted_delay"  # its provider: stock norm + a known GPU delay per call
-PLANTED_NS_ENV = "RMSNORM_PLANTED_NS"  # the delay per norm call, in ns, for every vLLM process
+POLICY_ENV = "RMSNORM_FUSED_POLICY"  # a policy table for every mode (overrides the GPU's tables)
+POLICY_ENV_COMPILED = "RMSNORM_FUSED_POLICY_COMPILED"  # a table for the torch.compile path only
+PLANTED_NS_ENV = "RMSNORM_PLANTED_NS"  # the planted delay per fused norm call, ns (integration/planted.py)
+# how a planted arm that is the patched arm plus the delay describes itself (run records keep it;
+# the earlier designs' descriptions begin otherwise)
+PLANTED_TWIN = "positive control: the patched arm with"
 IR_OPS = ("rms_norm", "fused_add_rms_norm")  # the vLLM IR ops the provider implements
 QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM",)  # vLLM's qwen3.py: q_norm and k_norm per layer
 MAX_COMPILE_ROWS = 16384  # compile-range ends are looked for up to this many rows per step
@@ -167,21 +170,24 @@ _PLANTED = re.compile(r"^planted(?::(\d+(?:\.\d+)?)(ns|us))?$")
 
 
 def planted(ns: int) -> Arm:
-    """The positive control: the patched arm with a planted delay of `ns` in every fused norm call
-    (integration/planted.py: on CUDA the fused kernel built to spin `ns` in each call, where the
-    patched arm's policy picks it, and stock where it declines; on CPU stock plus a host delay at
-    every call). It differs from patched by the delay alone, so that difference is the control's
-    known effect. Its graphs are compiled afresh (vLLM's compile cache keys on the provider's
-    source, not on `ns`)."""
+    """The positive control: the patched arm with $RMSNORM_PLANTED_NS=`ns` (integration/plugin.py:
+    on CUDA its fused kernel built to spin `ns` in each call, where the policy picks it; on CPU stock
+    plus a host delay at every call, integration/planted.py). The same plugin, provider, policy table
+    and compile ranges as patched, so the same compiled graphs: it differs from patched by the delay
+    alone, which is the control's known effect."""
     from kernels.planted import check_ns
 
     check_ns(ns)
     name = f"planted:{ns / 1000:g}us" if ns % 100 == 0 else f"planted:{ns}ns"
-    return Arm(name, plugins=(PLANTED_PLUGIN,), provider=PLANTED_PROVIDER,
-               extra_env=((PLANTED_NS_ENV, str(ns)), ("VLLM_DISABLE_COMPILE_CACHE", "1")),
-               description=f"positive control: the patched arm with {ns} ns of GPU delay inside every "
-                           "fused norm call (planted build of the fused kernel where the policy picks "
-                           "it, stock elsewhere; on CPU stock plus a host delay at every call)")
+    return Arm(name, plugins=(PLUGIN_NAME,), provider=PROVIDER, extra_env=((PLANTED_NS_ENV, str(ns)),),
+               description=f"{PLANTED_TWIN} {ns} ns of GPU delay inside every "
+                           "fused norm call (the planted build of its fused kernel; on CPU stock plus a "
+                           "host delay at every call)")
+
+
+def is_planted(arm: Arm) -> bool:
+    """Whether the arm carries a planted delay ($RMSNORM_PLANTED_NS in its environment)."""
+    return PLANTED_NS_ENV in dict(arm.extra_env)
 
 
 ARMS.update(load_arm_file(BUILTIN_FILE))
@@ -269,9 +275,9 @@ def head_layout(cfg: dict) -> tuple[int, int, int]:
 
 
 def uses_policy(arm: Arm) -> bool:
-    """Whether the arm's norm calls go through the kit's policy table: the patched provider and the
-    planted control, which follows the same table (and so gets the same compile ranges)."""
-    return arm.provider in (PROVIDER, PLANTED_PROVIDER)
+    """Whether the arm's norm calls go through the kit's provider and its policy table (patched,
+    plugin-idle and the planted control)."""
+    return arm.provider == PROVIDER
 
 
 def compilation_config_for(range_ends: list[int]) -> dict:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from integration.arms import IR_OPS as OPS
+from integration.arms import POLICY_ENV, POLICY_ENV_COMPILED  # noqa: F401 (the variables' home)
 
 MAX_SCAN_ROWS = 1 << 17  # a range reaching past this is declined (no policy scan that long)
 
@@ -26,10 +27,8 @@ class PolicyUnavailable(RuntimeError):
 
 
 MODES = ("compiled", "eager")
-POLICY_ENV = "RMSNORM_FUSED_POLICY"  # a policy table for every mode (overrides the GPU's tables)
 ALL_FUSED = "all"  # as either variable's value: every call fused at the kernel's own launch shape
 NONE_FUSED = "none"  # as either variable's value: every call declined (stock), the plugin idle
-POLICY_ENV_COMPILED = "RMSNORM_FUSED_POLICY_COMPILED"  # a table for the torch.compile path only
 GPU_ENV = "RMSNORM_FUSED_GPU"  # whose tables to use, e.g. h200 (default: the GPU this process sees)
 # Tables built by integration/proof/ingraph.py from timings inside vLLM, per GPU, beside the kernel
 # results: under torch.compile stock is Inductor's kernel inside vLLM's graph; in eager mode vLLM's

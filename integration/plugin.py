@@ -1,8 +1,9 @@
 """vLLM general plugin: the fused RMSNorm kernels as provider `cupy_fused` of vLLM's IR ops.
 
 vLLM calls `register()` in every process it starts (entry point `rmsnorm_fused` in the group
-`vllm.general_plugins`). It registers implementations of `vllm.ir.ops.rms_norm` and
-`vllm.ir.ops.fused_add_rms_norm` with the native signatures; a server selects them with
+`vllm.general_plugins`); with $RMSNORM_PLANTED_NS set it is the planted control (integration/planted.py).
+It registers implementations of `vllm.ir.ops.rms_norm` and `vllm.ir.ops.fused_add_rms_norm` with
+the native signatures; a server selects them with
 `--ir-op-priority.rms_norm=cupy_fused,native --ir-op-priority.fused_add_rms_norm=cupy_fused,native`.
 
 Where the shape policy says stock, the provider declines the call (`supports_args`) and vLLM takes
@@ -304,6 +305,12 @@ def fused_add_rms_norm_impl(
     return x, x_residual
 
 
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
 def _ir_ops() -> dict:
     try:
         import vllm
@@ -325,7 +332,18 @@ def register() -> None:
     ops = _ir_ops()
     if all(PROVIDER in op.impls for op in ops.values()):
         return
+    from integration import planted
+
+    ns = planted.planted_ns()  # the planted control's delay, None for every other arm
+    if ns is not None and _on_cpu():
+        planted.register_host(ops, ns)
+        return
     supported, reason = platform_support()
+    if ns is not None and supported:
+        from kernels import rmsnorm
+
+        rmsnorm.plant(ns)
+        reason += f"; planted control: every fused call spins {ns} ns"
     try:
         ops["rms_norm"].register_impl(
             PROVIDER, supported=supported, supports_args=rms_norm_supports

@@ -30,7 +30,7 @@ def test_a_planted_delay_is_detected_with_its_prediction_beside_it(tmp_path: Pat
     run = json.loads((run_dir / "run.json").read_text())
     assert run["status"] == "complete", run["stopped_reason"]
     definition = run["arm_definitions"][PLANTED]
-    assert definition["provider"] == "planted_delay" and definition["env"]["RMSNORM_PLANTED_NS"] == "400000"
+    assert definition["provider"] == "cupy_fused" and definition["env"]["RMSNORM_PLANTED_NS"] == "400000"
     assert run["mode_note"] is None  # a real A/B on CPU: the planted arm differs
     report = json.loads((run_dir / "report.json").read_text())
     (line,) = report["planted"]

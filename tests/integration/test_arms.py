@@ -78,13 +78,13 @@ def test_plugin_entry_point_check(monkeypatch: pytest.MonkeyPatch) -> None:
                                                   ("planted:750ns", 750, "planted:750ns")])
 def test_planted_arm_is_a_known_delay_in_every_fused_call(spec: str, ns: int, name: str) -> None:
     arm = arms.get(spec)
-    assert arm.name == name and arm.plugins == (arms.PLANTED_PLUGIN,)
-    assert arm.env() == {"VLLM_PLUGINS": "rmsnorm_planted", arms.PLANTED_NS_ENV: str(ns),
-                         "VLLM_DISABLE_COMPILE_CACHE": "1"}
-    assert arms.uses_policy(arm)  # patched's policy table, so patched's compile ranges
-    # where the provider declines nothing it still falls back to what stock runs
-    assert arm.ir_op_priority(eager=False)["rms_norm"] == ["planted_delay", "native"]
-    assert arm.ir_op_priority(eager=True)["fused_add_rms_norm"] == ["planted_delay", "vllm_c", "native"]
+    patched = arms.get("patched")
+    assert arm.name == name and arms.is_planted(arm) and not arms.is_planted(patched)
+    # the patched arm plus the delay: same plugin, provider and flags, so the same compiled graphs
+    assert arm.env() == {**patched.env(), arms.PLANTED_NS_ENV: str(ns)}
+    assert (arm.plugins, arm.provider, arm.server_args(False)) == (patched.plugins, patched.provider,
+                                                                    patched.server_args(False))
+    assert arms.uses_policy(arm) and arm.description.startswith(arms.PLANTED_TWIN)
 
 
 @pytest.mark.parametrize("spec", ["planted:0us", "planted:2ms", "planted:5000us", "plant"])
