@@ -144,9 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--arm", action="append", metavar="NAME",
                    help="one arm (repeatable, in order); the first is the baseline every other arm is "
                         "compared with, request by request. Built in: stock (vLLM as shipped), patched "
-                        "(the kit's fused RMSNorm), vllm_c (vLLM's own CUDA norm kernels), planted:<N>us "
-                        "or planted:<N>ns (positive control: N of delay inside every norm call; on a GPU the "
-                        "fused kernel built to spin, on CPU stock plus a host wait); more in "
+                        "(the kit's fused RMSNorm), plugin-idle (its plugin loaded, every call declined), "
+                        "vllm_c (vLLM's own CUDA norm kernels), planted:<N>us or planted:<N>ns (positive "
+                        "control: the patched arm with N of delay inside every fused norm call, compared "
+                        "with patched; on CPU stock plus a host wait at every call); more in "
                         "--arms-file (default: stock then patched)")
     a.add_argument("--arms", type=arms_list, metavar="A,B[,...]",
                    help="the same as repeated --arm, comma-separated (stock,stock is a plain A/A run, "
