@@ -15,7 +15,7 @@ from experiments.config import ConfigError, RunConfig
 from experiments.metrics_scrape import accumulate
 from experiments.plan import Plan
 from experiments.servers import Server, endpoint_urls
-from integration.arms import PROVIDER
+from integration.arms import PROVIDER, is_planted
 from integration.endpoint import Endpoint
 from integration.launcher import arm_of, server_command
 from kernels.resultfile import write_json
@@ -39,7 +39,8 @@ def mode_note(cfg: RunConfig) -> str | None:
         return AA_NOTE.format(arm=cfg.arms[0]) + (" It runs on CPU." if cfg.device == "cpu" else "")
     defs = cfg.arm_definitions
     if cfg.device == "cpu" and not cfg.endpoints and all(
-            a == defs[0] or a.provider == PROVIDER for a in defs[1:]) and defs[0].provider is None:
+            a == defs[0] or (a.provider == PROVIDER and not is_planted(a)) for a in defs[1:]) \
+            and defs[0].provider is None:  # a planted arm delays every call on CPU too: an A/B
         return CPU_NOTE
     return None
 

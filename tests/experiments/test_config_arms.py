@@ -65,6 +65,8 @@ def test_run_record_holds_each_arms_whole_definition_and_difference(arm_file: Pa
     assert rec["base"]["vs_baseline"] == [] and rec["base"]["endpoint"] is None
     assert mode_note(cfg) is None  # user arms on CPU are a real A/B
     assert mode_note(make_config(TRACE, "cpu")).startswith("A/A run: on CPU the patched arm")
+    # the planted control is the patched provider too, but delays every call on CPU: an A/B
+    assert mode_note(make_config(TRACE, "cpu", arms=("stock", "planted:400us"))) is None
     report = {"arm_labels": ["base", "logprobs7"], "arm_definitions": {
         lab: {**d, "recorded": True} for lab, d in rec.items()}, "prompts": {}}
     text = "\n".join(arm_lines(report))
