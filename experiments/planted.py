@@ -2,11 +2,10 @@
 
 A planted arm (`planted:<N>us`, integration/planted.py) is the patched arm with N of GPU spin inside
 every fused norm call (on CPU: stock plus a host busy-wait at every call). It is compared with its
-twin, the run's patched arm, from which it differs by the delay alone (the same policy table and
-compile ranges; at step sizes the policy leaves to stock both run the same compiled code), and
-beside that with the baseline as every arm is. Without a patched arm in the run, and for the
-earlier planted arms that ran the fused kernel at every call ($RMSNORM_FUSED_POLICY=all), the
-reference is the baseline.
+twin, the run's patched arm, from which it differs by the delay alone (the same provider, policy
+table, compile ranges and compiled graphs; at step sizes the policy leaves to stock both run the same
+code), and beside that with the baseline as every arm is. Without a patched arm in the run, and for
+the earlier planted designs a run records (follows_policy), the reference is the baseline.
 
 Each output token of a decoding request waits one step, so over the requests of a load the delay
 adds sum over steps (decoding requests in the step x time added to the step) to a total decode time
