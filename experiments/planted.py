@@ -184,11 +184,14 @@ def fused_sizes(run: Mapping, label: str) -> list[tuple[int, int]] | None:
 def _steps(hist: Mapping | None, top: float) -> list[tuple[float, int, bool]]:
     """(tokens, count, decode-sized) per histogram bucket: the bucket's midpoint for buckets up to
     `top` tokens (their tokens are the decoding requests), its upper bound above."""
-    out, low = [], 0.0
-    for bound, count in histogram_points(hist) if hist else []:
+    if not hist:
+        return []
+    bounds = [float(b) for b in hist["buckets"]]
+    out = []
+    for bound, count in histogram_points(hist):
+        low = max((b for b in bounds if b < bound), default=0.0)  # the bucket below, empty or not
         small = bound <= top
         out.append(((low + 1.0 + bound) / 2.0 if small else bound, count, small))
-        low = bound
     return out
 
 

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from experiments.config import make_config
-from experiments.planted import (decode_totals, planted_lines, planted_text, reference_comparisons,
-                                 reference_label)
+from experiments.planted import (added_fraction, decode_totals, planted_lines, planted_text,
+                                 reference_comparisons, reference_label)
 from experiments.runrecord import arm_records
 from integration.proof import plantedcost
 from kernels.resultfile import write_json
@@ -151,3 +151,10 @@ def test_the_committed_planted_step_time_is_found_by_gpu_and_model() -> None:
     assert profiles.default_planted_steps(None, "llama-3.1-8b") is None
     assert has_planted_arm(_planted_run())
     assert not has_planted_arm({"arm_labels": ["stock", "patched"], "arms": ["stock", "patched"]})
+
+
+def test_a_bucket_after_an_empty_one_takes_its_own_midpoint() -> None:
+    # two steps of 9-16 tokens, the bucket below them (2-8) empty: 12.5 decoding requests each
+    hist = {"buckets": [1, 8, 16, 256, "+Inf"], "counts": [0, 0, 2, 0, 0]}
+    frac, per_token = added_fraction(hist, None, 1.0, lambda tokens: tokens, calls=2, top=16.0)
+    assert per_token == pytest.approx(12.5 * 2) and frac == pytest.approx(12.5 * 2 / 1000.0)
