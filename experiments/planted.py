@@ -224,10 +224,10 @@ def _log_mean_pct(per_load: Sequence[float]) -> float | None:
     return 100.0 * math.expm1(sum(logs) / len(logs)) if logs else None
 
 
-def _per_call(run: Mapping, label: str, ns: int, ref_name: str | None, attribution: Mapping,
+def _per_call(sizes: list[tuple[int, int]] | None, ns: int, ref_name: str | None, attribution: Mapping,
               graph_steps: tuple[str, Mapping] | None) -> tuple[list[tuple[float, float]], float, str]:
-    """(cost curve, flat us per call, where the cost comes from) of one planted arm."""
-    sizes = fused_sizes(run, label)
+    """(cost curve, flat us per call, where the cost comes from) of one planted arm whose delay
+    follows its fused calls at `sizes` (fused_sizes)."""
     curve = cost_curve(graph_steps[1], ns, ref_name, prefill=sizes is None) if graph_steps else []
     if curve:
         against = f"minus {ref_name}'s" if ref_name else "against stock"
@@ -265,8 +265,8 @@ def planted_lines(run: Mapping, latency: Sequence[Mapping], paired_latency: Mapp
             continue
         calls = sum(shape.expected().values())
         ref_name = names[labels.index(ref)] if ref != labels[0] else None
-        curve, flat, source = _per_call(run, label, ns, ref_name, attribution, graph_steps)
         sizes = fused_sizes(run, label)
+        curve, flat, source = _per_call(sizes, ns, ref_name, attribution, graph_steps)
 
         def cost(tokens: float) -> float:
             if sizes is not None and not any(lo <= tokens <= hi for lo, hi in sizes):
