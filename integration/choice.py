@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Callable
 
@@ -59,15 +59,16 @@ def current_gpu() -> str | None:
         return gpu_slug(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else None
 
 
-def policy_path(mode: str, gpu: str | None = None) -> Path | None:
-    """The table a mode uses: $RMSNORM_FUSED_POLICY(_COMPILED), else the in-vLLM table of this GPU
-    (TABLES) in kernels/results; None when this GPU has none."""
+def policy_path(mode: str, gpu: str | None = None, env: Mapping[str, str] | None = None) -> Path | None:
+    """The table a mode uses: $RMSNORM_FUSED_POLICY(_COMPILED) of `env` (default: this process's),
+    else the in-vLLM table of this GPU (TABLES) in kernels/results; None when this GPU has none."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
-    if mode == "compiled" and os.environ.get(POLICY_ENV_COMPILED):
-        return Path(os.environ[POLICY_ENV_COMPILED])
-    if os.environ.get(POLICY_ENV):
-        return Path(os.environ[POLICY_ENV])
+    env = os.environ if env is None else env
+    if mode == "compiled" and env.get(POLICY_ENV_COMPILED):
+        return Path(env[POLICY_ENV_COMPILED])
+    if env.get(POLICY_ENV):
+        return Path(env[POLICY_ENV])
     gpu = gpu or current_gpu()
     if gpu is None:
         return None

@@ -32,11 +32,9 @@ def table_key(env: Mapping[str, str]) -> str:
     the keyword `all` or `none` as it is, a table file by its contents."""
     parts = []
     for mode in choice.MODES:
-        own = env.get(choice.POLICY_ENV_COMPILED) if mode == "compiled" else None
-        value = own or env.get(choice.POLICY_ENV)
-        path = Path(value) if value else choice.policy_path(mode)
-        if value in (choice.ALL_FUSED, choice.NONE_FUSED) or path is None:
-            parts.append(f"{mode}={value}")
+        path = choice.policy_path(mode, env=env)
+        if path is None or str(path) in (choice.ALL_FUSED, choice.NONE_FUSED):
+            parts.append(f"{mode}={path}")
         elif path.is_file():
             parts.append(f"{mode}={hashlib.sha256(path.read_bytes()).hexdigest()}")
         else:
