@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from experiments.config import RunConfig
+from integration import compilecache
 from integration.arms import Arm
 from integration.endpoint import Endpoint
 from integration.launcher import ServerConfig, VllmServer, arm_of, free_port, has_tokenizer, has_weights
@@ -82,20 +83,30 @@ class StartFailed(RuntimeError):
         self.label = label
 
 
+def compile_cache(cfg: RunConfig, arm: Arm) -> tuple[tuple[str, str], ...]:
+    """The compile cache a GPU server of `arm` writes and reads: its compilecache variables (empty:
+    vLLM's default caches, shared by every arm that does not follow the kit's policy)."""
+    return tuple(sorted(compilecache.cache_env(arm, cfg.eager, True).items()))
+
+
 def start_waves(cfg: RunConfig, labels: list[str]) -> list[list[str]]:
     """The order in which the servers of `labels` start: one wave per group of servers that may
     start at once. On a GPU every server has the same explicit KV-cache size, so no server's cache
-    depends on what another left, and the first server of each distinct arm starts together with the
-    others; a repeat of an arm (the A/A arm) starts after them, so it reuses the first one's compile
-    cache instead of racing it for the same files. Elsewhere (the CPU's cores are few) and for
-    endpoints, one at a time."""
+    depends on what another left, and the first server of each compile cache (integration.compilecache)
+    starts together with the others; a server whose cache another of the first wave fills (the A/A
+    repeat of the baseline, the planted twin of patched) starts after them and loads those compiled
+    graphs instead of racing that server for the same files. Elsewhere (the CPU's cores are few) and
+    for endpoints, one at a time."""
     if cfg.device != "cuda" or endpoint_urls(cfg):
         return [[label] for label in labels]
-    arm_of = dict(zip(cfg.labels, cfg.arm_definitions))
+    by_label = dict(zip(cfg.labels, cfg.arm_definitions))
     first: list[str] = []
     repeats: list[str] = []
+    seen: set[tuple[tuple[str, str], ...]] = set()
     for label in labels:
-        (repeats if any(arm_of[f].name == arm_of[label].name for f in first) else first).append(label)
+        cache = compile_cache(cfg, by_label[label])
+        (repeats if cache in seen else first).append(label)
+        seen.add(cache)
     return [first] + ([repeats] if repeats else [])
 
 

@@ -1,5 +1,5 @@
 """The order in which a run's servers start: together on a GPU (the KV caches are explicit and equal),
-repeats of an arm after the first (its compile cache), one at a time on the CPU and for endpoints."""
+servers sharing a compile cache after the first of it, one at a time on the CPU and for endpoints."""
 
 from __future__ import annotations
 
@@ -19,16 +19,17 @@ def gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(config, "detect_device", lambda: "cuda")
 
 
-def test_gpu_servers_start_together_and_the_aa_repeat_after(gpu: None) -> None:
-    # the arms as --aa interleaved makes them: a second server of the baseline last
+def test_gpu_servers_start_together_and_those_sharing_a_compile_cache_after(gpu: None) -> None:
+    # the arms as --aa interleaved makes them: a second server of the baseline last; the planted twin
+    # of patched resolves the same policy table, so the same compile cache (integration.compilecache)
     cfg = make_config(TRACE, "cuda", arms=("stock", "patched", "planted:500ns", "stock"),
                       gpu_memory_utilization=0.2)
     labels = list(cfg.labels)
     assert len(labels) == 4 and sorted(labels) == sorted(set(labels))
-    waves = start_waves(cfg, labels)
-    repeat = [lab for lab, arm in zip(cfg.labels, cfg.arm_definitions) if arm.name == "stock"][1]
-    assert waves == [[lab for lab in labels if lab != repeat], [repeat]]
+    stock, patched, planted, repeat = labels
+    assert start_waves(cfg, labels) == [[stock, patched], [planted, repeat]]
     assert start_waves(cfg, [repeat]) == [[repeat]]  # a restart of the repeat alone
+    assert start_waves(cfg, [planted, stock]) == [[planted, stock]]
 
 
 def test_endpoints_are_waited_for_one_at_a_time(gpu: None) -> None:
