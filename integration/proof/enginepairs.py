@@ -1,0 +1,119 @@
+"""An arm's decode-step change inside vLLM over several engine pairs, not over the rounds of one.
+
+A graph-steps file (integration.proof.graphtime) times one stock engine and one engine per arm,
+started once, in alternating rounds of CUDA-graph replays; its interval is over those rounds and so
+says how well that one pair of engines was measured. Two engines built from the same code differ by
+more than that (their graphs, allocations and cache placement are their own), so a claim about the
+kernel needs several pairs: here each file is one pair, its estimate at a size the mean of its
+per-round log ratios, and the interval a Student-t interval over the pairs (k - 1 degrees of
+freedom). The files must come from the same code and policy table; their commands are recorded.
+
+    python -m integration.proof.enginepairs --arm patched \\
+        integration/results/h200-llama8b-graph-twin/h200-graph-steps.json ... \\
+        --out integration/results/h200-llama8b-engine-pairs.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from scipy import stats
+
+from kernels.resultfile import read_json, write_json
+
+SCHEMA_VERSION = 1
+
+
+def pair_estimates(doc: Mapping, arm: str) -> dict[int, dict]:
+    """batch_tokens -> {log_ratio, rounds, within_ci95_pct} of `arm` against stock in one graph-steps
+    document (its decode sizes); sizes where the arm has no per-round ratios are left out."""
+    out = {}
+    for row in doc.get("sizes") or []:
+        found = (row.get("arms") or {}).get(arm) or {}
+        d = found.get("per_round_log_ratio") or []
+        if d:
+            out[int(row["batch_tokens"])] = {"log_ratio": statistics.fmean(d), "rounds": len(d),
+                                             "within_ci95_pct": found.get("ci95_pct")}
+    return out
+
+
+def _pct(log_ratio: float) -> float:
+    return 100.0 * math.expm1(log_ratio)
+
+
+def across_pairs(per_file: Sequence[Mapping[int, Mapping]], confidence: float = 0.95) -> list[dict]:
+    """Per size present in at least one file: the pairs' changes (percent), their mean and, with two
+    or more pairs, the t interval over pairs and whether it excludes zero."""
+    sizes = sorted({s for f in per_file for s in f})
+    rows = []
+    for size in sizes:
+        logs = [f[size]["log_ratio"] for f in per_file if size in f]
+        row: dict = {"batch_tokens": size, "pairs": len(logs), "per_pair_pct": [_pct(x) for x in logs],
+                     "change_pct": _pct(statistics.fmean(logs)), "ci95_pct": None, "excludes_zero": None,
+                     "between_pair_sd_pct": None}
+        if len(logs) >= 2:
+            sd = statistics.stdev(logs)
+            half = float(stats.t.ppf(0.5 + confidence / 2, len(logs) - 1)) * sd / math.sqrt(len(logs))
+            mean = statistics.fmean(logs)
+            row.update(ci95_pct=[_pct(mean - half), _pct(mean + half)],
+                       excludes_zero=bool(half < abs(mean)), between_pair_sd_pct=100.0 * sd)
+        rows.append(row)
+    return rows
+
+
+def build(paths: Sequence[Path], arm: str) -> dict:
+    """The engine-pairs document of `arm` over the graph-steps files `paths` (ResultFileError for a
+    damaged file, ValueError when a file has no decode size of that arm)."""
+    files, per_file = [], []
+    for path in paths:
+        doc = read_json(path, None, "graph-steps file")
+        est = pair_estimates(doc, arm)
+        if not est:
+            raise ValueError(f"{path}: no decode size with per-round ratios of arm {arm!r}")
+        files.append({"path": str(path), "command": doc.get("command"), "model": doc.get("model"),
+                      "sizes": {str(s): e for s, e in est.items()}})
+        per_file.append(est)
+    return {"schema_version": SCHEMA_VERSION, "arm": arm, "baseline": "stock", "files": files,
+            "sizes": across_pairs(per_file)}
+
+
+def table(doc: Mapping) -> str:
+    """The document as a markdown table: per size the pairs, their changes, mean and interval."""
+    lines = [f"{doc['arm']} vs stock, decode step (CUDA-graph replays), one estimate per engine pair",
+             "", "| batch tokens | pairs | per pair | mean | 95% t over pairs | excludes zero |",
+             "|---|---|---|---|---|---|"]
+    for r in doc["sizes"]:
+        ci = "-" if r["ci95_pct"] is None else f"[{r['ci95_pct'][0]:+.2f}, {r['ci95_pct'][1]:+.2f}]%"
+        per = ", ".join(f"{x:+.2f}" for x in r["per_pair_pct"])
+        lines.append(f"| {r['batch_tokens']} | {r['pairs']} | {per} | {r['change_pct']:+.2f}% | {ci} | "
+                     f"{'-' if r['excludes_zero'] is None else ('yes' if r['excludes_zero'] else 'no')} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI: pool graph-steps files (one engine pair each) into one interval per decode size."""
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("files", nargs="+", type=Path, help="graph-steps JSON files of the same code and table")
+    ap.add_argument("--arm", default="patched", help="the arm compared with stock (default: patched)")
+    ap.add_argument("--out", type=Path, help="write the document here (JSON); the table goes to stdout")
+    a = ap.parse_args(argv)
+    try:
+        doc = build(a.files, a.arm)
+    except ValueError as exc:  # ResultFileError included
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if a.out:
+        write_json(a.out, {**doc, "command": ["python", "-m", "integration.proof.enginepairs",
+                                              *map(str, argv if argv is not None else sys.argv[1:])]})
+    print(table(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
