@@ -16,7 +16,6 @@ freedom). The files must come from the same code and policy table; their command
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys

@@ -61,3 +61,18 @@ def test_the_cli_reads_a_committed_run(capsys) -> None:  # noqa: ANN001
     assert exposure.main([str(run), "--arm", "stock-b"]) == 0
     out = capsys.readouterr().out
     assert out.count("third:") == 9 and "slope within cells" in out
+
+
+def test_added_per_token_and_totals_against_the_median_request() -> None:
+    # one cell, two requests: a short-TPOT one slowed 10% (1 ms per token over 9 steps) and a
+    # long-TPOT one not at all: per token +1000 and 0 us; totals weight the long one
+    rows = []
+    for arm, tpots in (("stock", (10.0, 100.0)), ("treated", (11.0, 100.0))):
+        for i, tp in enumerate(tpots):
+            rows.append({"arm": arm, "window": 0, "load": 4.0, "index": i, "ok": True, "tpot_ms": tp,
+                         "output_tokens": 10})
+    (row,) = exposure.added_per_token(pd.DataFrame(rows), "stock", "treated")
+    assert row["n"] == 2 and row["added_us_median"] == pytest.approx(500.0)
+    assert row["added_us_mean"] == pytest.approx(500.0)
+    assert row["total_change_pct"] == pytest.approx(100.0 * 9.0 / 990.0)
+    assert row["median_request_change_pct"] == pytest.approx(100.0 * (np.sqrt(1.1) - 1.0))

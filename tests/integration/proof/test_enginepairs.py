@@ -18,7 +18,8 @@ RESULTS = Path(__file__).resolve().parents[3] / "integration" / "results"
 
 def _doc(per_size: dict[int, list[float]], arm: str = "patched") -> dict:
     return {"command": "prove ...", "model": "m",
-            "sizes": [{"batch_tokens": s, "arms": {arm: {"per_round_log_ratio": d}}} for s, d in per_size.items()]}
+            "sizes": [{"batch_tokens": s, "arms": {arm: {"per_round_log_ratio": d}}}
+                      for s, d in per_size.items()]}
 
 
 def _write(tmp_path: Path, name: str, doc: dict) -> Path:
@@ -44,7 +45,8 @@ def test_each_file_is_one_pair_and_the_interval_is_over_pairs(tmp_path: Path) ->
 
 
 def test_agreeing_pairs_exclude_zero(tmp_path: Path) -> None:
-    paths = [_write(tmp_path, f"{i}.json", _doc({16: [v, v]})) for i, v in enumerate([-0.010, -0.011, -0.012])]
+    paths = [_write(tmp_path, f"{i}.json", _doc({16: [v, v]}))
+             for i, v in enumerate([-0.010, -0.011, -0.012])]
     (row,) = enginepairs.build(paths, "patched")["sizes"]
     assert row["excludes_zero"] is True and row["ci95_pct"][1] < 0
 
