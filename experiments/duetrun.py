@@ -29,7 +29,8 @@ from experiments.orchestrate import BeforeReplay, StopRun, gpu_state, settle
 from experiments.plan import Plan
 from experiments.runrecord import RunRecord
 from experiments.schedule import Step, burnin_seed, burnin_step, replay_seed
-from experiments.servers import Server, StartFailed, launch_waves, server_config, visible_device
+from experiments.servers import (Server, StartFailed, compile_cache, launch_waves, server_config,
+                                 visible_device)
 from integration.launcher import VllmServer
 from loadgen.prompts import PromptSource
 from loadgen.records import RequestRecord
@@ -55,14 +56,23 @@ def slot_keys(cfg: RunConfig) -> list[str]:
 
 
 def start_waves(cfg: RunConfig) -> list[list[tuple[str, int]]]:
-    """(label, gpu) of every server in start order: on a GPU the first row of the Latin square at once
-    (one server per GPU, distinct arms), then the rest at once, on their twins' compile caches; on CPU
-    one at a time."""
-    rows = duet.latin_rows(cfg.gpus)
-    servers = [[(label, gpu) for label, gpu in zip(cfg.labels, row)] for row in rows]
+    """(label, gpu) of every server in start order: on a GPU, row by row of the Latin square, the
+    first server of each compile cache at once (experiments.servers.compile_cache: one per arm, the
+    planted twin of patched sharing patched's), then the rest at once, loading those caches' graphs;
+    on CPU one at a time."""
+    servers = [(label, gpu) for row in duet.latin_rows(cfg.gpus) for label, gpu in zip(cfg.labels, row)]
     if cfg.device != "cuda":
-        return [[s] for row in servers for s in row]
-    return [servers[0], [s for row in servers[1:] for s in row]] if len(servers) > 1 else servers
+        return [[s] for s in servers]
+    by_label = dict(zip(cfg.labels, cfg.arm_definitions))
+    first: list[tuple[str, int]] = []
+    rest: list[tuple[str, int]] = []
+    seen: set[tuple[tuple[str, str], ...]] = set()
+    for label, gpu in servers:
+        cache = compile_cache(cfg, by_label[label])
+        (rest if cache is not None and cache in seen else first).append((label, gpu))
+        if cache is not None:
+            seen.add(cache)
+    return [first] + ([rest] if rest else [])
 
 
 class DuetRunner:

@@ -83,9 +83,12 @@ class StartFailed(RuntimeError):
         self.label = label
 
 
-def compile_cache(cfg: RunConfig, arm: Arm) -> tuple[tuple[str, str], ...]:
+def compile_cache(cfg: RunConfig, arm: Arm) -> tuple[tuple[str, str], ...] | None:
     """The compile cache a GPU server of `arm` writes and reads: its compilecache variables (empty:
-    vLLM's default caches, shared by every arm that does not follow the kit's policy)."""
+    vLLM's default caches, shared by every arm that does not follow the kit's policy); None in eager
+    mode, where nothing is compiled and no server waits for another's cache."""
+    if cfg.eager:
+        return None
     return tuple(sorted(compilecache.cache_env(arm, cfg.eager, True).items()))
 
 
@@ -105,8 +108,9 @@ def start_waves(cfg: RunConfig, labels: list[str]) -> list[list[str]]:
     seen: set[tuple[tuple[str, str], ...]] = set()
     for label in labels:
         cache = compile_cache(cfg, by_label[label])
-        (repeats if cache in seen else first).append(label)
-        seen.add(cache)
+        (repeats if cache is not None and cache in seen else first).append(label)
+        if cache is not None:
+            seen.add(cache)
     return [first] + ([repeats] if repeats else [])
 
 

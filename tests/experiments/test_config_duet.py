@@ -76,8 +76,17 @@ def test_servers_start_a_latin_row_at_once_on_a_gpu_and_in_turn_on_cpu() -> None
     assert duetrun.slot_keys(cfg) == ["stock@gpu0", "stock@gpu1", "patched@gpu0", "patched@gpu1"]
     cpu = duetrun.start_waves(cfg)
     assert all(len(w) == 1 for w in cpu) and len(cpu) == 4
-    gpu = duetrun.start_waves(dataclasses.replace(cfg, device="cuda"))
+    gpu = duetrun.start_waves(dataclasses.replace(cfg, device="cuda", eager=False))
     assert gpu == [[("stock", 0), ("patched", 1)], [("stock", 1), ("patched", 0)]]
+    eager = duetrun.start_waves(dataclasses.replace(cfg, device="cuda"))  # nothing compiled: all at once
+    assert eager == [[("stock", 0), ("patched", 1), ("stock", 1), ("patched", 0)]]
+    # the planted twin shares patched's compile cache: it starts after patched, not beside it
+    three = make_config(TRACE, "cpu", layout="duet", gpus=(0, 1, 2), arms=("stock", "patched", "planted:1us"))
+    twin = dataclasses.replace(three, device="cuda", eager=False)
+    assert duetrun.start_waves(twin) == [
+        [("stock", 0), ("patched", 1)],
+        [("planted:1us", 2), ("stock", 1), ("patched", 2), ("planted:1us", 0), ("stock", 2), ("patched", 0),
+         ("planted:1us", 1)]]
 
 
 def test_the_dry_run_prints_the_placements(capsys: pytest.CaptureFixture) -> None:

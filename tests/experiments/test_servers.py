@@ -3,6 +3,7 @@ servers sharing a compile cache after the first of it, one at a time on the CPU 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,8 @@ def test_gpu_servers_start_together_and_those_sharing_a_compile_cache_after(gpu:
     assert start_waves(cfg, labels) == [[stock, patched], [planted, repeat]]
     assert start_waves(cfg, [repeat]) == [[repeat]]  # a restart of the repeat alone
     assert start_waves(cfg, [planted, stock]) == [[planted, stock]]
+    eager = dataclasses.replace(cfg, eager=True)  # nothing compiled, no cache to wait for
+    assert start_waves(eager, labels) == [labels]
 
 
 def test_endpoints_are_waited_for_one_at_a_time(gpu: None) -> None:

@@ -106,5 +106,6 @@ def test_server_killed_mid_run_every_request_gets_one_record(tmp_path: Path) -> 
         assert r.status is None and r.error.startswith(("connection failed: ClientConnectorError",
                                                         "ClientOSError", "not sent")), msg
     assert any(r.error.startswith("not sent") for r in after), f"the dead-server rule never fired; {msg}"
-    for r in sent:  # every failure came at once after the kill, none waited for the 60 s timeout
-        assert succeeded(r) or r.end_ns / 1e9 < max(kill_rel_s, r.sent_ns / 1e9) + 5.0, msg
+    for r in sent:  # every failure came from the kill itself: none waited for the 60 s timeout (said by
+        # the error, not by a wall-clock bound a stall of the shared machine could break)
+        assert succeeded(r) or not r.error.startswith("timeout"), msg
