@@ -46,22 +46,35 @@ def _pct(log_ratio: float) -> float:
     return 100.0 * math.expm1(log_ratio)
 
 
+def pairs_needed(mean: float, sd: float, confidence: float = 0.95, most: int = 200) -> int | None:
+    """The fewest pairs whose t interval would exclude zero if the pairs' mean and sd stayed as they
+    are (None: not within `most`, or no difference to resolve)."""
+    if sd <= 0.0 or mean == 0.0:
+        return None
+    for n in range(2, most + 1):
+        if float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n) < abs(mean):
+            return n
+    return None
+
+
 def across_pairs(per_file: Sequence[Mapping[int, Mapping]], confidence: float = 0.95) -> list[dict]:
     """Per size present in at least one file: the pairs' changes (percent), their mean and, with two
-    or more pairs, the t interval over pairs and whether it excludes zero."""
+    or more pairs, the t interval over pairs, whether it excludes zero, and how many pairs would
+    resolve the mean at this spread."""
     sizes = sorted({s for f in per_file for s in f})
     rows = []
     for size in sizes:
         logs = [f[size]["log_ratio"] for f in per_file if size in f]
         row: dict = {"batch_tokens": size, "pairs": len(logs), "per_pair_pct": [_pct(x) for x in logs],
                      "change_pct": _pct(statistics.fmean(logs)), "ci95_pct": None, "excludes_zero": None,
-                     "between_pair_sd_pct": None}
+                     "between_pair_sd_pct": None, "pairs_needed": None}
         if len(logs) >= 2:
             sd = statistics.stdev(logs)
             half = float(stats.t.ppf(0.5 + confidence / 2, len(logs) - 1)) * sd / math.sqrt(len(logs))
             mean = statistics.fmean(logs)
             row.update(ci95_pct=[_pct(mean - half), _pct(mean + half)],
-                       excludes_zero=bool(half < abs(mean)), between_pair_sd_pct=100.0 * sd)
+                       excludes_zero=bool(half < abs(mean)), between_pair_sd_pct=100.0 * sd,
+                       pairs_needed=pairs_needed(mean, sd, confidence))
         rows.append(row)
     return rows
 
@@ -85,13 +98,17 @@ def build(paths: Sequence[Path], arm: str) -> dict:
 def table(doc: Mapping) -> str:
     """The document as a markdown table: per size the pairs, their changes, mean and interval."""
     lines = [f"{doc['arm']} vs stock, decode step (CUDA-graph replays), one estimate per engine pair",
-             "", "| batch tokens | pairs | per pair | mean | 95% t over pairs | excludes zero |",
-             "|---|---|---|---|---|---|"]
+             "", "| batch tokens | pairs | per pair | mean | 95% t over pairs | excludes zero "
+             "| sd between pairs | pairs that would resolve the mean at this sd |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in doc["sizes"]:
         ci = "-" if r["ci95_pct"] is None else f"[{r['ci95_pct'][0]:+.2f}, {r['ci95_pct'][1]:+.2f}]%"
         per = ", ".join(f"{x:+.2f}" for x in r["per_pair_pct"])
+        sd = "-" if r["between_pair_sd_pct"] is None else f"{r['between_pair_sd_pct']:.2f}%"
+        need = "-" if r["pairs"] < 2 else (r["pairs_needed"] or "over 200")
         lines.append(f"| {r['batch_tokens']} | {r['pairs']} | {per} | {r['change_pct']:+.2f}% | {ci} | "
-                     f"{'-' if r['excludes_zero'] is None else ('yes' if r['excludes_zero'] else 'no')} |")
+                     f"{'-' if r['excludes_zero'] is None else ('yes' if r['excludes_zero'] else 'no')} | "
+                     f"{sd} | {need} |")
     return "\n".join(lines)
 
 

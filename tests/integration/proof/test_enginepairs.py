@@ -40,6 +40,8 @@ def test_each_file_is_one_pair_and_the_interval_is_over_pairs(tmp_path: Path) ->
     assert one["change_pct"] == pytest.approx(100 * math.expm1(-0.02))
     assert one["ci95_pct"] == pytest.approx([100 * math.expm1(-0.02 - half), 100 * math.expm1(-0.02 + half)])
     assert one["excludes_zero"] is False  # two pairs, t with one degree of freedom: a wide interval
+    # mean -0.02, sd 0.0141: t(n-1) * sd / sqrt(n) < 0.02 first at n = 5 (t(3) = 3.18 gives 0.0225)
+    assert one["pairs_needed"] == 5 and enginepairs.pairs_needed(0.0, 0.01) is None
     assert four["pairs"] == 1 and four["ci95_pct"] is None and four["excludes_zero"] is None
     assert [f["path"] for f in doc["files"]] == [str(a), str(b)]
 
