@@ -174,4 +174,14 @@ def policy_record(dtype: str, hidden: int, mode: str = "compiled", max_rows: int
     pol = load_policy(table) if table is not None else policy(mode)
     segs = {op: [list(r) for r in _runs(lambda rows, op=op: pol.choose(op, dtype, rows, hidden) != "stock",
                                           max_rows)] for op in OPS}
-    return {"mode": mode, "table": str(pol.source), "dtype": dtype, "hidden": hidden, "segments": segs}
+    return {"mode": mode, "table": _portable(pol.source), "dtype": dtype, "hidden": hidden, "segments": segs}
+
+
+def _portable(source: str | Path) -> str:
+    """A table's path relative to the project root when it lies inside it (a run record re-analysed on
+    another machine names the same file), else as it is."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        return str(Path(source).resolve().relative_to(root))
+    except (ValueError, OSError):
+        return str(source)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from integration import arms
@@ -137,3 +139,15 @@ def test_bad_arm_files_name_the_file_and_the_table(tmp_path, text: str, message:
 def test_a_missing_arm_file_is_one_clear_error(tmp_path) -> None:
     with pytest.raises(ValueError, match="nope.toml: cannot read the arm file"):
         arms.load_arm_file(tmp_path / "nope.toml")
+
+
+def test_policy_record_names_a_table_of_the_project_relative_to_it(tmp_path: Path) -> None:
+    from integration import choice
+
+    inside = Path(__file__).resolve().parents[2] / "kernels" / "results" / "policy-h200-in-graph.json"
+    rec = choice.policy_record("bf16", 4096, table=inside)
+    assert rec["table"] == "kernels/results/policy-h200-in-graph.json"
+    assert rec["segments"]["rms_norm"][0][:2] == [1, 32]
+    outside = tmp_path / "table.json"
+    outside.write_bytes(inside.read_bytes())
+    assert choice.policy_record("bf16", 4096, table=outside)["table"] == str(outside)
