@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import NoReturn
 
 from experiments.config import RunConfig
-from integration import compilecache
 from integration.arms import Arm
 from integration.endpoint import Endpoint
-from integration.launcher import ServerConfig, VllmServer, arm_of, free_port, has_tokenizer, has_weights
+from integration.launcher import (ServerConfig, VllmServer, arm_of, compile_cache, free_port, has_tokenizer,
+                                  has_weights)
 from loadgen.prompts import PromptSource
 
 log = logging.getLogger("experiments")
@@ -83,15 +83,6 @@ class StartFailed(RuntimeError):
         self.label = label
 
 
-def compile_cache(cfg: RunConfig, arm: Arm) -> tuple[tuple[str, str], ...] | None:
-    """The compile cache a GPU server of `arm` writes and reads: its compilecache variables (empty:
-    vLLM's default caches, shared by every arm that does not follow the kit's policy); None in eager
-    mode, where nothing is compiled and no server waits for another's cache."""
-    if cfg.eager:
-        return None
-    return tuple(sorted(compilecache.cache_env(arm, cfg.eager, True).items()))
-
-
 def start_waves(cfg: RunConfig, labels: list[str]) -> list[list[str]]:
     """The order in which the servers of `labels` start: one wave per group of servers that may
     start at once. On a GPU every server has the same explicit KV-cache size, so no server's cache
@@ -107,7 +98,7 @@ def start_waves(cfg: RunConfig, labels: list[str]) -> list[list[str]]:
     repeats: list[str] = []
     seen: set[tuple[tuple[str, str], ...]] = set()
     for label in labels:
-        cache = compile_cache(cfg, by_label[label])
+        cache = compile_cache(by_label[label], cfg.eager)
         (repeats if cache is not None and cache in seen else first).append(label)
         if cache is not None:
             seen.add(cache)

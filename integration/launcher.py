@@ -73,6 +73,15 @@ def compile_range_args(cfg: "ServerConfig") -> list[str]:
     return ["--compilation-config", json.dumps(cc)]
 
 
+def compile_cache(arm: arms.Arm, eager: bool) -> tuple[tuple[str, str], ...] | None:
+    """The compile cache a CUDA server of `arm` writes and reads: its integration.compilecache
+    variables (empty: vLLM's default caches, which every arm outside the kit's policy shares); None in
+    eager mode, where nothing is compiled. Servers with the same cache should not start together."""
+    if eager:
+        return None
+    return tuple(sorted(compilecache.cache_env(arm, eager, True).items()))
+
+
 def _cuda_available() -> bool:
     import torch
 
