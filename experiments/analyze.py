@@ -27,7 +27,7 @@ from experiments.rundir import load_records, read_run_record
 from experiments.slo import DEFAULT_SLO_FILE, SLO, load_slo_file, parse_slo
 from integration.proof import profiles
 from kernels.environment import gpu_slug
-from kernels.resultfile import ResultFileError, read_json
+from kernels.resultfile import ResultFileError, project_relative, read_json
 from traces.cliargs import OneLineParser, add_debug_flag, fail
 
 PROG = "python -m experiments.analyze"
@@ -138,7 +138,7 @@ REQUIRED_INPUTS = PATH_INPUTS[:4]  # in every report that records inputs; the la
 
 
 def _shown(path: Path | None) -> str | None:
-    return None if path is None else attribution.shown_path(path, PROJECT_ROOT)
+    return None if path is None else project_relative(path, PROJECT_ROOT)
 
 
 def _from_root(text: str | None) -> Path | None:

@@ -29,7 +29,7 @@ import numpy as np
 
 from integration import arms
 from integration.proof import profiles
-from kernels.resultfile import ResultFileError, read_json
+from kernels.resultfile import ResultFileError, project_relative, read_json
 
 POLICY_OP = "fused_add_rms_norm"  # 64 of the 65 norm calls of a Llama step: its answer stands for the step
 # kernels/results/<gpu>.json (kernels.suite): version 2 added launch-shape candidates, the faithful
@@ -179,14 +179,6 @@ def _kernel_bench(path: Path, shown: str) -> list[dict]:
     return rows
 
 
-def shown_path(path: Path, root: Path) -> str:
-    """Path relative to the project root when it lies inside it (reports stay portable)."""
-    try:
-        return str(path.resolve().relative_to(root.resolve()))
-    except ValueError:
-        return str(path)
-
-
 def _policy(run: Mapping, override: Mapping | None) -> tuple[Mapping | None, str]:
     """The patched arm's recorded policy (or the override) and a sentence saying which it is."""
     policy = override if override is not None else run.get("patched_policy")
@@ -216,8 +208,8 @@ def attribute(run: Mapping, baseline: str, root: Path, gpu: str | None, profile_
     if kernel_path is None and gpu is not None:
         kernel_path = root / "kernels" / "results" / f"{gpu}.json"
     base = {"upper_bound": True, "gpu": gpu,
-            "profile": shown_path(profile_path, root) if profile_path else None,
-            "kernel_results": shown_path(kernel_path, root) if kernel_path else None,
+            "profile": project_relative(profile_path, root) if profile_path else None,
+            "kernel_results": project_relative(kernel_path, root) if kernel_path else None,
             "histogram_arm": baseline, "predicted_step_change_pct": None}
     if run.get("device") == "cpu":
         return {**base, "status": "cpu", "predicted_step_change_pct": 0.0,
@@ -241,7 +233,7 @@ def attribute(run: Mapping, baseline: str, root: Path, gpu: str | None, profile_
     else:
         try:
             result["kernel_estimate"] = predict_from_kernels(
-                points, _kernel_bench(kernel_path, shown_path(kernel_path, root)),
+                points, _kernel_bench(kernel_path, project_relative(kernel_path, root)),
                 run.get("model") or {}, eager, fused if pol is not None else None)
         except (ValueError, KeyError, TypeError) as exc:
             result["kernel_estimate"] = {"status": "error", "reason": str(exc)}
@@ -260,7 +252,7 @@ def attribute(run: Mapping, baseline: str, root: Path, gpu: str | None, profile_
     reason = ("norm time saved per step (profile, stock - patched) at the step sizes the policy sends to the "
               "fused kernel, weighted by the step-size histogram, over the histogram-weighted step time")
     if graph_path:
-        result["graph_steps"] = shown_path(graph_path, root)
+        result["graph_steps"] = project_relative(graph_path, root)
         reason += (f"; at the decode sizes {result['graph_steps']} timed, the step's saving from CUDA-graph "
                    "replays (stock - patched) instead")
     return {**result, "status": "predicted", "reason": reason,

@@ -29,8 +29,8 @@ from experiments.orchestrate import BeforeReplay, StopRun, gpu_state, settle
 from experiments.plan import Plan
 from experiments.runrecord import RunRecord
 from experiments.schedule import Step, burnin_seed, burnin_step, replay_seed
-from experiments.servers import Server, StartFailed, launch_waves, server_config, visible_device
-from integration.launcher import VllmServer, compile_cache
+from experiments.servers import Server, StartFailed, cache_waves, launch_waves, server_config, visible_device
+from integration.launcher import VllmServer
 from loadgen.prompts import PromptSource
 from loadgen.records import RequestRecord
 from loadgen.together import Stream, replay_together_sync, start_time
@@ -55,23 +55,13 @@ def slot_keys(cfg: RunConfig) -> list[str]:
 
 
 def start_waves(cfg: RunConfig) -> list[list[tuple[str, int]]]:
-    """(label, gpu) of every server in start order: on a GPU, row by row of the Latin square, the
-    first server of each compile cache at once (integration.launcher.compile_cache: one per arm, the
-    planted twin of patched sharing patched's), then the rest at once, loading those caches' graphs;
-    on CPU one at a time."""
+    """(label, gpu) of every server in start order: on a GPU, row by row of the Latin square, in the
+    waves of experiments.servers.cache_waves (the first server of each compile cache at once, the
+    planted twin of patched sharing patched's, then the rest at once); on CPU one at a time."""
     servers = [(label, gpu) for row in duet.latin_rows(cfg.gpus) for label, gpu in zip(cfg.labels, row)]
     if cfg.device != "cuda":
         return [[s] for s in servers]
-    by_label = dict(zip(cfg.labels, cfg.arm_definitions))
-    first: list[tuple[str, int]] = []
-    rest: list[tuple[str, int]] = []
-    seen: set[tuple[tuple[str, str], ...]] = set()
-    for label, gpu in servers:
-        cache = compile_cache(by_label[label], cfg.eager)
-        (rest if cache is not None and cache in seen else first).append((label, gpu))
-        if cache is not None:
-            seen.add(cache)
-    return [first] + ([rest] if rest else [])
+    return cache_waves(cfg, servers, lambda server: server[0])
 
 
 class DuetRunner:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 from experiments.config import RunConfig
 from integration.arms import Arm
@@ -25,6 +25,7 @@ from loadgen.prompts import PromptSource
 log = logging.getLogger("experiments")
 ENDPOINT_WAIT_S = 60.0  # an endpoint should already be up: wait at most this (or --server-timeout-s)
 Server = VllmServer | Endpoint
+T = TypeVar("T")
 
 
 def visible_device(gpu: int) -> str:
@@ -83,26 +84,31 @@ class StartFailed(RuntimeError):
         self.label = label
 
 
+def cache_waves(cfg: RunConfig, servers: Sequence[T], label_of: Callable[[T], str]) -> list[list[T]]:
+    """`servers` (in start order) in at most two waves: the first server of each compile cache
+    (integration.launcher.compile_cache), then those whose cache a first-wave server fills, which
+    load its compiled graphs instead of racing it for the same files (in eager mode: one wave)."""
+    by_label = dict(zip(cfg.labels, cfg.arm_definitions))
+    first: list[T] = []
+    rest: list[T] = []
+    seen: set[tuple[tuple[str, str], ...]] = set()
+    for server in servers:
+        cache = compile_cache(by_label[label_of(server)], cfg.eager)
+        (rest if cache is not None and cache in seen else first).append(server)
+        if cache is not None:
+            seen.add(cache)
+    return [first] + ([rest] if rest else [])
+
+
 def start_waves(cfg: RunConfig, labels: list[str]) -> list[list[str]]:
     """The order in which the servers of `labels` start: one wave per group of servers that may
     start at once. On a GPU every server has the same explicit KV-cache size, so no server's cache
-    depends on what another left, and the first server of each compile cache (integration.compilecache)
-    starts together with the others; a server whose cache another of the first wave fills (the A/A
-    repeat of the baseline, the planted twin of patched) starts after them and loads those compiled
-    graphs instead of racing that server for the same files. Elsewhere (the CPU's cores are few) and
-    for endpoints, one at a time."""
+    depends on what another left, and the servers start in the waves of `cache_waves` (the A/A
+    repeat of the baseline and the planted twin of patched after the server whose compile cache
+    they share). Elsewhere (the CPU's cores are few) and for endpoints, one at a time."""
     if cfg.device != "cuda" or endpoint_urls(cfg):
         return [[label] for label in labels]
-    by_label = dict(zip(cfg.labels, cfg.arm_definitions))
-    first: list[str] = []
-    repeats: list[str] = []
-    seen: set[tuple[tuple[str, str], ...]] = set()
-    for label in labels:
-        cache = compile_cache(by_label[label], cfg.eager)
-        (repeats if cache is not None and cache in seen else first).append(label)
-        if cache is not None:
-            seen.add(cache)
-    return [first] + ([repeats] if repeats else [])
+    return cache_waves(cfg, labels, lambda label: label)
 
 
 def start_servers(cfg: RunConfig, labels: list[str], run_dir: Path) -> dict[str, Server]:

@@ -170,18 +170,12 @@ def policy_record(dtype: str, hidden: int, mode: str = "compiled", max_rows: int
     and, per op, the row ranges [lo, hi, fused] over 1..max_rows (read by experiments' attribution).
     `table`: a policy file to describe instead of the mode's own (choice.policy_path)."""
     from kernels.policy import load_policy
+    from kernels.resultfile import project_relative
 
     pol = load_policy(table) if table is not None else policy(mode)
     segs = {op: [list(r) for r in _runs(lambda rows, op=op: pol.choose(op, dtype, rows, hidden) != "stock",
                                           max_rows)] for op in OPS}
-    return {"mode": mode, "table": _portable(pol.source), "dtype": dtype, "hidden": hidden, "segments": segs}
+    # the table relative to the project, so a run record names the same file on another machine
+    table_shown = project_relative(pol.source, Path(__file__).resolve().parents[1])
+    return {"mode": mode, "table": table_shown, "dtype": dtype, "hidden": hidden, "segments": segs}
 
-
-def _portable(source: str | Path) -> str:
-    """A table's path relative to the project root when it lies inside it (a run record re-analysed on
-    another machine names the same file), else as it is."""
-    root = Path(__file__).resolve().parents[1]
-    try:
-        return str(Path(source).resolve().relative_to(root))
-    except (ValueError, OSError):
-        return str(source)

@@ -19,6 +19,15 @@ class ResultFileError(ValueError):
     """A results file is missing, unreadable, not JSON, or of a schema version this reader does not know."""
 
 
+def project_relative(path: str | Path, root: Path) -> str:
+    """`path` relative to `root` (the project) when it lies inside it, so a results file that names it
+    stays true on another machine; else as it is."""
+    try:
+        return str(Path(path).resolve().relative_to(root.resolve()))
+    except (ValueError, OSError):
+        return str(path)
+
+
 def write_json(path: str | Path, data: Any) -> None:
     """Write JSON atomically: a temporary file in the same directory, then os.replace (a crash leaves
     the old file or the new one, never half of one). NaN and infinities are refused."""

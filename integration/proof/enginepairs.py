@@ -24,6 +24,7 @@ from pathlib import Path
 
 from scipy import stats
 
+from integration.proof.graphtime import pct, t_interval
 from kernels.resultfile import read_json, write_json
 
 SCHEMA_VERSION = 1
@@ -42,10 +43,6 @@ def pair_estimates(doc: Mapping, arm: str) -> dict[int, dict]:
     return out
 
 
-def _pct(log_ratio: float) -> float:
-    return 100.0 * math.expm1(log_ratio)
-
-
 def pairs_needed(mean: float, sd: float, confidence: float = 0.95, most: int = 200) -> int | None:
     """The fewest pairs whose t interval would exclude zero if the pairs' mean and sd stayed as they
     are (None: not within `most`, or no difference to resolve)."""
@@ -57,24 +54,22 @@ def pairs_needed(mean: float, sd: float, confidence: float = 0.95, most: int = 2
     return None
 
 
-def across_pairs(per_file: Sequence[Mapping[int, Mapping]], confidence: float = 0.95) -> list[dict]:
+def across_pairs(per_file: Sequence[Mapping[int, Mapping]]) -> list[dict]:
     """Per size present in at least one file: the pairs' changes (percent), their mean and, with two
-    or more pairs, the t interval over pairs, whether it excludes zero, and how many pairs would
+    or more pairs, the 95% t interval over pairs, whether it excludes zero, and how many pairs would
     resolve the mean at this spread."""
     sizes = sorted({s for f in per_file for s in f})
     rows = []
     for size in sizes:
         logs = [f[size]["log_ratio"] for f in per_file if size in f]
-        row: dict = {"batch_tokens": size, "pairs": len(logs), "per_pair_pct": [_pct(x) for x in logs],
-                     "change_pct": _pct(statistics.fmean(logs)), "ci95_pct": None, "excludes_zero": None,
+        row: dict = {"batch_tokens": size, "pairs": len(logs), "per_pair_pct": [pct(x) for x in logs],
+                     "change_pct": pct(statistics.fmean(logs)), "ci95_pct": None, "excludes_zero": None,
                      "between_pair_sd_pct": None, "pairs_needed": None}
         if len(logs) >= 2:
+            mean, lo, hi = t_interval(logs)
             sd = statistics.stdev(logs)
-            half = float(stats.t.ppf(0.5 + confidence / 2, len(logs) - 1)) * sd / math.sqrt(len(logs))
-            mean = statistics.fmean(logs)
-            row.update(ci95_pct=[_pct(mean - half), _pct(mean + half)],
-                       excludes_zero=bool(half < abs(mean)), between_pair_sd_pct=100.0 * sd,
-                       pairs_needed=pairs_needed(mean, sd, confidence))
+            row.update(ci95_pct=[pct(lo), pct(hi)], excludes_zero=bool(lo > 0 or hi < 0),
+                       between_pair_sd_pct=100.0 * sd, pairs_needed=pairs_needed(mean, sd))
         rows.append(row)
     return rows
 
