@@ -28,8 +28,9 @@ def spreads(report: Mapping, which: str = "primary") -> dict[str, dict]:
     """{metric key: {"sd", "n", "ci95"}} of the per-cell paired differences (%) of one comparison.
 
     ``which`` "primary": the report's main comparison; "aa_in_run": its interleaved A/A pair. Keys:
-    paired:<metric> (per-request log ratio, median per cell), goodput:<slo>, and the per-window
-    medians (tpot_p50_ms, ttft_p90_ms). A never-stressed SLO has sd None.
+    paired:<metric> (per-request log ratio, median per cell; its sd is the primary fit's standard
+    error x sqrt(cells), so that windows needed follow the interval the report gives), goodput:<slo>,
+    and the per-window medians (tpot_p50_ms, ttft_p90_ms). A never-stressed SLO has sd None.
     """
     out: dict[str, dict] = {}
     if which == "primary":

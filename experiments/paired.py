@@ -3,13 +3,17 @@
 Both arms replay the same requests of a (window, load) cell: the same index, due time and token
 counts. For TPOT, TTFT and E2E the per-request log ratio ln(treatment / baseline) is taken over the
 requests that succeeded in both arms, and each cell is summarised by its median. The cells' medians
-are fitted by least squares with the arm order as a covariate,
+are fitted with an effect per load and the arm order as a covariate,
 
-    y_c = mu + beta * gap_c + e_c,   gap_c = position of treatment - position of baseline in cell c,
+    y_c = a_load(c) + beta * gap_c + e_c,   gap_c = position of treatment - position of baseline in cell c,
 
-so that mu is the change with the position effect removed and beta is the position effect (the
-change a later replay shows against an earlier one). The Student-t interval of mu is the primary
-interval; a window-block bootstrap (windows resampled with all their loads) is shown beside it.
+by the Huber M-estimate of experiments.robust (a few chaotic replays move a cell by several percent;
+least squares would give them full weight), so that the change mu, the mean of the load effects, has
+the position effect removed and beta is the position effect (the change a later replay shows against
+an earlier one). Its Student-t interval (Huber's sandwich variance, n - p degrees of freedom) is the
+primary interval; least squares over the cells (y_c = mu + beta * gap_c + e_c, the earlier primary)
+and a window-block bootstrap of the M-estimate (windows resampled with all their loads) are shown
+beside it. With fewer than robust.MIN_DF degrees of freedom the least-squares fit is the primary.
 Changes are reported in percent: 100 * (exp(mu) - 1).
 """
 
@@ -22,6 +26,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
+from experiments import robust
 from experiments.stats import ALPHA, POWER
 
 METRICS = ("tpot_ms", "ttft_ms", "e2e_ms")
@@ -144,22 +149,44 @@ def mde_log(se: float, dof: int, alpha: float = ALPHA, power: float = POWER) -> 
     return float((sps.t.ppf(1 - alpha / 2, dof) + sps.t.ppf(power, dof)) * se)
 
 
+def _least_squares(y: np.ndarray, gap: np.ndarray) -> dict:
+    fit = order_adjusted_t(y, gap)
+    return {**fit, "estimator": "least squares", "scale": fit["resid_sd"], "downweighted": None}
+
+
+def _fit(y: np.ndarray, loads: np.ndarray, gap: np.ndarray) -> dict:
+    """The primary fit of one set of cells: the Huber M-estimate with load effects and the order
+    covariate (experiments.robust), or least squares over the cells where there are too few cells for
+    it (fewer than robust.MIN_DF degrees of freedom) or more than half of them fit exactly (a robust
+    scale of 0)."""
+    with_order = np.ptp(gap) > 0 and len(y) >= MIN_CELLS_FOR_ORDER_TERM
+    params = len(np.unique(loads)) + int(with_order)
+    if len(y) - params >= robust.MIN_DF:
+        fit = robust.change(y, loads, gap if with_order else None)
+        if math.isfinite(fit["se"]):
+            return {**fit, "estimator": "huber"}
+    return _least_squares(y, gap)
+
+
 def compare_metric(df: pd.DataFrame, baseline: str, treatment: str, metric: str,
                    orders: Mapping[tuple[int, float], Sequence[str]], seed: int = 0) -> dict:
     """The paired per-request comparison of one latency metric (see the module docstring).
 
-    Fields are None, with ``reason``, when there are fewer than two cells or no spread.
+    Fields are None, with ``reason``, when there are fewer than two cells or no spread. sd_cell_pct
+    is the primary fit's standard error x sqrt(cells) (the spread its interval implies), scale_pct
+    the fit's own per-cell scale (the residual sd for least squares, MAD / 0.6745 for Huber).
     """
     pairs = request_pairs(df, baseline, treatment, metric)
     cells = cell_medians(pairs)
     cells["gap"] = order_gaps(cells, orders, baseline, treatment)
     cells["change_pct"] = pct(cells["median_log_ratio"].to_numpy())
     out: dict = {"metric": metric, "baseline": baseline, "treatment": treatment, "summary": "median",
-                 "n_requests": len(pairs), "n_cells": len(cells),
+                 "estimator": None, "n_requests": len(pairs), "n_cells": len(cells),
                  "cells": cells.to_dict(orient="records"), "estimate_pct": None, "ci95_pct": None,
-                 "bootstrap_ci95_pct": None, "position_pct": None, "position_ci95_pct": None,
-                 "df": None, "sd_cell_pct": None, "mde_pct": None, "significant": None, "reason": None,
-                 "by_load": {}}
+                 "bootstrap_ci95_pct": None, "least_squares_pct": None, "least_squares_ci95_pct": None,
+                 "position_pct": None, "position_ci95_pct": None, "df": None, "sd_cell_pct": None,
+                 "scale_pct": None, "downweighted_cells": None, "mde_pct": None, "significant": None,
+                 "reason": None, "by_load": {}}
     y = cells["median_log_ratio"].to_numpy()
     if len(cells) < 2:
         out["reason"] = f"{len(cells)} paired cell{'s' * (len(cells) != 1)}: no interval"
@@ -169,11 +196,21 @@ def compare_metric(df: pd.DataFrame, baseline: str, treatment: str, metric: str,
         out.update(estimate_pct=pct(float(y[0])),
                    reason="the same change in every cell: no spread, no interval")
         return out
-    fit = order_adjusted_t(y, cells["gap"].to_numpy())
-    blo, bhi = block_bootstrap(y, cells["gap"].to_numpy(), cells["window"].to_numpy(), seed=seed)
-    out.update(estimate_pct=pct(fit["mu"]), ci95_pct=[pct(fit["lo"]), pct(fit["hi"])],
-               bootstrap_ci95_pct=[pct(blo), pct(bhi)], df=fit["df"],
-               sd_cell_pct=100.0 * float(fit["resid_sd"]), mde_pct=pct(mde_log(fit["se"], fit["df"])),
+    gap, loads = cells["gap"].to_numpy(), cells["load"].to_numpy(dtype=float)
+    windows = cells["window"].to_numpy()
+    fit, ls = _fit(y, loads, gap), _least_squares(y, gap)
+    if fit["estimator"] == "huber":
+        boot = robust.block_bootstrap(y, loads, gap if fit["beta"] is not None else None, windows, seed=seed,
+                                      n_resamples=BOOTSTRAP_RESAMPLES)
+    else:
+        boot = block_bootstrap(y, gap, windows, seed=seed)
+    out.update(estimator=fit["estimator"], estimate_pct=pct(fit["mu"]),
+               ci95_pct=[pct(fit["lo"]), pct(fit["hi"])],
+               bootstrap_ci95_pct=None if boot is None else [pct(boot[0]), pct(boot[1])], df=fit["df"],
+               least_squares_pct=pct(ls["mu"]), least_squares_ci95_pct=[pct(ls["lo"]), pct(ls["hi"])],
+               sd_cell_pct=100.0 * float(fit["se"]) * math.sqrt(len(y)),
+               scale_pct=100.0 * float(fit["scale"]),
+               downweighted_cells=fit["downweighted"], mde_pct=pct(mde_log(fit["se"], fit["df"])),
                significant=bool(fit["lo"] > 0 or fit["hi"] < 0))
     if fit["beta"] is not None:
         out.update(position_pct=pct(fit["beta"]),
@@ -183,10 +220,11 @@ def compare_metric(df: pd.DataFrame, baseline: str, treatment: str, metric: str,
                                  f"{MIN_CELLS_FOR_ORDER_TERM} cells)"
     for load, c in cells.groupby("load", sort=True):
         entry = {"n_cells": len(c), "estimate_pct": pct(float(c["median_log_ratio"].mean())),
-                 "ci95_pct": None}
+                 "ci95_pct": None, "estimator": None}
         if len(c) >= 2 and np.ptp(c["median_log_ratio"]) > 0:
-            f = order_adjusted_t(c["median_log_ratio"].to_numpy(), c["gap"].to_numpy())
-            entry.update(estimate_pct=pct(f["mu"]), ci95_pct=[pct(f["lo"]), pct(f["hi"])])
+            f = _fit(c["median_log_ratio"].to_numpy(), c["load"].to_numpy(dtype=float), c["gap"].to_numpy())
+            entry.update(estimate_pct=pct(f["mu"]), ci95_pct=[pct(f["lo"]), pct(f["hi"])],
+                         estimator=f["estimator"])
         out["by_load"][f"{load:g}"] = entry
     return out
 

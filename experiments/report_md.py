@@ -101,9 +101,8 @@ def _metric_lines(r: Mapping, treat: str, with_floor: bool) -> list[str]:
                        f"{c['n_cells']} cells — no interval ({c.get('reason')})")
             continue
         text = (f"- {name}, paired per request: {treat} {c['estimate_pct']:+.2f}% vs {base}, 95% CI "
-                f"{_ci(c['ci95_pct'])} ({_ADJUSTED.get(c.get('covariate'), 'order')}-adjusted t over "
-                f"{c['n_cells']} cells, primary; window-block "
-                f"bootstrap {_ci(c['bootstrap_ci95_pct'])}); MDE {c['mde_pct']:.2f}%")
+                f"{_ci(c['ci95_pct'])} ({_fit_text(c)}; window-block bootstrap {_ci(c['bootstrap_ci95_pct'])})"
+                f"; MDE {c['mde_pct']:.2f}%")
         f = floor.get(m) if with_floor else None
         if f and f.get("ci95_pct"):
             ctrl = r["aa_in_run"]["pair"][1]
@@ -116,6 +115,16 @@ def _metric_lines(r: Mapping, treat: str, with_floor: bool) -> list[str]:
             text += f"; A/A floor ({nf['source']}) +-{nf['band_pct'][f'paired:{m}'][1]:.2f}%"
         out.append(text)
     return out
+
+
+def _fit_text(c: Mapping) -> str:
+    """How a paired comparison's primary interval was fitted (experiments.paired)."""
+    adjusted = _ADJUSTED.get(c.get("covariate"), "order")
+    if c.get("estimator") != "huber":
+        return f"{adjusted}-adjusted least-squares t over {c['n_cells']} cells, primary"
+    return (f"Huber M-estimate with load effects, {adjusted}-adjusted t over {c['n_cells']} cells "
+            f"({c['downweighted_cells']} downweighted), primary; least squares "
+            f"{c['least_squares_pct']:+.2f}% {_ci(c['least_squares_ci95_pct'])}")
 
 
 _SECONDARY_NAMES = {"tpot_p50_ms": "median TPOT", "ttft_p90_ms": "p90 TTFT"}
@@ -261,7 +270,8 @@ def noise_floor_lines(nf: Mapping) -> list[str]:
     if not nf.get("source"):
         return [f"A/A noise floor: not known ({nf.get('reason')})."]
     out = [f"A/A noise floor ({nf['source']}): per-cell sd "
-           + ", ".join(f"{k} {_num(v, '{:.2f}%')}" for k, v in nf["sd_pct"].items()) + "."]
+           + ", ".join(f"{k} {_num(v, '{:.2f}%')}" for k, v in nf["sd_pct"].items())
+           + " (paired: the primary fit's standard error x sqrt(cells), what the interval implies)."]
     if not nf.get("applied", True):
         diffs = "; ".join(f"{d['key']}: this run {d['this']}, floor {d['floor']}" if d["key"] else d["floor"]
                           for d in nf["design_differences"])

@@ -52,7 +52,7 @@ def test_an_ab_duet_finds_the_effect_with_the_gpu_bias_removed_and_reports_both(
     assert lay["gpu_minutes"] == pytest.approx(WINDOWS * (20.0 + 10.0) * 2 / 60.0)
     assert report["design"]["fingerprint"]["layout"] == "duet"
     md = (run_dir / "report.md").read_text()
-    assert "**Duet layout**" in md and "GPU-adjusted t over 16 cells" in md
+    assert "**Duet layout**" in md and "GPU-adjusted least-squares t over 16 cells" in md
     assert f"GPU bias on TPOT (beta: a later GPU of a window's placement vs an earlier one): " \
            f"{lay['gpu_bias']['tpot_ms']['pct']:+.2f}%" in md
     assert "position effect" not in md and "A/A duet half-width of the paired TPOT interval: not known" in md

@@ -79,16 +79,22 @@ def test_paired_lines_lead_with_the_change_its_intervals_and_the_floor_of_the_sa
     from experiments.report_md import paired_lines
 
     c = {"estimate_pct": 0.41, "ci95_pct": [0.12, 0.70], "bootstrap_ci95_pct": [0.2, 0.6], "mde_pct": 0.3,
-         "n_cells": 16, "position_pct": -1.1, "position_ci95_pct": [-1.4, -0.8]}
+         "n_cells": 48, "position_pct": -1.1, "position_ci95_pct": [-1.4, -0.8], "estimator": "huber",
+         "downweighted_cells": 7, "least_squares_pct": 0.5, "least_squares_ci95_pct": [0.1, 0.9]}
     f = {"estimate_pct": 0.02, "ci95_pct": [-0.2, 0.24]}
     r = {"comparison": ["stock", "patched"], "paired_latency": {"patched": {"tpot_ms": c}},
          "aa_in_run": {"pair": ["stock", "stock-b"], "paired_latency": {"tpot_ms": f}}}
     assert paired_lines(r) == [
-        "- TPOT, paired per request: patched +0.41% vs stock, 95% CI [+0.12, +0.70]% (order-adjusted t over "
-        "16 cells, primary; window-block bootstrap [+0.20, +0.60]%); MDE 0.30%; A/A floor (stock-b vs stock, "
+        "- TPOT, paired per request: patched +0.41% vs stock, 95% CI [+0.12, +0.70]% (Huber M-estimate with "
+        "load effects, order-adjusted t over 48 cells (7 downweighted), primary; least squares +0.50% "
+        "[+0.10, +0.90]%; window-block bootstrap [+0.20, +0.60]%); MDE 0.30%; A/A floor (stock-b vs stock, "
         "this run) +0.02% [-0.20, +0.24]%",
         "- position effect on TPOT (each later place in a cell's order vs an earlier one): -1.10% "
         "[-1.40, -0.80]%, removed from the estimate"]
+    c.update(estimator="least squares", n_cells=16)  # too few cells for the M-estimate
+    assert paired_lines(r)[0].startswith(
+        "- TPOT, paired per request: patched +0.41% vs stock, 95% CI [+0.12, +0.70]% (order-adjusted "
+        "least-squares t over 16 cells, primary; window-block bootstrap [+0.20, +0.60]%)")
 
 
 def test_goodput_at_the_knee_joins_the_verdict_of_the_tier_the_search_measured():
