@@ -101,8 +101,8 @@ def _metric_lines(r: Mapping, treat: str, with_floor: bool) -> list[str]:
                        f"{c['n_cells']} cells — no interval ({c.get('reason')})")
             continue
         text = (f"- {name}, paired per request: {treat} {c['estimate_pct']:+.2f}% vs {base}, 95% CI "
-                f"{_ci(c['ci95_pct'])} ({_fit_text(c)}; window-block bootstrap {_ci(c['bootstrap_ci95_pct'])})"
-                f"; MDE {c['mde_pct']:.2f}%")
+                f"{_ci(c['ci95_pct'])} ({_fit_text(c)}; window-block bootstrap "
+                f"{_ci(c['bootstrap_ci95_pct'])}); MDE {c['mde_pct']:.2f}%")
         f = floor.get(m) if with_floor else None
         if f and f.get("ci95_pct"):
             ctrl = r["aa_in_run"]["pair"][1]
