@@ -80,6 +80,21 @@ def _bands(sp: Mapping[str, dict], this_n: Mapping[str, int], same_run: bool) ->
     return out
 
 
+def tpot_by_load(report: Mapping, which: str = "primary") -> dict[str, dict]:
+    """{load: {"n", "half_width_pct", "estimator"}} of the paired TPOT fit per load of one comparison
+    (as spreads names them): which load the floor's noise comes from. Empty without intervals."""
+    if which == "primary":
+        lat = (report.get("paired_latency") or {}).get(report.get("comparison", [None, None])[1]) or {}
+    else:
+        lat = (report.get("aa_in_run") or {}).get("paired_latency") or {}
+    out = {}
+    for load, e in ((lat.get("tpot_ms") or {}).get("by_load") or {}).items():
+        if e.get("ci95_pct"):
+            lo, hi = e["ci95_pct"]
+            out[load] = {"n": e["n_cells"], "half_width_pct": (hi - lo) / 2, "estimator": e.get("estimator")}
+    return out
+
+
 def noise_floor(report: Mapping, aa_report: Path | None) -> dict:
     """The report's "noise_floor" entry (see the module docstring)."""
     this = spreads(report)
@@ -88,21 +103,23 @@ def noise_floor(report: Mapping, aa_report: Path | None) -> dict:
     if report.get("aa_in_run"):
         pair = report["aa_in_run"]["pair"]
         sp, same = spreads(report, "aa_in_run"), True
+        by_load = tpot_by_load(report, "aa_in_run")
         source = f"this run: {pair[1]} vs {pair[0]} (interleaved)"
     elif report["aa"]["is_aa"]:
-        sp, source, same = this, "this run (A/A)", True
+        sp, source, same, by_load = this, "this run (A/A)", True, tpot_by_load(report)
     elif aa_report is not None:
         other = read_json(aa_report, REPORT_SCHEMA_VERSION, "A/A report")
         if not (other.get("aa") or {}).get("is_aa"):
             raise ValueError(f"{aa_report}: not the report of an A/A run (aa.is_aa is not true)")
-        sp, source, same = spreads(other), str(aa_report), False
+        sp, source, same, by_load = spreads(other), str(aa_report), False, tpot_by_load(other)
         diffs = comparisons.fingerprint_differences(report["design"]["fingerprint"],
                                                     (other.get("design") or {}).get("fingerprint"))
         base.update(design_differences=diffs, applied=not diffs)
     else:
         return {**base, "source": None, "sd_pct": {}, "n": {}, "windows_needed": {}, "band_pct": {},
-                "applied": False,
+                "tpot_by_load": {}, "applied": False,
                 "reason": "A/B run without an A/A arm and no A/A report given (--aa-report)"}
     return {**base, "source": source, "sd_pct": {k: v["sd"] for k, v in sp.items()},
             "n": {k: v.get("n") for k, v in sp.items()}, "windows_needed": _needed(sp),
+            "tpot_by_load": by_load,
             "band_pct": _bands(sp, this_n, same) if base["applied"] else {}}

@@ -286,6 +286,10 @@ def noise_floor_lines(nf: Mapping) -> list[str]:
             need.append(f"{k} {v['windows']} (range {v['range'][0]}-{v['range'][1]} from the sd's 95% "
                         f"interval over {v['sd_from_n']} cells)")
     out.append(f"Paired cells for a +-{nf['target_half_width_pct']:g}% interval: " + ", ".join(need) + ".")
+    if nf.get("tpot_by_load"):
+        out.append("A/A paired TPOT per load (95% half-width): " + ", ".join(
+            f"{load}x +-{v['half_width_pct']:.2f}% over {v['n']} cells ({v['estimator']})"
+            for load, v in nf["tpot_by_load"].items()) + ".")
     return out
 
 

@@ -1,5 +1,6 @@
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -178,6 +179,22 @@ def test_interleaved_aa_arm_is_the_noise_floor_of_the_same_run(tmp_path):
     assert tpot["estimate_pct"] == pytest.approx(2.0, abs=0.01)
     assert r["noise_floor"]["source"] == "this run: stock-b vs stock (interleaved)"
     assert r["aa_in_run"]["paired_latency"]["tpot_ms"]["estimate_pct"] == pytest.approx(0.0, abs=1e-6)
+    assert r["noise_floor"]["tpot_by_load"] == {}  # identical servers: no spread, no interval per load
     first = (run_dir / "report.md").read_text().splitlines()[0]
     assert first.startswith("- TPOT, paired per request: patched +2.00% vs stock")
     assert "forest.png" in r["plots"]
+
+
+def test_the_floor_says_which_load_its_noise_comes_from():
+    run_dir = Path(__file__).resolve().parents[2] / "experiments" / "results" / "h200-llama8b-twin-aa"
+    r = json.loads((run_dir / "report.json").read_text(encoding="utf-8"))
+    per_load = r["noise_floor"]["tpot_by_load"]
+    by_load = r["aa_in_run"]["paired_latency"]["tpot_ms"]["by_load"]
+    assert set(per_load) == set(by_load) == {"5", "8", "12"}
+    for load, v in per_load.items():
+        lo, hi = by_load[load]["ci95_pct"]
+        assert v["half_width_pct"] == pytest.approx((hi - lo) / 2)
+        assert v["n"] == 24 == by_load[load]["n_cells"]
+        assert v["estimator"] == "huber"  # 24 cells, 2 parameters: 22 degrees of freedom
+    assert max(per_load, key=lambda k: per_load[k]["half_width_pct"]) == "5"  # the latency-sensitive load
+    assert "A/A paired TPOT per load (95% half-width): 5x +-" in (run_dir / "report.md").read_text()
