@@ -12,7 +12,11 @@ server as a whole), it does not. This is a diagnosis beside the report, not a ve
 prints, per load, the median change of the least, middle and most exposed third of the requests,
 the decode time added per token (median and mean request) and the change of the total decode time,
 and the slope of the change on exposure with cell (window, load) effects removed, with its 95% t
-interval. Pure functions; `main` reads the run with experiments.load_run.
+interval; then the same thirds by concurrency (how many other requests decoded beside it), with the
+median decode time added per token: a delay of d per norm call in every step adds at most calls x d
+per token to a request whose steps all carry it (a planted arm delays only the step sizes its policy
+fuses), so more than that says the server passed on more than the step's delay. Pure functions;
+`main` reads the run with experiments.load_run.
 """
 
 from __future__ import annotations
@@ -33,28 +37,42 @@ THIRDS = ("least", "middle", "most")
 
 def exposure_frame(df: pd.DataFrame, baseline: str, treatment: str) -> pd.DataFrame:
     """Per request paired in both arms (measured rows of `df`, a goodput.records_frame with `ok`):
-    window, load, index, the TPOT log ratio and its exposure to prefills (see the module text).
+    window, load, index, the TPOT log ratio, the decode time added per token (us), the baseline's TPOT,
+    its exposure to prefills (see the module text) and its concurrency: how many other requests of
+    its cell were decoding (first to last token) on average while it decoded, in the baseline's replay.
     Only requests with a TPOT pair, so every one has at least one decode step."""
     pairs = request_pairs(df, baseline, treatment, "tpot_ms").set_index(PAIR_KEY)
     base = df[df["arm"] == baseline].set_index(PAIR_KEY)
+    decoding = base[base["ok"] & base["ttft_ms"].notna() & base["e2e_ms"].notna()]
+    spans = {cell: ((g["due_ms"] + g["ttft_ms"]).to_numpy(), (g["due_ms"] + g["e2e_ms"]).to_numpy())
+             for cell, g in decoding.groupby(level=[0, 1])}
     due = {cell: np.sort(g["due_ms"].to_numpy()) for cell, g in base.groupby(level=[0, 1])}
     base = base.loc[pairs.index]
     start, end = base["due_ms"] + base["ttft_ms"], base["due_ms"] + base["e2e_ms"]
-    arrived = pd.Series(0.0, index=pairs.index)
+    arrived, together = pd.Series(0.0, index=pairs.index), pd.Series(0.0, index=pairs.index)
     for cell, idx in pairs.groupby(level=[0, 1]).groups.items():
-        arrived[idx] = (np.searchsorted(due[cell], end[idx].to_numpy())
-                        - np.searchsorted(due[cell], start[idx].to_numpy()))
-    return pairs.assign(exposure=arrived / (base["output_tokens"] - 1)).reset_index()
+        s, e = start[idx].to_numpy(), end[idx].to_numpy()
+        arrived[idx] = np.searchsorted(due[cell], e) - np.searchsorted(due[cell], s)
+        s_all, e_all = spans[cell]
+        overlap = np.clip(np.minimum(e_all[None, :], e[:, None]) - np.maximum(s_all[None, :], s[:, None]),
+                          0.0, None).sum(axis=1) - (e - s)  # less its own span
+        together[idx] = overlap / np.where(e > s, e - s, np.nan)
+    return pairs.assign(added_us=1000.0 * base["tpot_ms"] * np.expm1(pairs["log_ratio"]),
+                        tpot_ms=base["tpot_ms"], exposure=arrived / (base["output_tokens"] - 1),
+                        concurrency=together).reset_index()
 
 
-def by_third(frame: pd.DataFrame) -> list[dict]:
-    """Per load: for the least, middle and most exposed third, n, mean exposure and median change (%)."""
+def by_third(frame: pd.DataFrame, column: str = "exposure") -> list[dict]:
+    """Per load: for the third of the requests lowest, middle and highest in `column` (exposure or
+    concurrency), n, its mean, the median baseline TPOT (ms), the median decode time added per token
+    (us) and the median change (%)."""
     rows = []
     for load, g in frame.groupby("load", sort=True):
-        third = pd.qcut(g["exposure"].rank(method="first"), 3, labels=list(THIRDS))
+        third = pd.qcut(g[column].rank(method="first"), 3, labels=list(THIRDS))
         for name, part in g.groupby(third, observed=True):
             rows.append({"load": float(load), "third": str(name), "n": len(part),
-                         "exposure": float(part["exposure"].mean()),
+                         column: float(part[column].mean()), "tpot_ms": float(part["tpot_ms"].median()),
+                         "added_us": float(part["added_us"].median()),
                          "median_change_pct": float(pct(part["log_ratio"].median()))})
     return rows
 
@@ -134,6 +152,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  {row['load']:g}x added decode time per token: median {row['added_us_median']:+.0f} us, "
               f"mean {row['added_us_mean']:+.0f} us; total decode time {row['total_change_pct']:+.2f}%, "
               f"median request {row['median_request_change_pct']:+.2f}%")
+    print(f"{a.arm} vs {baseline}, by concurrency (other requests decoding beside it in {baseline}'s "
+          "replay)")
+    for row in by_third(frame, "concurrency"):
+        print(f"  {row['load']:g}x {row['third']:>6} third: n {row['n']:4d}, "
+              f"beside {row['concurrency']:5.1f} others, TPOT {row['tpot_ms']:.2f} ms, "
+              f"added {row['added_us']:+.0f} us per token, "
+              f"median change {row['median_change_pct']:+.2f}%")
     s = slope(frame)
     if s["slope_pct"] is None:
         print("  slope: none (exposure does not vary)")

@@ -60,7 +60,7 @@ def test_the_cli_reads_a_committed_run(capsys) -> None:  # noqa: ANN001
     assert "'nope' is not an arm" in capsys.readouterr().err
     assert exposure.main([str(run), "--arm", "stock-b"]) == 0
     out = capsys.readouterr().out
-    assert out.count("third:") == 9 and "slope within cells" in out
+    assert out.count("third:") == 18 and "slope within cells" in out and "by concurrency" in out
 
 
 def test_added_per_token_and_totals_against_the_median_request() -> None:
@@ -76,3 +76,23 @@ def test_added_per_token_and_totals_against_the_median_request() -> None:
     assert row["added_us_mean"] == pytest.approx(500.0)
     assert row["total_change_pct"] == pytest.approx(100.0 * 9.0 / 990.0)
     assert row["median_request_change_pct"] == pytest.approx(100.0 * (np.sqrt(1.1) - 1.0))
+
+
+def test_concurrency_is_the_mean_number_of_others_decoding_and_added_time_is_per_token() -> None:
+    # one cell: A decodes over [10, 110] ms, B over [60, 160], C over [210, 310] (due + TTFT to due +
+    # E2E); the treatment adds 1 ms per token to A only
+    spans = {0: (0.0, 10.0, 100.0), 1: (50.0, 10.0, 100.0), 2: (200.0, 10.0, 100.0)}  # due, ttft, decode
+    rows = []
+    for arm in ("stock", "treated"):
+        for i, (due, ttft, decode) in spans.items():
+            tpot = 10.0 + (1.0 if arm == "treated" and i == 0 else 0.0)
+            rows.append({"arm": arm, "window": 0, "load": 1.0, "index": i, "ok": True, "due_ms": due,
+                         "input_tokens": 10, "output_tokens": 11, "ttft_ms": ttft, "tpot_ms": tpot,
+                         "e2e_ms": ttft + decode})
+    frame = exposure.exposure_frame(pd.DataFrame(rows), "stock", "treated").set_index("index")
+    assert frame["concurrency"].tolist() == pytest.approx([0.5, 0.5, 0.0])
+    assert frame["added_us"].tolist() == pytest.approx([1000.0, 0.0, 0.0])
+    assert frame["tpot_ms"].tolist() == pytest.approx([10.0, 10.0, 10.0])
+    thirds = exposure.by_third(frame.reset_index(), "concurrency")
+    assert [r["added_us"] for r in thirds] == pytest.approx([0.0, 1000.0, 0.0])  # ties ranked in order: A, B
+    assert [r["concurrency"] for r in thirds] == pytest.approx([0.0, 0.5, 0.5])
