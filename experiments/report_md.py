@@ -6,15 +6,8 @@ import shlex
 from collections.abc import Mapping
 
 from experiments.duetreport import layout_lines
-from experiments.paired import METRIC_NAMES
 from experiments.planted import planted_text
-
-_ADJUSTED = {"gpu": "GPU"}  # the covariate of a duet's comparison (experiments.duet), else the arm order
-
-
-def _num(x, fmt: str = "{:.3g}") -> str:
-    return "n/a" if x is None else fmt.format(x)
-
+from experiments.report_latency import fmt_num, latency_lines, noise_floor_lines, paired_lines
 
 def _cap(c: Mapping) -> str:
     if c["status"] in ("interpolated", "last passing load"):
@@ -63,93 +56,6 @@ def headline(r: Mapping) -> list[str]:
     return lines + [f"- {s['verdict']}" for s in r["slos"]] + latency_lines(r)
 
 
-def _ci(ci, digits: int = 2) -> str:
-    return "n/a" if ci is None else f"[{ci[0]:+.{digits}f}, {ci[1]:+.{digits}f}]%"
-
-
-def paired_lines(r: Mapping) -> list[str]:
-    """Per latency metric: the paired per-request change of the primary comparison, its intervals and
-    MDE, and the A/A floor's interval from the same run; then the position effect; then the same
-    change for every further arm that is not the A/A control (e.g. a planted slowdown)."""
-    base, treat = r["comparison"]
-    controls = set((r.get("aa") or {}).get("controls") or [])
-    others = [lab for lab in (r.get("paired_latency") or {}) if lab != treat and lab not in controls]
-    out = _metric_lines(r, treat, with_floor=True)
-    tpot = ((r.get("paired_latency") or {}).get(treat) or {}).get("tpot_ms") or {}
-    if tpot.get("position_pct") is not None:
-        out.append(f"- position effect on TPOT (each later place in a cell's order vs an earlier one): "
-                   f"{tpot['position_pct']:+.2f}% {_ci(tpot['position_ci95_pct'])}, removed from the "
-                   "estimate")
-    for lab in others:
-        out += _metric_lines(r, lab, with_floor=False)
-    return out
-
-
-def _metric_lines(r: Mapping, treat: str, with_floor: bool) -> list[str]:
-    base = r["comparison"][0]
-    lat = (r.get("paired_latency") or {}).get(treat) or {}
-    floor = ((r.get("aa_in_run") or {}).get("paired_latency")) or {}
-    nf = r.get("noise_floor") or {}
-    out = []
-    for m, c in lat.items():
-        name = METRIC_NAMES.get(m, m)
-        if c.get("estimate_pct") is None:
-            out.append(f"- {name}, paired per request: no comparison of {treat} ({c.get('reason')})")
-            continue
-        if c.get("ci95_pct") is None:
-            out.append(f"- {name}, paired per request: {treat} {c['estimate_pct']:+.2f}% vs {base} over "
-                       f"{c['n_cells']} cells — no interval ({c.get('reason')})")
-            continue
-        text = (f"- {name}, paired per request: {treat} {c['estimate_pct']:+.2f}% vs {base}, 95% CI "
-                f"{_ci(c['ci95_pct'])} ({_fit_text(c)}; window-block bootstrap "
-                f"{_ci(c['bootstrap_ci95_pct'])}); MDE {c['mde_pct']:.2f}%")
-        f = floor.get(m) if with_floor else None
-        if f and f.get("ci95_pct"):
-            ctrl = r["aa_in_run"]["pair"][1]
-            text += f"; A/A floor ({ctrl} vs {base}, this run) {f['estimate_pct']:+.2f}% {_ci(f['ci95_pct'])}"
-            if f["ci95_pct"][0] > 0 or f["ci95_pct"][1] < 0:
-                text += (" — the A/A interval excludes 0: the two servers of one arm differ, so a change "
-                         "of that size is not the arms'")
-        elif (with_floor and nf.get("applied") and not (r.get("aa") or {}).get("is_aa") and nf.get("source")
-              and (nf.get("band_pct") or {}).get(f"paired:{m}")):
-            text += f"; A/A floor ({nf['source']}) +-{nf['band_pct'][f'paired:{m}'][1]:.2f}%"
-        out.append(text)
-    return out
-
-
-def _fit_text(c: Mapping) -> str:
-    """How a paired comparison's primary interval was fitted (experiments.paired)."""
-    adjusted = _ADJUSTED.get(c.get("covariate"), "order")
-    if c.get("estimator") != "huber":
-        return f"{adjusted}-adjusted least-squares t over {c['n_cells']} cells, primary"
-    return (f"Huber M-estimate with load effects, {adjusted}-adjusted t over {c['n_cells']} cells "
-            f"({c['downweighted_cells']} downweighted), primary; least squares "
-            f"{c['least_squares_pct']:+.2f}% {_ci(c['least_squares_ci95_pct'])}")
-
-
-_SECONDARY_NAMES = {"tpot_p50_ms": "median TPOT", "ttft_p90_ms": "p90 TTFT"}
-
-
-def latency_lines(r: Mapping) -> list[str]:
-    """One line per per-window latency metric (secondary): paired change, t interval (primary) and
-    the percentile bootstrap (narrower than t over few windows), and the sign count."""
-    base, treat = r["comparison"]
-    out = []
-    for metric, sec in r["secondary"].items():
-        c, diffs = sec["comparison"], [d["diff_pct"] for d in sec["per_window"]]
-        if c.get("mean") is None:
-            continue
-        t, b = c.get("t_ci95"), c.get("bootstrap_ci95")
-        ci = "n/a" if t is None else f"[{t[0]:+.1f}, {t[1]:+.1f}]%"
-        boot = ("" if b is None
-                else f"; percentile bootstrap [{b[0]:+.1f}, {b[1]:+.1f}]%, optimistic over few windows")
-        name = _SECONDARY_NAMES.get(metric, metric)
-        out.append(f"- {name} per window (secondary): {treat} {c['mean']:+.1f}% "
-                   f"vs {base}, 95% t CI {ci}{boot}; higher in {sum(d > 0 for d in diffs)} of "
-                   f"{len(diffs)} paired windows")
-    return out
-
-
 def _slo_tables(r: Mapping) -> list[str]:
     labels = r["arm_labels"]
     out = ["## Attainment and goodput per load (pooled over windows)", ""]
@@ -159,7 +65,8 @@ def _slo_tables(r: Mapping) -> list[str]:
                  "| achieved (met / real replay time, req/s) |"), "|---|---|---|---|---|---|---|"]
         rows = sorted(s["per_load"], key=lambda p: (labels.index(p["arm"]), p["load"]))
         out += [f"| {p['arm']} | {p['load']:g}x | {p['n']} | {p['n_met']} | {p['attainment']:.3f} | "
-                f"{p['goodput_rps']:.3f} | {_num(p.get('achieved_goodput_rps'), '{:.3f}')} |" for p in rows]
+                f"{p['goodput_rps']:.3f} | {fmt_num(p.get('achieved_goodput_rps'), '{:.3f}')} |"
+                for p in rows]
         out += ["", ("Only cells both arms completed are pooled. Goodput is attainment x offered rate; the "
                      "achieved column divides by the replays' real duration (longer when the server falls "
                      "behind)."),
@@ -171,7 +78,7 @@ def _slo_tables(r: Mapping) -> list[str]:
         out.append("")
         for load, c in s["by_load"].items():
             ci = "n/a" if c["t_ci95"] is None else f"[{c['t_ci95'][0]:+.1f}, {c['t_ci95'][1]:+.1f}]%"
-            out.append(f"At {float(load):g}x: goodput change {_num(c['mean'], '{:+.1f}%')}, 95% CI {ci} "
+            out.append(f"At {float(load):g}x: goodput change {fmt_num(c['mean'], '{:+.1f}%')}, 95% CI {ci} "
                        f"over {c['n']} windows.  ")
         out += ["", f"Per-window goodput differences ({s['treatment']} - {s['baseline']}, "
                     "% of baseline mean): "
@@ -190,7 +97,7 @@ def _capacity_line(s: Mapping) -> list[str]:
     arms = cap.get("arms") or {}
     if not any(v.get("n") for v in arms.values()):
         return ["Capacity per window: not located (the loads do not bracket this tier's 90% knee).  "]
-    parts = [f"{a} {_num(v['mean'], '{:.3g}')}x"
+    parts = [f"{a} {fmt_num(v['mean'], '{:.3g}')}x"
              + (f" [{v['ci95'][0]:.3g}, {v['ci95'][1]:.3g}]x" if v.get("ci95") else "")
              + f" over {v['n']} windows" for a, v in arms.items()]
     p = cap.get("paired") or {}
@@ -230,8 +137,8 @@ def _latency_table(r: Mapping) -> list[str]:
            "| arm | load | n | failed | TTFT p50 | p90 | p99 | TPOT p50 | p90 | p99 | E2E p50 | p90 | p99 "
            "| send lateness p99 | max |", "|---" * 15 + "|"]
     for row in sorted(r["latency"], key=lambda x: (r["arm_labels"].index(x["arm"]), x["load"])):
-        vals = [_num(row[f"{m}_p{p}_ms"], "{:.1f}") for m in ("ttft", "tpot", "e2e") for p in (50, 90, 99)]
-        vals += [_num(row.get(k), "{:.2f}") for k in ("lateness_p99_ms", "lateness_max_ms")]
+        vals = [fmt_num(row[f"{m}_p{p}_ms"], "{:.1f}") for m in ("ttft", "tpot", "e2e") for p in (50, 90, 99)]
+        vals += [fmt_num(row.get(k), "{:.2f}") for k in ("lateness_p99_ms", "lateness_max_ms")]
         out.append(f"| {row['arm']} | {row['load']:g}x | {row['n']} | {row['failed']} | "
                    + " | ".join(vals) + " |")
     return out + [""]
@@ -239,12 +146,12 @@ def _latency_table(r: Mapping) -> list[str]:
 
 def _power_and_attribution(r: Mapping) -> list[str]:
     out = ["## Minimum detectable effect (alpha 0.05, power 0.8, paired t over windows)", ""]
-    out += [f"- goodput, {k}: {_num(v, '{:.2f}%')}" for k, v in r["mde_pct"]["goodput"].items()]
+    out += [f"- goodput, {k}: {fmt_num(v, '{:.2f}%')}" for k, v in r["mde_pct"]["goodput"].items()]
     for m, sec in r["secondary"].items():
         c = sec["comparison"]
         ci = "n/a" if c["t_ci95"] is None else f"[{c['t_ci95'][0]:+.2f}, {c['t_ci95'][1]:+.2f}]%"
-        out.append(f"- {m} per window: mean change {_num(c['mean'], '{:+.2f}%')}, 95% CI {ci}, "
-                   f"MDE {_num(c['mde'], '{:.2f}%')} over {c['n']} windows")
+        out.append(f"- {m} per window: mean change {fmt_num(c['mean'], '{:+.2f}%')}, 95% CI {ci}, "
+                   f"MDE {fmt_num(c['mde'], '{:.2f}%')} over {c['n']} windows")
     out += ["", *noise_floor_lines(r.get("noise_floor") or {})]
     a = r["attribution"]
     lat = ((r.get("paired_latency") or {}).get(r["comparison"][1]) or {}).get("tpot_ms") or {}
@@ -252,45 +159,17 @@ def _power_and_attribution(r: Mapping) -> list[str]:
             else r["secondary"].get("tpot_p50_ms", {}).get("comparison", {}))
     out += ["", "## Attribution: what the kernel can explain", "",
             "- predicted step-time change (upper bound): "
-            f"{_num(a.get('predicted_step_change_pct'), '{:+.3f}%')} "
+            f"{fmt_num(a.get('predicted_step_change_pct'), '{:+.3f}%')} "
             f"— {a.get('status')}: {a.get('reason')}",
             *([f"- policy: {a['policy_note']}"] if a.get("policy_note") else []),
             (f"- measured TPOT change (paired per request where there is an interval, else per-window "
-             f"median): {_num(tpot.get('mean'), '{:+.2f}%')}"), *_explained(a, tpot)]
+             f"median): {fmt_num(tpot.get('mean'), '{:+.2f}%')}"), *_explained(a, tpot)]
     k = a.get("kernel_estimate")
     if k:
         out.append(f"- kernel benchmark estimate: {k.get('status')}: "
-                   f"{_num(k.get('norm_saved_us_per_step'), '{:.2f}')} us of norm time saved per step"
+                   f"{fmt_num(k.get('norm_saved_us_per_step'), '{:.2f}')} us of norm time saved per step"
                    + (f" ({k['reason']})" if k.get("reason") else ""))
     return out + [""]
-
-
-def noise_floor_lines(nf: Mapping) -> list[str]:
-    """Where the A/A floor comes from, whether it applies, its spread and the windows it implies."""
-    if not nf.get("source"):
-        return [f"A/A noise floor: not known ({nf.get('reason')})."]
-    out = [f"A/A noise floor ({nf['source']}): per-cell sd "
-           + ", ".join(f"{k} {_num(v, '{:.2f}%')}" for k, v in nf["sd_pct"].items())
-           + " (paired: the primary fit's standard error x sqrt(cells), what the interval implies)."]
-    if not nf.get("applied", True):
-        diffs = "; ".join(f"{d['key']}: this run {d['this']}, floor {d['floor']}" if d["key"] else d["floor"]
-                          for d in nf["design_differences"])
-        out.append(f"**Not comparable, not applied**: the A/A run's design differs from this run's "
-                   f"({diffs}).")
-        return out
-    need = []
-    for k, v in nf["windows_needed"].items():
-        if v.get("windows") is None:
-            need.append(f"{k} n/a ({v.get('reason')})")
-        else:
-            need.append(f"{k} {v['windows']} (range {v['range'][0]}-{v['range'][1]} from the sd's 95% "
-                        f"interval over {v['sd_from_n']} cells)")
-    out.append(f"Paired cells for a +-{nf['target_half_width_pct']:g}% interval: " + ", ".join(need) + ".")
-    if nf.get("tpot_by_load"):
-        out.append("A/A paired TPOT per load (95% half-width): " + ", ".join(
-            f"{load}x +-{v['half_width_pct']:.2f}% over {v['n']} cells ({v['estimator']})"
-            for load, v in nf["tpot_by_load"].items()) + ".")
-    return out
 
 
 def design_lines(r: Mapping) -> list[str]:
@@ -302,10 +181,10 @@ def design_lines(r: Mapping) -> list[str]:
                 "| arm | window | load | n | median TPOT (ms) | vs measured | p90 TTFT (ms) | vs measured |",
                 "|---|---|---|---|---|---|---|---|"]
         out += [f"| {b['arm']} | {b.get('window', 0)} | {b['load']:g}x | {b['n']} | "
-                f"{_num(b['tpot_p50_ms'], '{:.2f}')} | "
-                f"{_num(b['tpot_p50_ms_vs_measured_pct'], '{:+.1f}%')} | "
-                f"{_num(b['ttft_p90_ms'], '{:.1f}')} | "
-                f"{_num(b['ttft_p90_ms_vs_measured_pct'], '{:+.1f}%')} |" for b in r["burnin"]]
+                f"{fmt_num(b['tpot_p50_ms'], '{:.2f}')} | "
+                f"{fmt_num(b['tpot_p50_ms_vs_measured_pct'], '{:+.1f}%')} | "
+                f"{fmt_num(b['ttft_p90_ms'], '{:.1f}')} | "
+                f"{fmt_num(b['ttft_p90_ms_vs_measured_pct'], '{:+.1f}%')} |" for b in r["burnin"]]
     else:
         out.append("No burn-in replays in this run (it predates them, or handed-in servers were used).")
     d = r.get("drift") or {}

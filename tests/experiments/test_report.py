@@ -53,7 +53,7 @@ def test_clipping_is_stated_beside_the_design():
 
 
 def test_latency_lines_give_change_intervals_and_sign_count():
-    from experiments.report_md import latency_lines
+    from experiments.report_latency import latency_lines
 
     r = {"comparison": ["stock", "patched"], "secondary": {"tpot_p50_ms": {
         "comparison": {"mean": 12.16, "t_ci95": [-0.04, 24.35], "bootstrap_ci95": [3.7, 22.6]},
@@ -76,7 +76,7 @@ def test_attribution_says_what_part_of_the_measured_change_it_explains():
 
 
 def test_paired_lines_lead_with_the_change_its_intervals_and_the_floor_of_the_same_run():
-    from experiments.report_md import paired_lines
+    from experiments.report_latency import paired_lines
 
     c = {"estimate_pct": 0.41, "ci95_pct": [0.12, 0.70], "bootstrap_ci95_pct": [0.2, 0.6], "mde_pct": 0.3,
          "n_cells": 48, "position_pct": -1.1, "position_ci95_pct": [-1.4, -0.8], "estimator": "huber",
@@ -109,7 +109,7 @@ def test_goodput_at_the_knee_joins_the_verdict_of_the_tier_the_search_measured()
 
 
 def test_further_arms_get_their_own_paired_lines_without_the_floor():
-    from experiments.report_md import paired_lines
+    from experiments.report_latency import paired_lines
 
     c = {"estimate_pct": 0.5, "ci95_pct": [0.2, 0.8], "bootstrap_ci95_pct": [0.3, 0.7], "mde_pct": 0.3,
          "n_cells": 16}
@@ -120,7 +120,7 @@ def test_further_arms_get_their_own_paired_lines_without_the_floor():
 
 
 def test_an_aa_floor_off_zero_says_the_servers_differ():
-    from experiments.report_md import paired_lines
+    from experiments.report_latency import paired_lines
 
     c = {"estimate_pct": 0.3, "ci95_pct": [-0.1, 0.7], "bootstrap_ci95_pct": [0.0, 0.6], "mde_pct": 0.6,
          "n_cells": 21}
