@@ -69,6 +69,14 @@ def has_planted_arm(run: Mapping) -> bool:
                for label, name in zip(list(run["arm_labels"])[1:], list(run["arms"])[1:]))
 
 
+def _decode_time(decode: Mapping[tuple[str, float], tuple[float, int]] | None,
+                 arm: str) -> dict[float, tuple[float, int]]:
+    """load -> (decode ms, decode tokens) of `arm` where its records hold decode time: the
+    denominator of a prediction at that load, whatever its median TPOT (a client that read a reply's
+    chunks at one instant records TPOT 0, and where most did, the median is 0)."""
+    return {ld: (ms, n) for (a, ld), (ms, n) in (decode or {}).items() if a == arm and n > 0 and ms > 0}
+
+
 def _baseline_tpot(latency: Sequence[Mapping], baseline: str) -> dict[float, float]:
     """load -> the baseline's median TPOT (ms) at that load."""
     return {float(r["load"]): float(r["tpot_p50_ms"]) for r in latency
@@ -277,15 +285,15 @@ def planted_lines(run: Mapping, latency: Sequence[Mapping], paired_latency: Mapp
             if graph_steps else DECODE_TOP
         hists = (run.get("step_histograms") or {})
         tpot_ms = _baseline_tpot(latency, ref) or _baseline_tpot(latency, labels[0])
+        totals = _decode_time(decode, ref)
         by_load, added = {}, []
-        for load in sorted(tpot_ms):
+        for load in sorted(set(tpot_ms) | set(totals)):
             hist = next((h for key, h in (hists.get(ref) or hists.get(labels[0]) or {}).items()
                          if float(key) == load), None)
-            frac, per_token = added_fraction(hist, (decode or {}).get((ref, load)), tpot_ms[load], cost,
-                                             calls, top)
+            frac, per_token = added_fraction(hist, totals.get(load), tpot_ms.get(load, 0.0), cost, calls, top)
             added.append(per_token)
-            by_load[f"{load:g}"] = {"added_us_per_decode_token": per_token, "stock_tpot_ms": tpot_ms[load],
-                                    "predicted_pct": 100.0 * frac}
+            by_load[f"{load:g}"] = {"added_us_per_decode_token": per_token,
+                                    "stock_tpot_ms": tpot_ms.get(load), "predicted_pct": 100.0 * frac}
         tpot = ((reference or {}).get(label) if ref != labels[0] else
                 (paired_latency.get(label) or {}).get("tpot_ms")) or {}
         vs_base = (paired_latency.get(label) or {}).get("tpot_ms") or {}
@@ -294,8 +302,8 @@ def planted_lines(run: Mapping, latency: Sequence[Mapping], paired_latency: Mapp
                      norm_calls_per_step=calls, added_us_per_call=mean_added / calls, per_call_source=source,
                      added_us_per_decode_token=mean_added,
                      predicted_pct=_log_mean_pct([r["predicted_pct"] for r in by_load.values()]),
-                     step_source=f"{ref}'s " + ("decode time per token (its records)" if any(
-                         (ref, ld) in (decode or {}) for ld in tpot_ms) else "median TPOT")
+                     step_source=f"{ref}'s " + ("decode time per token (its records)" if totals
+                                                else "median TPOT")
                      + " at each load, measured in this run")
         for load, row in by_load.items():
             m = (tpot.get("by_load") or {}).get(load) or {}

@@ -18,6 +18,7 @@ def _cap(c: Mapping) -> str:
 
 
 LATENESS_BOUND_MS = 10.0  # a send later than this no longer replays the trace's arrival process
+UNOBSERVED_SHARE = 0.01  # above this share of a cell's replies without observed token timing, say so
 
 
 def headline(r: Mapping) -> list[str]:
@@ -52,6 +53,13 @@ def headline(r: Mapping) -> list[str]:
     if late:
         lines.append(f"**The load generator fell behind** — send lateness p99 above {LATENESS_BOUND_MS:g} "
                      f"ms in {', '.join(late)}: those cells did not replay the trace's arrival times.  ")
+    blind = [f"{row['arm']} {row['load']:g}x ({row['tpot_unobserved']} of {row['n']})" for row in r["latency"]
+             if row.get("tpot_unobserved") and row["tpot_unobserved"] > UNOBSERVED_SHARE * row["n"]]
+    if blind:
+        lines.append("**Token timing not observed** — replies of 2+ tokens that the client read in one "
+                     f"network read (it fell behind the stream) in {', '.join(blind)}: they have no TPOT, "
+                     "are left out of TPOT comparisons and meet no TPOT bound; a busy client machine is "
+                     "the usual cause.  ")
     lines += layout_lines(r) + paired_lines(r) + [f"- {planted_text(p)}" for p in r.get("planted") or []]
     return lines + [f"- {s['verdict']}" for s in r["slos"]] + latency_lines(r)
 

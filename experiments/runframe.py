@@ -26,7 +26,8 @@ def load_run(path: str | Path, slos: Sequence[SLO] | None = None) -> pd.DataFram
     """Every request of the run directory `path`: arm (label), arm_name, window, load, phase, burnin
     (the burn-in replay's number, else NA), index, succeeded, error, token counts asked and reported
     (prompt_tokens_match: the server's usage.prompt_tokens equals the trace's input_tokens), times
-    and latencies in ms, and met:<tier> per SLO (`slos`, default experiments/slos.toml).
+    and latencies in ms, tpot_unobserved (2+ tokens read in one network read: no TPOT), and
+    met:<tier> per SLO (`slos`, default experiments/slos.toml).
     FileNotFoundError when `path` holds no run.json or no records; ValueError or ResultFileError
     naming the file when one is damaged."""
     run_dir = Path(path)

@@ -50,11 +50,14 @@ def ttft_ms(r: RequestRecord) -> float | None:
 
 
 def tpot_ms(r: RequestRecord) -> float | None:
-    """(last token - first token) / (completion_tokens - 1); None for fewer than 2 tokens."""
+    """(last token - first token) / (completion_tokens - 1); None for fewer than 2 tokens, and None
+    where the first and last token came in one network read (the client fell behind the stream and
+    saw the whole reply at once: its token timing was not observed, and 0 would be false)."""
     if r.completion_tokens is None or r.completion_tokens < 2:
         return None
     span = _ms(r.first_token_ns, r.last_token_ns)
-    return None if span is None else span / (r.completion_tokens - 1)
+    return None if span is None or span == 0 else span / (r.completion_tokens - 1)
+
 
 
 def e2e_ms(r: RequestRecord) -> float | None:
@@ -70,6 +73,10 @@ def lateness_ms(r: RequestRecord) -> float | None:
 def succeeded(r: RequestRecord) -> bool:
     """No error, HTTP 200, and the server produced exactly the asked number of tokens."""
     return r.error is None and r.status == 200 and r.completion_tokens == r.output_tokens
+
+def tpot_unobserved(r: RequestRecord) -> bool:
+    """A reply that succeeded with 2+ tokens whose TPOT the client could not observe (tpot_ms None)."""
+    return succeeded(r) and (r.completion_tokens or 0) >= 2 and tpot_ms(r) is None
 
 
 _FIELDS = tuple(f.name for f in fields(RequestRecord))

@@ -46,6 +46,22 @@ def test_prediction_counts_the_measured_launch_not_only_the_delay(tmp_path: Path
     assert q["predicted_pct"] == pytest.approx(0.5) and q["prediction_inside"] is True
 
 
+def test_a_load_whose_median_tpot_is_zero_is_predicted_from_its_decode_time() -> None:
+    # a CPU client that read most replies' chunks at one instant records TPOT 0 for them, and the median
+    # TPOT at 2x is 0; the records still hold that load's decode time, and the prediction uses it
+    run = _planted_run()
+    latency = [{"arm": "stock", "load": 1.0, "tpot_p50_ms": 1.0},
+               {"arm": "stock", "load": 2.0, "tpot_p50_ms": 0.0}]
+    paired = {"planted:500ns": {"tpot_ms": {"estimate_pct": 1.0, "ci95_pct": [0.5, 1.5]}}}
+    decode = {("stock", 1.0): (300.0, 150), ("stock", 2.0): (125.0, 250), ("planted:500ns", 2.0): (9.0, 9)}
+    (p,) = planted_lines(run, latency, paired, {"gpu": "nogpu"}, decode=decode)  # 2.5 us per token
+    assert set(p["by_load"]) == {"1", "2"} and p["by_load"]["2"]["stock_tpot_ms"] is None
+    assert p["by_load"]["1"]["predicted_pct"] == pytest.approx(0.125)  # 2.5 us of 2 ms
+    assert p["by_load"]["2"]["predicted_pct"] == pytest.approx(0.5)  # 2.5 us of 0.5 ms
+    assert p["predicted_pct"] == pytest.approx(100 * (np.exp((np.log1p(0.00125) + np.log1p(0.005)) / 2) - 1))
+    assert p["step_source"].startswith("stock's decode time per token (its records)")
+
+
 def test_decode_steps_weigh_by_their_requests_over_the_decode_time(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     run = _planted_run()

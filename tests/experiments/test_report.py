@@ -147,3 +147,16 @@ def test_a_client_that_fell_behind_is_flagged_at_the_top():
                and "stock 4x" not in x for x in lines)
     rows[1]["lateness_p99_ms"] = 0.8
     assert not any("fell behind" in x for x in headline(r))
+
+
+def test_replies_whose_token_timing_the_client_did_not_observe_are_flagged_at_the_top():
+    from experiments.report_md import headline
+
+    rows = [{"arm": "stock", "load": 1.0, "n": 73, "tpot_unobserved": 0},
+            {"arm": "stock", "load": 2.0, "n": 73, "tpot_unobserved": 40}]
+    r = {"aa": {"is_aa": False}, "status": "complete", "latency": rows, "comparison": ["stock", "patched"],
+         "slos": [], "secondary": {}}
+    (line,) = [x for x in headline(r) if x.startswith("**Token timing not observed**")]
+    assert "stock 2x (40 of 73)" in line and "1x" not in line
+    rows[1]["tpot_unobserved"] = 0
+    assert not any("not observed" in x for x in headline(r))

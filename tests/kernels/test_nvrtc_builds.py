@@ -1,0 +1,113 @@
+"""Every build of rmsnorm.cu that validation, the benchmark or a committed policy table can ask for
+compiles for sm_90 with NVRTC, on a machine without a GPU (NVRTC needs none): a source change that
+breaks one build fails here, not on the H200.
+
+The builds are kernels.plans.BuildKey values, compiled with their own options as kernels.rmsnorm
+passes them to CuPy's RawModule; every vector width a call of that dtype can get (16-byte vectors down
+to scalar accesses, as alignment and strides decide at run time), plus the negative controls and a
+planted build of every launch shape a policy table names, at its widest vector.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from cuda.bindings import nvrtc
+
+from kernels import bench, cases, shapes
+from kernels.planted import build_flag
+from kernels.plans import BuildKey, build_key
+from kernels.rmsnorm import NEGATIVE_CONTROLS, SOURCE_PATH
+
+ARCH = b"--gpu-architecture=sm_90"
+RESULTS = Path(__file__).resolve().parents[2] / "kernels" / "results"
+
+
+def _vecs(dtype: str) -> tuple[int, ...]:
+    widest = shapes.VECTOR_BYTES // shapes.ITEMSIZE[dtype]
+    return tuple(v for v in (8, 4, 2, 1) if v <= widest)
+
+
+def _add(keys: set[BuildKey], op: str, dtype: str, hidden: int, vec: int, shape: shapes.LaunchShape,
+         flags: tuple[str, ...] = ()) -> None:
+    if shapes.shape_fits(shape, hidden, vec) is None:
+        keys.add(build_key(op, dtype, hidden, vec, shape, True, flags))
+
+
+def _policy_shapes() -> set[tuple[str, str, int, shapes.LaunchShape]]:
+    out = set()
+    for path in sorted(RESULTS.glob("policy-*.json")):
+        for name, entries in json.loads(path.read_text(encoding="utf-8"))["table"].items():
+            op, dtype, hidden = name.split("/")
+            for _, choice in entries:
+                if choice.startswith("fused:") and choice != "fused:auto":
+                    out.add((op, dtype, int(hidden), shapes.LaunchShape.parse(choice.split(":", 1)[1])))
+    return out
+
+
+def all_builds() -> set[BuildKey]:
+    """The builds validation (kernels.cases.full_cases), the benchmark grid's candidates and the
+    committed policy tables can launch, with PDL where the shape asks for it."""
+    keys: set[BuildKey] = set()
+    for c in cases.full_cases():
+        for vec in _vecs(c.dtype):
+            shape = (shapes.LaunchShape.parse(c.variant) if c.variant
+                     else shapes.auto_shape(c.rows, c.hidden, vec))
+            _add(keys, c.op, c.dtype, c.hidden, vec, shape)
+    for op, dtype, rows, hidden in bench.grid():
+        vec = _vecs(dtype)[0] if hidden % _vecs(dtype)[0] == 0 else 1
+        for shape in shapes.candidates(rows, hidden, vec):
+            _add(keys, op, dtype, hidden, vec, shape)
+    for op, dtype, hidden, shape in _policy_shapes():
+        for vec in _vecs(dtype):
+            _add(keys, op, dtype, hidden, vec, shape)
+        for flag in (*NEGATIVE_CONTROLS.values(), build_flag(3000)):  # at the widest vector
+            _add(keys, op, dtype, hidden, _vecs(dtype)[0], shape, (flag,))
+    return keys
+
+
+def _compile(key: BuildKey) -> str | None:
+    """None when NVRTC compiles the build, else its log."""
+    err, prog = nvrtc.nvrtcCreateProgram(SOURCE_PATH.read_bytes(), b"rmsnorm.cu", 0, [], [])
+    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err
+    opts = [ARCH, *(o.encode() for o in key.options())]
+    try:
+        (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        if result == nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            return None
+        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        return log.decode(errors="replace")
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def test_the_build_list_covers_every_dtype_op_pdl_and_flag() -> None:
+    keys = all_builds()
+    assert len(keys) > 500
+    assert {k.dtype for k in keys} == {"fp32", "fp16", "bf16"}
+    assert {k.fused_add for k in keys} == {False, True}
+    assert {k.pdl for k in keys} == {False, True} and {k.vec for k in keys} == {1, 2, 4, 8}
+    flags = {f for k in keys for f in k.flags}
+    assert flags == {*NEGATIVE_CONTROLS.values(), build_flag(3000)}
+
+
+def test_every_build_compiles_for_sm90() -> None:
+    keys = sorted(all_builds(), key=repr)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        logs = list(pool.map(_compile, keys))
+    failed = [(k, log) for k, log in zip(keys, logs) if log is not None]
+    assert not failed, (f"{len(failed)} of {len(keys)} builds fail, first {failed[0][0]}:\n"
+                        f"{failed[0][1][:2000]}")
+
+
+def test_a_broken_source_fails_here(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    broken = tmp_path / "rmsnorm.cu"
+    broken.write_text(SOURCE_PATH.read_text().replace("rsqrtf(", "rsqrt_typo("))
+    monkeypatch.setattr("tests.kernels.test_nvrtc_builds.SOURCE_PATH", broken)
+    log = _compile(BuildKey("bf16", True, 8, 256, 1, 2, True))
+    assert log is not None and "rsqrt_typo" in log
