@@ -18,7 +18,8 @@ import pandas as pd
 
 from experiments import stats
 from experiments.slo import SLO, meets
-from loadgen.records import RequestRecord, e2e_ms, lateness_ms, succeeded, tpot_ms, tpot_unobserved, ttft_ms
+from loadgen.records import (RequestRecord, batched, e2e_ms, lateness_ms, succeeded, tpot_ms, tpot_unobserved,
+                             ttft_ms)
 
 CELL = ["arm", "window", "load"]
 REQUIRED_TAGS = ("arm", "window", "load", "phase")
@@ -45,18 +46,19 @@ def records_frame(records: Sequence[RequestRecord], slos: Sequence[SLO]) -> pd.D
             "input_tokens": r.input_tokens, "output_tokens": r.output_tokens,
             "prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
             "ttft_ms": ttft_ms(r), "tpot_ms": tpot_ms(r), "e2e_ms": e2e_ms(r), "lateness_ms": lateness_ms(r),
-            "tpot_unobserved": tpot_unobserved(r),
+            "tpot_unobserved": tpot_unobserved(r), "batched": batched(r),
         }
         row.update({met_column(s): meets(r, s) for s in slos})
         rows.append(row)
     columns = [*REQUIRED_TAGS, "index", "ok", "error", "due_ms", "end_ms", "input_tokens", "output_tokens",
                "prompt_tokens", "completion_tokens", "ttft_ms", "tpot_ms", "e2e_ms", "lateness_ms",
-               "tpot_unobserved", *(met_column(s) for s in slos)]
+               "tpot_unobserved", "batched", *(met_column(s) for s in slos)]
     df = pd.DataFrame(rows, columns=columns)
     # typed also when empty (a run stopped before its first request): "ok" a mask, never a column
     # selection; the numbers numeric for the pairing's comparisons
     df = df.astype({"window": int, "load": float, "index": int, "ok": bool, "due_ms": float,
-                    "input_tokens": int, "output_tokens": int, "tpot_unobserved": bool})
+                    "input_tokens": int, "output_tokens": int, "tpot_unobserved": bool,
+                    "batched": bool})
     for col in ("end_ms", "ttft_ms", "tpot_ms", "e2e_ms", "lateness_ms"):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
     return df
@@ -205,7 +207,8 @@ def capacity_from_latency(curve: pd.DataFrame, slo: SLO) -> dict:
 def latency_table(df: pd.DataFrame) -> list[dict]:
     """Per (arm, load): n, failed, p50/p90/p99 of TTFT, TPOT, E2E (ms) over succeeded requests, the
     client's send lateness (p99 and max over every sent request: a late client hides load), and
-    tpot_unobserved: succeeded replies of 2+ tokens read in one network read (no TPOT)."""
+    tpot_unobserved: succeeded replies of 2+ tokens read in one network read (no TPOT), and batched:
+    those the server streamed in fewer chunks than tokens."""
     out = []
     for (arm, load), g in df.groupby(["arm", "load"], sort=True):
         row: dict = {"arm": arm, "load": load, "n": len(g), "failed": int((~g["ok"]).sum())}
@@ -218,6 +221,7 @@ def latency_table(df: pd.DataFrame) -> list[dict]:
         row["lateness_p99_ms"] = stats.percentile(late, 0.99) if late.size else None
         row["lateness_max_ms"] = float(late.max()) if late.size else None
         row["tpot_unobserved"] = int(g["tpot_unobserved"].sum())
+        row["batched"] = int(g["batched"].sum())
         out.append(row)
     return out
 

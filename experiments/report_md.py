@@ -19,6 +19,7 @@ def _cap(c: Mapping) -> str:
 
 LATENESS_BOUND_MS = 10.0  # a send later than this no longer replays the trace's arrival process
 UNOBSERVED_SHARE = 0.01  # above this share of a cell's replies without observed token timing, say so
+BATCHED_SHARE = 0.2  # above this share of replies streamed several tokens per chunk, say so
 
 
 def headline(r: Mapping) -> list[str]:
@@ -53,13 +54,21 @@ def headline(r: Mapping) -> list[str]:
     if late:
         lines.append(f"**The load generator fell behind** — send lateness p99 above {LATENESS_BOUND_MS:g} "
                      f"ms in {', '.join(late)}: those cells did not replay the trace's arrival times.  ")
-    blind = [f"{row['arm']} {row['load']:g}x ({row['tpot_unobserved']} of {row['n']})" for row in r["latency"]
+    blind = [f"{row['arm']} {row['load']:g}x ({row['tpot_unobserved']} of {row['n']})"
+             for row in r["latency"]
              if row.get("tpot_unobserved") and row["tpot_unobserved"] > UNOBSERVED_SHARE * row["n"]]
     if blind:
         lines.append("**Token timing not observed** — replies of 2+ tokens that the client read in one "
                      f"network read (it fell behind the stream) in {', '.join(blind)}: they have no TPOT, "
                      "are left out of TPOT comparisons and meet no TPOT bound; a busy client machine is "
                      "the usual cause.  ")
+    batched = [f"{row['arm']} {row['load']:g}x ({100 * row['batched'] / row['n']:.0f}%)"
+               for row in r["latency"] if row.get("batched") and row["batched"] > BATCHED_SHARE * row["n"]]
+    if batched:
+        lines.append("**Tokens streamed in batches** — replies that came in fewer chunks than tokens in "
+                     f"{', '.join(batched)}: the server sent several tokens per chunk (its output loop "
+                     "fell behind the engine), so TPOT there follows the frontend's cadence, not the GPU "
+                     "step's.  ")
     lines += layout_lines(r) + paired_lines(r) + [f"- {planted_text(p)}" for p in r.get("planted") or []]
     return lines + [f"- {s['verdict']}" for s in r["slos"]] + latency_lines(r)
 

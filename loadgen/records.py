@@ -79,6 +79,13 @@ def tpot_unobserved(r: RequestRecord) -> bool:
     return succeeded(r) and (r.completion_tokens or 0) >= 2 and tpot_ms(r) is None
 
 
+def batched(r: RequestRecord) -> bool:
+    """A reply that succeeded with 2+ tokens in fewer token chunks than tokens: the server sent
+    several tokens per event (its output loop fell behind the engine), so its token cadence is the
+    frontend's, not the engine step's."""
+    return succeeded(r) and (r.completion_tokens or 0) >= 2 and r.n_chunks < r.completion_tokens
+
+
 _FIELDS = tuple(f.name for f in fields(RequestRecord))
 
 

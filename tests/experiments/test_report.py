@@ -160,3 +160,14 @@ def test_replies_whose_token_timing_the_client_did_not_observe_are_flagged_at_th
     assert "stock 2x (40 of 73)" in line and "1x" not in line
     rows[1]["tpot_unobserved"] = 0
     assert not any("not observed" in x for x in headline(r))
+
+
+def test_replies_the_server_streamed_in_batches_are_flagged_at_the_top():
+    from experiments.report_md import headline
+
+    rows = [{"arm": "stock", "load": 8.0, "n": 1380, "batched": 94},
+            {"arm": "stock", "load": 32.0, "n": 1380, "batched": 1121}]
+    r = {"aa": {"is_aa": False}, "status": "complete", "latency": rows, "comparison": ["stock", "patched"],
+         "slos": [], "secondary": {}}
+    (line,) = [x for x in headline(r) if x.startswith("**Tokens streamed in batches**")]
+    assert "stock 32x (81%)" in line and "8x" not in line

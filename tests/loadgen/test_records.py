@@ -10,7 +10,7 @@ import pytest
 
 from loadgen.records import (
     RecordWriter, RequestRecord, e2e_ms, lateness_ms, read_records, record_from_json, record_to_json,
-    succeeded, tpot_ms, tpot_unobserved, ttft_ms,
+    batched, succeeded, tpot_ms, tpot_unobserved, ttft_ms,
 )
 
 
@@ -36,6 +36,11 @@ def test_tpot_not_observed_when_the_whole_reply_came_in_one_read():
     r = make(last_token_ns=21_000_000)  # 5 tokens, first and last chunk in the same network read
     assert tpot_ms(r) is None and tpot_unobserved(r)
     assert not tpot_unobserved(make()) and not tpot_unobserved(make(completion_tokens=1, n_chunks=1))
+
+
+def test_a_reply_streamed_in_fewer_chunks_than_tokens_is_batched():
+    assert batched(make(n_chunks=3)) and not batched(make())  # 5 tokens in 3 chunks / in 5
+    assert not batched(make(n_chunks=3, error="boom")) and not batched(make(completion_tokens=1, n_chunks=1))
 
 
 def test_tpot_undefined_for_one_token_and_missing_times():
