@@ -1,3 +1,5 @@
+import pytest
+
 from experiments.report import aa_reason, verdict
 
 
@@ -149,25 +151,18 @@ def test_a_client_that_fell_behind_is_flagged_at_the_top():
     assert not any("fell behind" in x for x in headline(r))
 
 
-def test_replies_whose_token_timing_the_client_did_not_observe_are_flagged_at_the_top():
+@pytest.mark.parametrize("key, counts, n, notice, shown", [
+    ("tpot_unobserved", (0, 40), 73, "**Token timing not observed**", "stock 2x (40 of 73)"),  # read at once
+    ("batched", (94, 1121), 1380, "**Tokens streamed in batches**", "stock 2x (81%)"),  # 7% is not flagged
+])
+def test_replies_without_the_engines_token_timing_are_flagged_at_the_top(key, counts, n, notice, shown):
     from experiments.report_md import headline
 
-    rows = [{"arm": "stock", "load": 1.0, "n": 73, "tpot_unobserved": 0},
-            {"arm": "stock", "load": 2.0, "n": 73, "tpot_unobserved": 40}]
+    rows = [{"arm": "stock", "load": 1.0, "n": n, key: counts[0]},
+            {"arm": "stock", "load": 2.0, "n": n, key: counts[1]}]
     r = {"aa": {"is_aa": False}, "status": "complete", "latency": rows, "comparison": ["stock", "patched"],
          "slos": [], "secondary": {}}
-    (line,) = [x for x in headline(r) if x.startswith("**Token timing not observed**")]
-    assert "stock 2x (40 of 73)" in line and "1x" not in line
-    rows[1]["tpot_unobserved"] = 0
-    assert not any("not observed" in x for x in headline(r))
-
-
-def test_replies_the_server_streamed_in_batches_are_flagged_at_the_top():
-    from experiments.report_md import headline
-
-    rows = [{"arm": "stock", "load": 8.0, "n": 1380, "batched": 94},
-            {"arm": "stock", "load": 32.0, "n": 1380, "batched": 1121}]
-    r = {"aa": {"is_aa": False}, "status": "complete", "latency": rows, "comparison": ["stock", "patched"],
-         "slos": [], "secondary": {}}
-    (line,) = [x for x in headline(r) if x.startswith("**Tokens streamed in batches**")]
-    assert "stock 32x (81%)" in line and "8x" not in line
+    (line,) = [x for x in headline(r) if x.startswith(notice)]
+    assert shown in line and "1x" not in line
+    rows[1][key] = 0
+    assert not any(x.startswith(notice) for x in headline(r))
