@@ -24,6 +24,13 @@ from kernels.resultfile import read_json
 TARGET_HALF_WIDTH_PCT = 0.25
 
 
+def _paired_latency(report: Mapping, which: str) -> Mapping:
+    """metric -> experiments.paired.compare_metric result of one comparison ("primary" or "aa_in_run")."""
+    if which == "primary":
+        return (report.get("paired_latency") or {}).get(report.get("comparison", [None, None])[1]) or {}
+    return (report.get("aa_in_run") or {}).get("paired_latency") or {}
+
+
 def spreads(report: Mapping, which: str = "primary") -> dict[str, dict]:
     """{metric key: {"sd", "n", "ci95"}} of the per-cell paired differences (%) of one comparison.
 
@@ -33,14 +40,13 @@ def spreads(report: Mapping, which: str = "primary") -> dict[str, dict]:
     and the per-window medians (tpot_p50_ms, ttft_p90_ms). A never-stressed SLO has sd None.
     """
     out: dict[str, dict] = {}
+    lat = _paired_latency(report, which)
     if which == "primary":
-        lat = (report.get("paired_latency") or {}).get(report.get("comparison", [None, None])[1]) or {}
         goodput = {s["name"]: {"sd": s["sd_diff_pct"] if s.get("stressed", True) else None,
                                "n": s["n_paired"], "ci95": s["ci95_pct"]} for s in report["slos"]}
         secondary = {m: sec["comparison"] for m, sec in report["secondary"].items()}
     else:
         f = report.get("aa_in_run") or {}
-        lat = f.get("paired_latency") or {}
         stressed = {s["name"]: s.get("stressed", True) for s in report["slos"]}
         goodput = {name: {"sd": c["sd"] if stressed.get(name, True) else None, "n": c["n"],
                           "ci95": c["t_ci95"]}
@@ -83,12 +89,8 @@ def _bands(sp: Mapping[str, dict], this_n: Mapping[str, int], same_run: bool) ->
 def tpot_by_load(report: Mapping, which: str = "primary") -> dict[str, dict]:
     """{load: {"n", "half_width_pct", "estimator"}} of the paired TPOT fit per load of one comparison
     (as spreads names them): which load the floor's noise comes from. Empty without intervals."""
-    if which == "primary":
-        lat = (report.get("paired_latency") or {}).get(report.get("comparison", [None, None])[1]) or {}
-    else:
-        lat = (report.get("aa_in_run") or {}).get("paired_latency") or {}
     out = {}
-    for load, e in ((lat.get("tpot_ms") or {}).get("by_load") or {}).items():
+    for load, e in ((_paired_latency(report, which).get("tpot_ms") or {}).get("by_load") or {}).items():
         if e.get("ci95_pct"):
             lo, hi = e["ci95_pct"]
             out[load] = {"n": e["n_cells"], "half_width_pct": (hi - lo) / 2, "estimator": e.get("estimator")}

@@ -198,7 +198,8 @@ def compare_metric(df: pd.DataFrame, baseline: str, treatment: str, metric: str,
         return out
     gap, loads = cells["gap"].to_numpy(), cells["load"].to_numpy(dtype=float)
     windows = cells["window"].to_numpy()
-    fit, ls = _fit(y, loads, gap), _least_squares(y, gap)
+    fit = _fit(y, loads, gap)
+    ls = fit if fit["estimator"] == "least squares" else _least_squares(y, gap)
     if fit["estimator"] == "huber":
         boot = robust.block_bootstrap(y, loads, gap if fit["beta"] is not None else None, windows, seed=seed,
                                       n_resamples=BOOTSTRAP_RESAMPLES)

@@ -72,8 +72,8 @@ def has_planted_arm(run: Mapping) -> bool:
 def _decode_time(decode: Mapping[tuple[str, float], tuple[float, int]] | None,
                  arm: str) -> dict[float, tuple[float, int]]:
     """load -> (decode ms, decode tokens) of `arm` where its records hold decode time: the
-    denominator of a prediction at that load, whatever its median TPOT (a client that read a reply's
-    chunks at one instant records TPOT 0, and where most did, the median is 0)."""
+    denominator of a prediction at that load, whether or not the latency table has a median TPOT
+    for it."""
     return {ld: (ms, n) for (a, ld), (ms, n) in (decode or {}).items() if a == arm and n > 0 and ms > 0}
 
 

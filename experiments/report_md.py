@@ -9,6 +9,7 @@ from experiments.duetreport import layout_lines
 from experiments.planted import planted_text
 from experiments.report_latency import fmt_num, latency_lines, noise_floor_lines, paired_lines
 
+
 def _cap(c: Mapping) -> str:
     if c["status"] in ("interpolated", "last passing load"):
         return f"{c['load']:.3g}x ({c['status']})"

@@ -59,7 +59,6 @@ def tpot_ms(r: RequestRecord) -> float | None:
     return None if span is None or span == 0 else span / (r.completion_tokens - 1)
 
 
-
 def e2e_ms(r: RequestRecord) -> float | None:
     """End-to-end latency, from the due time to the end of the stream."""
     return _ms(r.due_ns, r.end_ns)
@@ -73,6 +72,7 @@ def lateness_ms(r: RequestRecord) -> float | None:
 def succeeded(r: RequestRecord) -> bool:
     """No error, HTTP 200, and the server produced exactly the asked number of tokens."""
     return r.error is None and r.status == 200 and r.completion_tokens == r.output_tokens
+
 
 def tpot_unobserved(r: RequestRecord) -> bool:
     """A reply that succeeded with 2+ tokens whose TPOT the client could not observe (tpot_ms None)."""
