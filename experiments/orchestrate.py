@@ -184,7 +184,7 @@ class Runner:
                 tags = {"arm": label, "window": window.id, "load": factor, "phase": "knee"}
                 records += self._timed_replay(label, Step(window.id, factor, j, (label,)), "knee",
                                               scale_rate(window.requests, factor), tags,
-                                              knee_seed(cfg.seed, j), what)
+                                              knee_seed(cfg.seed, j, window.id), what)
             for s in slos:
                 points[s.name].append((factor, sum(meets(r, s) for r in records) / len(records)))
             if all(p[-1][1] < ATTAINMENT_TARGET for p in points.values()):

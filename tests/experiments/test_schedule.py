@@ -7,7 +7,17 @@ from collections import Counter
 
 import pytest
 
-from experiments.schedule import build_schedule, burnin_seed, burnin_step, replay_seed, segments, split_blocks
+from experiments.schedule import (
+    build_schedule,
+    burnin_seed,
+    burnin_step,
+    knee_seed,
+    replay_seed,
+    segments,
+    split_blocks,
+)
+from loadgen.prompts import prompt_token_ids
+from traces.trace import TraceRequest
 
 LABELS = ("stock", "patched")
 
@@ -85,3 +95,18 @@ def test_replay_seeds_are_distinct_per_pair_and_warmup() -> None:
     assert len(seeds) == 51 * 5
     assert all(s >= 0 for s in seeds)
     assert replay_seed(0, 3, 1) != replay_seed(1, 3, 1)
+
+
+def test_knee_seeds_are_distinct_per_window_and_factor_and_from_the_other_phases() -> None:
+    knee = {knee_seed(7, j, w) for j in range(8) for w in range(200)}
+    assert len(knee) == 8 * 200
+    others = {replay_seed(7, w, j) for w in range(-1, 200) for j in range(8)} | {burnin_seed(7, n) for n in range(10)}
+    assert not knee & others
+
+
+def test_knee_windows_pooled_at_one_factor_share_no_prompt_prefix() -> None:
+    # request i of every window drew from (seed, i): with one seed per factor, window 16's first
+    # prompt began with window 12's, and the prefix cache served the repeats (the knee came out 3x high)
+    req = TraceRequest(0.0, 64, 8)
+    first = {tuple(prompt_token_ids(0, req, seed=knee_seed(3, 2, w))[:16]) for w in (12, 16, 18)}
+    assert len(first) == 3
