@@ -199,7 +199,8 @@ class Runner:
         chosen = knee.choose_loads(knees, slos, searched)
         self.record.data["knee"] = {"factors": searched, "listed": listed, "arm": label,
                                     "windows": [w.id for w in picked], "points": points,
-                                    "knees": knees, **chosen, "loads_before": list(cfg.loads)}
+                                    "knees": knees, **chosen, "loads_before": list(cfg.loads),
+                                    "prompt_seeds": "per window"}
         if chosen["loads"]:
             log.info("knee of %s at %.3gx: measuring at %s", chosen["tier"], chosen["knee"], chosen["loads"])
             self.plan.steps = build_schedule(cfg.windows, chosen["loads"], cfg.labels, False, cfg.blocks,

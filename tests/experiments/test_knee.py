@@ -69,3 +69,21 @@ def test_past_the_list_the_search_grows_while_every_tier_is_met() -> None:
     assert knee.extension(8.0, {}, 0) is None
     assert knee.beyond_listed({"factors": [3, 4, 6, 9], "listed": [3, 4]}) == [6, 9]
     assert knee.beyond_listed({"factors": [3, 4]}) == []  # runs before the extension listed nothing
+
+
+def test_a_search_whose_windows_shared_prompt_seeds_is_flagged_in_the_report() -> None:
+    from experiments.goodput import met_column
+    from experiments.report_md import knee_lines
+
+    df = pd.DataFrame({"phase": ["knee"] * 4, "load": [4.0, 4.0, 8.0, 8.0],
+                       met_column(CHAT): [True, True, True, False]})
+    run = {"knee": {"arm": "stock", "windows": [3, 4], "tier": "chat", "knee": 6.0, "loads": [4.0, 8.0]}}
+    old = knee.summary(df, run, [CHAT])
+    assert old["shared_prompts"] and old["points"]["chat"] == [(4.0, 1.0), (8.0, 0.5)]
+    line = "prefix cache served the repeats"
+    assert any(line in x for x in knee_lines({"knee": old}))
+    run["knee"]["prompt_seeds"] = "per window"  # what orchestrate records since 2026-12-05
+    new = knee.summary(df, run, [CHAT])
+    assert "shared_prompts" not in new and not any(line in x for x in knee_lines({"knee": new}))
+    one = knee.summary(df, {"knee": {**run["knee"], "windows": [3], "prompt_seeds": None}}, [CHAT])
+    assert "shared_prompts" not in one  # one window: nothing to share

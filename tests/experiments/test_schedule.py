@@ -100,7 +100,8 @@ def test_replay_seeds_are_distinct_per_pair_and_warmup() -> None:
 def test_knee_seeds_are_distinct_per_window_and_factor_and_from_the_other_phases() -> None:
     knee = {knee_seed(7, j, w) for j in range(8) for w in range(200)}
     assert len(knee) == 8 * 200
-    others = {replay_seed(7, w, j) for w in range(-1, 200) for j in range(8)} | {burnin_seed(7, n) for n in range(10)}
+    others = {replay_seed(7, w, j) for w in range(-1, 200) for j in range(8)}
+    others |= {burnin_seed(7, n) for n in range(10)}
     assert not knee & others
 
 
