@@ -149,10 +149,33 @@ def knee_lines(r: Mapping) -> list[str]:
                    "this search's attainment is optimistic and its knees too high; the capacity from the "
                    "measured loads (below) is the reference.")
     c = k["chosen"]
+    out += _knee_check(r, c)
     out.append(f"Measured at {', '.join(f'{x:g}x' for x in c['loads'])}: around the {c['tier']} knee "
                f"({c['knee']:.3g}x) plus a latency-sensitive load ({min(c['loads']):g}x)." if c.get("loads")
                else f"No knee chosen ({c.get('reason')}); measured at --loads.")
     return out + [""]
+
+
+def _knee_check(r: Mapping, chosen: Mapping) -> list[str]:
+    """The search's knee against the measured windows' own crossing of 90% for the baseline arm: the
+    search pools a few windows, so it must land inside the per-window capacity interval to stand for
+    the windows measured."""
+    tier = next((s for s in r.get("slos", []) if s["name"] == chosen.get("tier")), None)
+    if tier is None or chosen.get("knee") is None:
+        return []
+    base = tier["baseline"]
+    pooled = _cap(tier[base]["capacity_by_attainment"])
+    v = ((tier.get("capacity_per_window") or {}).get("arms") or {}).get(base) or {}
+    line = (f"Check against the measured windows: {base}'s {tier['name']} attainment crossed 90% at "
+            f"{pooled} pooled")
+    if not v.get("ci95"):
+        return [line + "; no per-window interval to judge the search's knee by."]
+    lo, hi = v["ci95"]
+    verdict = ("lies inside." if lo <= chosen["knee"] <= hi else
+               "lies outside, so the searched windows did not stand for the measured ones and the loads "
+               "are not where the search meant them.")
+    return [line + f", per window {v['mean']:.3g}x [{lo:.3g}, {hi:.3g}]x: the search's "
+            f"{chosen['knee']:.3g}x {verdict}"]
 
 
 def _latency_table(r: Mapping) -> list[str]:

@@ -87,3 +87,21 @@ def test_a_search_whose_windows_shared_prompt_seeds_is_flagged_in_the_report() -
     assert "shared_prompts" not in new and not any(line in x for x in knee_lines({"knee": new}))
     one = knee.summary(df, {"knee": {**run["knee"], "windows": [3], "prompt_seeds": None}}, [CHAT])
     assert "shared_prompts" not in one  # one window: nothing to share
+
+
+def test_the_report_checks_the_searched_knee_against_the_measured_windows() -> None:
+    from experiments.report_md import knee_lines
+
+    k = {"windows": [12, 16], "points": {"chat": [(5.0, 1.0), (27.0, 0.8)]},
+         "knees": {"chat": {"load": 24.0, "status": "interpolated"}},
+         "chosen": {"tier": "chat", "knee": 24.0, "loads": [5.0, 19.0, 30.0]}}
+    tier = {"name": "chat", "baseline": "stock", "stock": {"capacity_by_attainment":
+                                                           {"load": 8.2, "status": "interpolated"}},
+            "capacity_per_window": {"arms": {"stock": {"mean": 11.8, "ci95": [8.6, 15.0], "n": 17}}}}
+    r = {"knee": k, "slos": [tier]}
+    check = [x for x in knee_lines(r) if x.startswith("Check against the measured windows")]
+    assert check and "8.2x (interpolated) pooled" in check[0] and "24x lies outside" in check[0]
+    k["chosen"]["knee"] = 10.0
+    assert "10x lies inside." in next(x for x in knee_lines(r) if x.startswith("Check against"))
+    tier["capacity_per_window"] = {}
+    assert "no per-window interval" in next(x for x in knee_lines(r) if x.startswith("Check against"))
