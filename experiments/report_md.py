@@ -244,6 +244,9 @@ def design_lines(r: Mapping) -> list[str]:
             out.append(f"- drift of {what}: {t['slope']:+.3f} points {d['unit']}, 95% CI "
                        f"[{t['ci95'][0]:+.3f}, {t['ci95'][1]:+.3f}]"
                        f"{' — drifting' if t['significant'] else ''}")
+    if (d.get("baseline") or {}).get("significant"):
+        out.append("  (one arm's own TPOT also follows the traffic of each window, which the trace sets, so "
+                   "its trend can be the trace's; the paired line is the one that compares arms over time)")
     return out + [""]
 
 

@@ -75,3 +75,16 @@ def test_near_bound_counts_requests_within_ten_percent() -> None:
     assert comparisons.near_bound(df, 500.0, 30.0, ["stock"]) == 2
     assert comparisons.near_bound(df, 500.0, 30.0, ["patched"]) == 0
     assert np.isfinite(comparisons.near_bound(df.iloc[:0], 500.0, 30.0, ["stock"]))
+
+
+def test_a_drifting_baseline_is_read_beside_the_paired_line_in_the_report() -> None:
+    from experiments.report_md import design_lines
+
+    line = {"slope": 6.1, "ci95": [4.6, 7.7], "significant": True}
+    flat = {"slope": -0.05, "ci95": [-0.2, 0.1], "significant": False}
+    r = {"burnin": [], "drift": {"unit": "per minute", "baseline_arm": "stock",
+                                 "paired_arms": ["stock", "patched"], "baseline": line, "paired": flat}}
+    text = "\n".join(design_lines(r))
+    assert "— drifting" in text and "its trend can be the trace's" in text
+    r["drift"]["baseline"] = flat
+    assert "trace's" not in "\n".join(design_lines(r))
