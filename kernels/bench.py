@@ -1,13 +1,14 @@
 """Benchmark the fused kernel against the stock arms over the (op, dtype, rows, hidden) grid.
 
 Per shape: every arm is captured as a CUDA graph of many launches over rotating buffers (working
-set above L2 where memory allows), then replayed in two rounds of 8 timed replays, arms in a
+set above L2 where memory allows; `--l2 warm`: one buffer set, so every call finds its input in L2
+as a norm right after a GEMM does inside a model), then replayed in two rounds of 8 timed replays, arms in a
 seeded random order per round. The fused arms are the launch-shape candidates of the shape
 (kernels.shapes.candidates: 1, 2, 4 and 8 vectors per thread, with and without programmatic
 dependent launch); the row's variant is the fastest of them by median, and every candidate's samples
 are kept. The run-to-run spread of an arm is the gap between its two rounds' medians.
 
-    python -m kernels.bench --out bench.json [--quick]
+    python -m kernels.bench --out bench.json [--quick] [--l2 warm]
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ OPS = ("rms_norm", "fused_add_rms_norm")
 ROUNDS, PER_ROUND = 2, 8  # 16 samples per arm and shape
 WORKING_SET_TARGET = 1.5  # x L2 size
 MEMORY_CAP = 8 << 30  # bytes of rotating buffers at most
+L2_MODES = ("cold", "warm")
 
 
 def grid(quick: bool = False, widths: set[int] | None = None) -> list[tuple[str, str, int, int]]:
@@ -59,11 +61,17 @@ def bytes_moved(op: str, rows: int, hidden: int, itemsize: int) -> int:
     return (tensors * rows * hidden + hidden) * itemsize
 
 
-def sizing(op: str, rows: int, hidden: int, itemsize: int, l2_bytes: int) -> tuple[int, int]:
-    """(buffer sets, launches per graph): ~1.5 ms of work per replay, working set > L2 if it fits."""
+def sizing(op: str, rows: int, hidden: int, itemsize: int, l2_bytes: int,
+           l2: str = "cold") -> tuple[int, int]:
+    """(buffer sets, launches per graph): ~1.5 ms of work per replay; working set > L2 if it fits
+    (``l2="cold"``), one buffer set (``"warm"``)."""
+    if l2 not in L2_MODES:
+        raise ValueError(f"l2 must be one of {L2_MODES}, got {l2!r}")
     per_call = bytes_moved(op, rows, hidden, itemsize)
     est_us = max(1.5, per_call / 3.5e6)
     n_calls = int(min(400, max(8, round(1500 / est_us))))
+    if l2 == "warm":
+        return 1, n_calls
     nbuf = math.ceil(WORKING_SET_TARGET * l2_bytes / per_call)
     nbuf = max(1, min(nbuf, n_calls, MEMORY_CAP // (2 * rows * hidden * itemsize)))
     return nbuf, n_calls
@@ -119,12 +127,12 @@ def time_arms(arms: dict[str, Callable[[int], object]], n_calls: int, rng: rando
 
 
 def bench_shape(op: str, dtype: str, rows: int, hidden: int, l2_bytes: int, rng: random.Random,
-                vllm: tuple) -> dict:
+                vllm: tuple, l2: str = "cold") -> dict:
     """One grid row: every fused candidate's and stock arm's samples, the fastest candidate's
     medians as the row's, roofline left for the caller."""
     tdt = TORCH_DTYPES[dtype]
     isz = torch.empty((), dtype=tdt).element_size()
-    nbuf, n_calls = sizing(op, rows, hidden, isz, l2_bytes)
+    nbuf, n_calls = sizing(op, rows, hidden, isz, l2_bytes, l2)
     x = torch.randn(nbuf, rows, hidden, device="cuda").to(tdt)
     r = torch.randn(nbuf, rows, hidden, device="cuda").to(tdt)
     w = (1 + 0.5 * torch.randn(hidden, device="cuda")).to(tdt)
@@ -159,7 +167,7 @@ def summary(samples: list[float]) -> dict:
 
 
 def run(quick: bool, seed: int, vllm: tuple, log: Callable[[str], None] = print,
-        widths: set[int] | None = None) -> dict:
+        widths: set[int] | None = None, l2_mode: str = "cold") -> dict:
     """Copy bandwidth, the grid and the launch-shape study; rows carry roofline_us (no policy yet)."""
     rng = random.Random(seed)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
@@ -173,14 +181,14 @@ def run(quick: bool, seed: int, vllm: tuple, log: Callable[[str], None] = print,
     log(f"inductor arms compiled in {time.perf_counter() - t0:.1f} s ({graphs} graphs)")
     rows = []
     for op, dt, r, h in shapes:
-        row = bench_shape(op, dt, r, h, l2, rng, vllm)
+        row = bench_shape(op, dt, r, h, l2, rng, vllm, l2_mode)
         isz = TORCH_DTYPES[dt].itemsize
         row["roofline_us"] = bytes_moved(op, r, h, isz) / bw["bytes_per_s"] * 1e6
         rows.append(row)
         log(f"{op:18s} {dt} {r:6d}x{h:5d} {row['variant']:8s} fused {row['median_us']:8.2f} us  "
             + "  ".join(f"{k[:-3]} {v:8.2f}" for k, v in row["stock"].items() if v is not None))
     bw_after = copy_bandwidth()
-    return {"copy_bandwidth": {"before": bw, "after": bw_after}, "bench": rows,
+    return {"copy_bandwidth": {"before": bw, "after": bw_after}, "bench": rows, "l2_mode": l2_mode,
             "inductor_graphs": {"after_prepare": graphs, "after_bench": stock.compiled_graphs()}}
 
 
@@ -192,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the arm order shuffle")
     ap.add_argument("--no-vllm", action="store_true", help="leave out vLLM's CUDA kernels")
     ap.add_argument("--hidden", help="comma list: only these hidden sizes (a partial grid)")
+    ap.add_argument("--l2", choices=L2_MODES, default="cold",
+                    help="cold (default, what the suite and its policy use): rotating buffers past 1.5x "
+                         "L2; warm: one buffer set, each call's input in L2 as after a GEMM inside a "
+                         "model (for python -m integration.proof.stockcheck --results FILE)")
     args = ap.parse_args(argv)
     try:
         widths = {int(w) for w in args.hidden.split(",")} if args.hidden else None
@@ -202,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench: no CUDA GPU visible (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
     vllm = (None, None, "left out (--no-vllm)") if args.no_vllm else stock.vllm_ops()
-    result = run(args.quick, args.seed, vllm, widths=widths)
+    result = run(args.quick, args.seed, vllm, widths=widths, l2_mode=args.l2)
     result.update(command="python -m kernels.bench " + " ".join(argv or sys.argv[1:]), vllm_c_error=vllm[2],
                   grid_widths=sorted(widths) if widths else "all")
     with open(args.out, "w") as f:

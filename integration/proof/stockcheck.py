@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stockcheck: {exc}", file=sys.stderr)
         return 2
     command = "python -m integration.proof.stockcheck " + " ".join(argv or sys.argv[1:])
-    results["in_vllm_check"] = {"command": command,
+    results["in_vllm_check"] = {"command": command, "l2_mode": results.get("l2_mode", "cold"),
                                 "tolerance": TOLERANCE, "sizes": sizes}
     path.write_text(json.dumps(results) + "\n")
     for e in sizes:
