@@ -156,6 +156,6 @@ def summary(df: pd.DataFrame, run: Mapping, slos: Sequence[SLO]) -> dict | None:
            "knees": {name: knee(p) for name, p in points.items()},
            "chosen": {k: decided.get(k) for k in ("tier", "knee", "loads", "reason", "loads_before")}}
     if len(out["windows"]) > 1 and decided.get("prompt_seeds") != "per window":
-        out["shared_prompts"] = True  # runs before 2026-12-05: one prompt seed per factor
+        out["shared_prompts"] = True  # recorded before the search seeded each window: one seed per factor
     more = beyond_listed(decided)
     return {**out, "beyond_listed": more} if more else out  # only where the search went past its list

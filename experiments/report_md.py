@@ -144,10 +144,10 @@ def knee_lines(r: Mapping) -> list[str]:
         more = ", ".join(f"{f:g}x" for f in k["beyond_listed"])
         out.append(f"Every tier still met at the last --knee factor: searched on at {more}.")
     if k.get("shared_prompts"):
-        out.append("The pooled windows drew request i's prompt from one seed per factor (runs before "
-                   "2026-12-05), so their prompts shared prefixes and the prefix cache served the repeats: "
-                   "this search's attainment is optimistic and its knees too high; the capacity from the "
-                   "measured loads (below) is the reference.")
+        out.append("The pooled windows drew request i's prompt from one seed per factor (as every run did "
+                   "before the search seeded each window), so their prompts shared prefixes and the prefix "
+                   "cache served the repeats: this search's attainment is optimistic and its knees too high; "
+                   "the capacity from the measured loads (below) is the reference.")
     c = k["chosen"]
     out += _knee_check(r, c)
     out.append(f"Measured at {', '.join(f'{x:g}x' for x in c['loads'])}: around the {c['tier']} knee "
