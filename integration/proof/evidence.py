@@ -182,7 +182,7 @@ def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def _mean_hist(traced: list[dict]) -> dict[str, tuple[float, float]]:
+def mean_kernel_hist(traced: list[dict]) -> dict[str, tuple[float, float]]:
     """Per-step mean [calls, us] of each kernel base name over the traced steps."""
     tot: dict[str, list[float]] = {}
     for st in traced:
@@ -197,7 +197,7 @@ def _mean_hist(traced: list[dict]) -> dict[str, tuple[float, float]]:
 def norm_kernels(traced: list[dict]) -> list[str]:
     """Names of the RMSNorm kernels (ours, vLLM's, Inductor's) a step ran: the patched arm runs
     Inductor's own norm in the compile ranges its policy declines."""
-    return sorted(n for n in _mean_hist(traced) if steptrace.norm_kind(n) is not None)
+    return sorted(n for n in mean_kernel_hist(traced) if steptrace.norm_kind(n) is not None)
 
 
 def stock_norm_kernels(stock: list[dict], patched: list[dict]) -> tuple[list[str], str]:
@@ -207,7 +207,7 @@ def stock_norm_kernels(stock: list[dict], patched: list[dict]) -> tuple[list[str
     named = norm_kernels(stock)
     if named:
         return named, "name"
-    hs, hp = _mean_hist(stock), _mean_hist(patched)
+    hs, hp = mean_kernel_hist(stock), mean_kernel_hist(patched)
     gone = sorted(n for n, (c, _) in hs.items() if c > hp.get(n, (0.0, 0.0))[0] + 0.5)
     return gone, "replaced_in_patched"
 
@@ -215,7 +215,7 @@ def stock_norm_kernels(stock: list[dict], patched: list[dict]) -> tuple[list[str
 def extra_kernels(stock: list[dict], patched: list[dict]) -> dict[str, float]:
     """Kernels (not ours) the patched step runs more often than the stock step, with their mean us
     per step: work Inductor had fused into a norm kernel that now runs on its own."""
-    hs, hp = _mean_hist(stock), _mean_hist(patched)
+    hs, hp = mean_kernel_hist(stock), mean_kernel_hist(patched)
     return {n: round(us - hs.get(n, (0.0, 0.0))[1], 3) for n, (c, us) in hp.items()
             if n != steptrace.FUSED_KERNEL and c > hs.get(n, (0.0, 0.0))[0] + 0.5}
 
@@ -234,7 +234,8 @@ def _arm_step(row: dict, norm_names: list[str]) -> dict:
             "gpu_span_us": [s["gpu_span_us"] for s in traced],
             "kernels": [s["kernels"] for s in traced],
             "fused_from_graph": [s["fused_from_graph"] for s in traced],
-            "kernel_hist_mean": {k: [round(c, 2), round(us, 3)] for k, (c, us) in _mean_hist(traced).items()}}
+            "kernel_hist_mean": {k: [round(c, 2), round(us, 3)]
+                                 for k, (c, us) in mean_kernel_hist(traced).items()}}
 
 
 def _row(kind: str, n: int, srow: dict, prow: dict, shape: normcalls.NormShape | None = None) -> dict:

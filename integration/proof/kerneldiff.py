@@ -1,0 +1,75 @@
+"""Which kernels make two engines' decode steps differ: the per-step kernel time of one step size in
+two raw-steps files (integration.proof.prove's profiler traces), kernel by kernel.
+
+Engine pairs spread more than their rounds (integration.proof.enginepairs); this says where. Each
+side is FILE:ARM (an arm of that file's results, e.g. stock-compiled), the figures the mean over the
+traced steps of that size:
+
+    python -m integration.proof.kerneldiff \\
+        integration/results/h200-llama8b-pairs-2026-12-05/pair5/raw-steps.json:stock-compiled \\
+        integration/results/h200-llama8b-pairs-2026-12-05/pair6/raw-steps.json:stock-compiled --batch-tokens 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from integration.proof.evidence import mean_kernel_hist
+from kernels.resultfile import ResultFileError, read_json
+
+
+def step_kernels(path: Path, arm: str, batch_tokens: int) -> dict[str, tuple[float, float]]:
+    """Mean (calls, us) per step of each kernel in ``arm``'s traced steps of ``batch_tokens``."""
+    raw = read_json(path, None, "raw-steps")
+    results = raw.get("results", {})
+    if arm not in results:
+        raise ValueError(f"{path}: no arm {arm!r} (has {', '.join(results) or 'none'})")
+    rows = [s for s in results[arm].get("steps", []) if s.get("batch_tokens") == batch_tokens]
+    if not rows or not rows[0].get("traced_steps"):
+        raise ValueError(f"{path}: {arm} has no traced step of {batch_tokens} tokens")
+    return mean_kernel_hist(rows[0]["traced_steps"])
+
+
+def diff(a: dict[str, tuple[float, float]], b: dict[str, tuple[float, float]]) -> list[dict]:
+    """One row per kernel: calls and us per step on each side, b - a, largest differences first."""
+    rows = [{"kernel": k, "calls_a": a.get(k, (0.0, 0.0))[0], "calls_b": b.get(k, (0.0, 0.0))[0],
+             "us_a": a.get(k, (0.0, 0.0))[1], "us_b": b.get(k, (0.0, 0.0))[1]} for k in set(a) | set(b)]
+    for r in rows:
+        r["diff_us"] = r["us_b"] - r["us_a"]
+    return sorted(rows, key=lambda r: -abs(r["diff_us"]))
+
+
+def _side(text: str) -> tuple[Path, str]:
+    path, sep, arm = text.rpartition(":")
+    if not sep or not path:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected FILE:ARM, e.g. raw-steps.json:stock-compiled")
+    return Path(path), arm
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: the table to stdout; exit 2 with one line naming a bad file, arm or size."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("a", type=_side, help="FILE:ARM, the first engine")
+    ap.add_argument("b", type=_side, help="FILE:ARM, the second engine (differences are b - a)")
+    ap.add_argument("--batch-tokens", type=int, default=1, help="the decode step size (default 1)")
+    ap.add_argument("--top", type=int, default=8, help="kernels listed, largest differences first")
+    args = ap.parse_args(argv)
+    try:
+        ka, kb = (step_kernels(p, arm, args.batch_tokens) for p, arm in (args.a, args.b))
+    except (OSError, ValueError, ResultFileError) as exc:
+        print(f"kerneldiff: {exc}", file=sys.stderr)
+        return 2
+    rows = diff(ka, kb)
+    total_a, total_b = sum(u for _, u in ka.values()), sum(u for _, u in kb.values())
+    print(f"{args.batch_tokens} tokens: kernel time per step {total_a:.1f} us (a), {total_b:.1f} us (b), "
+          f"b - a {total_b - total_a:+.1f} us")
+    for r in rows[:args.top]:
+        print(f"{r['diff_us']:+8.1f} us  {r['us_a']:8.1f} -> {r['us_b']:8.1f}  calls {r['calls_a']:.0f}/"
+              f"{r['calls_b']:.0f}  {r['kernel'][:100]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
