@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from experiments import goodput, stats
+from experiments.schedule import KNEE_PROMPT_SEEDS
 from experiments.slo import SLO
 
 BRACKET = 1.25  # the two knee loads: knee / BRACKET and knee * BRACKET
@@ -155,7 +156,7 @@ def summary(df: pd.DataFrame, run: Mapping, slos: Sequence[SLO]) -> dict | None:
            "points": points,
            "knees": {name: knee(p) for name, p in points.items()},
            "chosen": {k: decided.get(k) for k in ("tier", "knee", "loads", "reason", "loads_before")}}
-    if len(out["windows"]) > 1 and decided.get("prompt_seeds") != "per window":
+    if len(out["windows"]) > 1 and decided.get("prompt_seeds") != KNEE_PROMPT_SEEDS:
         out["shared_prompts"] = True  # recorded before the search seeded each window: one seed per factor
     more = beyond_listed(decided)
     return {**out, "beyond_listed": more} if more else out  # only where the search went past its list

@@ -40,6 +40,7 @@ from experiments.metrics_scrape import CumulativeHistogram, difference, scrape
 from experiments.plan import Plan, prepare
 from experiments.runrecord import RunRecord, make_run_dir
 from experiments.schedule import (
+    KNEE_PROMPT_SEEDS,
     Step,
     build_schedule,
     burnin_seed,
@@ -200,7 +201,7 @@ class Runner:
         self.record.data["knee"] = {"factors": searched, "listed": listed, "arm": label,
                                     "windows": [w.id for w in picked], "points": points,
                                     "knees": knees, **chosen, "loads_before": list(cfg.loads),
-                                    "prompt_seeds": "per window"}
+                                    "prompt_seeds": KNEE_PROMPT_SEEDS}
         if chosen["loads"]:
             log.info("knee of %s at %.3gx: measuring at %s", chosen["tier"], chosen["knee"], chosen["loads"])
             self.plan.steps = build_schedule(cfg.windows, chosen["loads"], cfg.labels, False, cfg.blocks,

@@ -121,6 +121,9 @@ def burnin_seed(run_seed: int, burnin: int) -> int:
     return (run_seed << 32) | (1 << 31) | (burnin << 8)
 
 
+KNEE_PROMPT_SEEDS = "per window"  # run.json "knee" "prompt_seeds" of a search seeded as knee_seed does
+
+
 def knee_seed(run_seed: int, factor_index: int, window: int) -> int:
     """Prompt seed of the knee search's replay of ``window`` at its ``factor_index``-th factor: distinct
     from every replay_seed and burnin_seed, and per window, so that the windows pooled at one factor do

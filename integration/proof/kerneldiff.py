@@ -34,10 +34,11 @@ def step_kernels(path: Path, arm: str, batch_tokens: int) -> dict[str, tuple[flo
 
 def diff(a: dict[str, tuple[float, float]], b: dict[str, tuple[float, float]]) -> list[dict]:
     """One row per kernel: calls and us per step on each side, b - a, largest differences first."""
-    rows = [{"kernel": k, "calls_a": a.get(k, (0.0, 0.0))[0], "calls_b": b.get(k, (0.0, 0.0))[0],
-             "us_a": a.get(k, (0.0, 0.0))[1], "us_b": b.get(k, (0.0, 0.0))[1]} for k in set(a) | set(b)]
-    for r in rows:
-        r["diff_us"] = r["us_b"] - r["us_a"]
+    rows = []
+    for k in set(a) | set(b):
+        (calls_a, us_a), (calls_b, us_b) = a.get(k, (0.0, 0.0)), b.get(k, (0.0, 0.0))
+        rows.append({"kernel": k, "calls_a": calls_a, "calls_b": calls_b, "us_a": us_a, "us_b": us_b,
+                     "diff_us": us_b - us_a})
     return sorted(rows, key=lambda r: -abs(r["diff_us"]))
 
 
