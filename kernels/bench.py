@@ -42,6 +42,7 @@ ROUNDS, PER_ROUND = 2, 8  # 16 samples per arm and shape
 WORKING_SET_TARGET = 1.5  # x L2 size
 MEMORY_CAP = 8 << 30  # bytes of rotating buffers at most
 L2_MODES = ("cold", "warm")
+COPY_ARM = "copy"  # rms_norm rows: x.clone(), the bytes of the norm without its arithmetic
 
 
 def grid(quick: bool = False, widths: set[int] | None = None) -> list[tuple[str, str, int, int]]:
@@ -98,6 +99,7 @@ def _arms(op: str, x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, nbuf: int,
     if op == "rms_norm":
         arms["inductor"] = lambda i: comp(xs[i % nbuf], w, EPS)
         arms["torch"] = lambda i: torch.nn.functional.rms_norm(xs[i % nbuf], (hidden,), w, EPS)
+        arms[COPY_ARM] = lambda i: xs[i % nbuf].clone()  # the same bytes, no arithmetic: not a stock arm
         if vllm[0] is not None:
             arms["vllm_c"] = lambda i: vllm[0](torch.empty_like(xs[i % nbuf]), xs[i % nbuf], w, EPS)
     else:
@@ -141,6 +143,7 @@ def bench_shape(op: str, dtype: str, rows: int, hidden: int, l2_bytes: int, rng:
     auto = auto_shape(rows, hidden, vec).name
     variants += [auto] if auto not in variants else []
     res = time_arms(_arms(op, x, r, w, nbuf, variants, vllm), n_calls, rng)
+    copy = res.pop(COPY_ARM, None)
     del x, r
     torch.cuda.empty_cache()
     fused = {k.split(":", 1)[1]: res.pop(k) for k in list(res) if k.startswith("fused:")}
@@ -158,7 +161,17 @@ def bench_shape(op: str, dtype: str, rows: int, hidden: int, l2_bytes: int, rng:
             "l2": "cold" if ws > l2_bytes else "warm",
             "stock": {f"{k}_us": med.get(k) for k in ("inductor", "vllm_c", "torch")},
             "stock_samples_us": {k: v for k, v in res.items() if isinstance(v, list)},
-            "stock_errors": {k: v for k, v in res.items() if isinstance(v, str)}}
+            "stock_errors": {k: v for k, v in res.items() if isinstance(v, str)},
+            **_copy_fields(copy)}
+
+
+def _copy_fields(copy: list[float] | str | None) -> dict:
+    """The same-size copy's samples (rms_norm rows): the launch and latency floor of moving those bytes."""
+    if copy is None:
+        return {}
+    if isinstance(copy, str):
+        return {"copy_error": copy}
+    return {"copy_us": statistics.median(copy), "copy_samples_us": copy}
 
 
 def summary(samples: list[float]) -> dict:

@@ -46,6 +46,18 @@ def _policy_us(row: dict) -> float:
     return _med(row) if row.get("policy", "stock") != "stock" else min(stock.values(), default=math.nan)
 
 
+def _same_size_copy(sel: list[dict]) -> dict:
+    """How far a device copy of the same bytes gets at these shapes: its own share of copy bandwidth and
+    the policy's time against it (rows timed with a copy arm only; none gives nothing)."""
+    timed = [r for r in sel if r.get("copy_samples_us")]
+    if not timed:
+        return {}
+    copy_share = [r["roofline_us"] / statistics.median(r["copy_samples_us"]) for r in timed]
+    vs_copy = [statistics.median(r["copy_samples_us"]) / _policy_us(r) for r in timed]
+    return {"copy_share_min": min(copy_share), "copy_share_median": statistics.median(copy_share),
+            "policy_vs_copy_min": min(vs_copy), "policy_vs_copy_median": statistics.median(vs_copy)}
+
+
 def targets(results: dict) -> dict:
     """The benchmark targets of issue 10, each with its measured value and met / missed."""
     rows = results["bench"]
@@ -65,7 +77,7 @@ def targets(results: dict) -> dict:
         return {"met": bool(frac) and min(frac.values()) >= goal, "min": min(frac.values(), default=math.nan),
                 "median": statistics.median(frac.values()) if frac else math.nan, "goal": goal,
                 "fused_min": min((r["roofline_us"] / _med(r) for r in sel), default=math.nan),
-                "per_shape": frac}
+                "per_shape": frac, **_same_size_copy(sel)}
 
     return {
         "policy_never_slower_than_best_stock": {"met": not slower, "slower_shapes": slower,
@@ -122,9 +134,12 @@ def render(results: dict) -> str:
     for key, label in (("copy_bandwidth_rms_norm_256_2048_rows", "256-2048 rows"),
                        ("copy_bandwidth_rms_norm_8192_rows_and_more", ">= 8192 rows")):
         b = t[key]
+        copy = (f"; a copy of the same bytes reaches min {100 * b['copy_share_min']:.0f}%, median "
+                f"{100 * b['copy_share_median']:.0f}%, and the policy runs at min "
+                f"{100 * b['policy_vs_copy_min']:.0f}% of that copy's speed" if "copy_share_min" in b else "")
         parts.append(f"| share of copy bandwidth, rms_norm bf16, {label} | >= {100 * b['goal']:.0f}% | min "
                      f"{100 * b['min']:.0f}%, median {100 * b['median']:.0f}% (fused kernel alone: min "
-                     f"{100 * b['fused_min']:.0f}%) | {yes(b['met'])} |")
+                     f"{100 * b['fused_min']:.0f}%){copy} | {yes(b['met'])} |")
     check = results.get("in_vllm_check")
     if check:
         ok = sum(1 for c in check["sizes"] if c["within_10pct"])

@@ -44,3 +44,12 @@ def test_targets_literal() -> None:
 def test_a_fused_choice_slower_than_stock_is_named() -> None:
     t = targets({"bench": [_row(4, 2.0, 1.5, 1.8, "fused:t512r1p")]})
     assert t["policy_never_slower_than_best_stock"]["slower_shapes"] == ["rms_norm bf16 4x4096"]
+
+
+def test_same_size_copy_reads_against_the_policy() -> None:
+    row = _row(512, 10.0, 9.0, 9.5, "stock", roofline=4.0) | {"copy_samples_us": [5.0] * 16}
+    b = targets({"bench": [row]})["copy_bandwidth_rms_norm_256_2048_rows"]
+    assert b["copy_share_min"] == pytest.approx(0.8)  # 4.0 us of bytes at copy bandwidth / 5.0 us
+    assert b["policy_vs_copy_min"] == pytest.approx(5.0 / 9.0)  # stock 9.0 us is what the policy runs
+    assert "copy_share_min" not in targets({"bench": [_row(512, 10.0, 9.0, 9.5, "stock")]})[
+        "copy_bandwidth_rms_norm_256_2048_rows"]
