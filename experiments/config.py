@@ -149,8 +149,8 @@ def arm_labels(arms: tuple[str, ...]) -> tuple[str, ...]:
     seen: dict[str, int] = {}
     out = []
     for a in arms:
+        out.append(arm_defs.replica_label(a, seen.get(a, 0)))
         seen[a] = seen.get(a, 0) + 1
-        out.append(a if seen[a] == 1 else f"{a}-{chr(ord('a') + seen[a] - 1)}")
     return tuple(out)
 
 

@@ -213,6 +213,20 @@ def get(name: str, extra: dict[str, Arm] | None = None) -> Arm:
     return planted(ns)
 
 
+def replica_label(arm: str, k: int) -> str:
+    """The label of an arm's k-th engine or server: the arm's name for k = 0, then "<arm>-b", "<arm>-c"."""
+    if not 0 <= k < 25:
+        raise ValueError(f"replica index {k} out of range 0-24")
+    return arm if k == 0 else f"{arm}-{chr(ord('a') + k)}"
+
+
+def replica_base(label: str, known: set[str] | frozenset[str]) -> str:
+    """The arm a replica label stands for ("stock-b" -> "stock") when that arm is in `known` (the labels
+    of the same run); any other label stands for itself."""
+    m = re.fullmatch(r"(.+)-([b-y])", label)
+    return m.group(1) if m and m.group(1) in known else label
+
+
 def model_shape(model: str | Path | dict, dtype: str = "auto") -> tuple[str, int]:
     """(dtype name, hidden size) of a model directory's config.json (or of that config as a dict),
     `dtype` overriding 'auto'."""

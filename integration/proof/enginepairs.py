@@ -7,6 +7,8 @@ more than that (their graphs, allocations and cache placement are their own), so
 kernel needs several pairs: here each file is one pair, its estimate at a size the mean of its
 per-round log ratios, and the interval a Student-t interval over the pairs (k - 1 degrees of
 freedom). The files must come from the same code and policy table; their commands are recorded.
+A file of a run with replicas (prove --replicas 2) counts as one pair whose estimate averages over
+its engines; `--arm stock-b` on such files gives the engine-to-engine difference of stock itself.
 
     python -m integration.proof.enginepairs --arm patched \\
         integration/results/h200-llama8b-graph-twin/h200-graph-steps.json ... \\
@@ -24,6 +26,7 @@ from pathlib import Path
 
 from scipy import stats
 
+from integration.arms import replica_base
 from integration.proof.graphtime import pct, t_interval
 from kernels.resultfile import read_json, write_json
 
@@ -31,15 +34,35 @@ SCHEMA_VERSION = 1
 
 
 def pair_estimates(doc: Mapping, arm: str) -> dict[int, dict]:
-    """batch_tokens -> {log_ratio, rounds, within_ci95_pct} of `arm` against stock in one graph-steps
-    document (its decode sizes); sizes where the arm has no per-round ratios are left out."""
+    """batch_tokens -> {log_ratio, rounds, engines, within_ci95_pct} of `arm` against stock in one
+    graph-steps document (its decode sizes); sizes where the arm has no per-round ratios are left out.
+
+    A run with replicas (prove --replicas: stock-b, patched-b, ...) gives per round the mean log time
+    of the arm's engines minus the mean of stock's (stock's own ratio is 0), so its estimate averages
+    over engines; `arm` given as a replica's label ("stock-b") is compared as it is."""
     out = {}
     for row in doc.get("sizes") or []:
-        found = (row.get("arms") or {}).get(arm) or {}
-        d = found.get("per_round_log_ratio") or []
-        if d:
-            out[int(row["batch_tokens"])] = {"log_ratio": statistics.fmean(d), "rounds": len(d),
-                                             "within_ci95_pct": found.get("ci95_pct")}
+        found = row.get("arms") or {}
+        labels = set(found) | {"stock"}
+        mine = [lb for lb in sorted(found) if replica_base(lb, labels) == arm]
+        stocks = [lb for lb in sorted(found) if lb != "stock" and replica_base(lb, labels) == "stock"]
+        if arm not in found or replica_base(arm, labels) != arm:
+            mine, stocks = [arm] if arm in found else [], []
+        rounds = [found[lb].get("per_round_log_ratio") or [] for lb in mine + stocks]
+        if not mine or not all(rounds):
+            continue
+        if len({len(r) for r in rounds}) > 1:
+            raise ValueError(f"{row['batch_tokens']} tokens: the engines {mine + stocks} were timed in "
+                             f"different numbers of rounds {[len(r) for r in rounds]}")
+        d = [statistics.fmean(r[:len(mine)]) - sum(r[len(mine):]) / (1 + len(stocks))
+             for r in zip(*rounds)]
+        ci = found[arm].get("ci95_pct")
+        if len(mine) + len(stocks) > 1 and len(d) >= 2:
+            _, lo, hi = t_interval(d)
+            ci = [pct(lo), pct(hi)]
+        out[int(row["batch_tokens"])] = {"log_ratio": statistics.fmean(d), "rounds": len(d),
+                                         "engines": {arm: len(mine), "stock": 1 + len(stocks)},
+                                         "within_ci95_pct": ci}
     return out
 
 

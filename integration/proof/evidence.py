@@ -127,6 +127,14 @@ def _proof(res: dict | None, shape: normcalls.NormShape | None = None) -> dict |
             "norm_kernel_names": res["proof"]["norm_kernel_names"]}
 
 
+def greedy_pairs(results: dict) -> list[tuple[str, str]]:
+    """The engines whose greedy outputs are compared: PAIRS, and each replica of prove --replicas
+    (a result whose label differs from its arm) against its arm's first engine in the same mode."""
+    replicas = [(f"{r['arm']}-{r['mode']}", name) for name, r in results.items()
+                if r and r.get("label", r["arm"]) != r["arm"]]
+    return PAIRS + replicas
+
+
 def build(results: dict, codes: dict, logs: dict, cmds: dict, ranges: list[int], env: dict,
              command: str, a: Any) -> dict:
     """h200.json: what ran, what the logs say, which kernels the traces saw, and output agreement."""
@@ -140,7 +148,7 @@ def build(results: dict, codes: dict, logs: dict, cmds: dict, ranges: list[int],
             arms[name]["proof"] = _proof(res, shape)
     versions = next((r["vllm"] for r in results.values() if r), None)
     greedy = {}
-    for ref, other in PAIRS:
+    for ref, other in greedy_pairs(results):
         if results.get(ref) and results.get(other):
             greedy[f"{ref} vs {other}"] = compare_greedy(results[ref]["greedy"], results[other]["greedy"])
     summary = {

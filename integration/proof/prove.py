@@ -7,7 +7,9 @@ Starts four offline vLLM engines at once, one process each (integration/prove_ar
 patched, compiled (torch.compile + CUDA graphs) and eager. Each greedy-decodes the same seeded
 prompts with the same seeded dummy weights and kernel-traces a few decode steps. When all four are
 ready, the two compiled ones take turns, alone on the GPU, profiling decode steps per batch size
-and prefill size (two rounds each, in the order stock, patched, patched, stock).
+and prefill size (two rounds each, in the order stock, patched, patched, stock). `--replicas 2`
+gives each compiled arm a second engine (stock-b, patched-b) in the same turns, so that one run
+averages over two engines per arm and measures how far two stock engines differ.
 
 Writes OUT/<gpu>.json (e.g. h200.json; evidence: providers, priorities, plugin log lines, kernels seen
 in CUDA-graph replays, greedy agreement, the command), OUT/<gpu>-profile.json (per batch size: step
@@ -33,6 +35,7 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from integration import arms, choice, compilecache
 from integration.launcher import MODELS_DIR
@@ -41,6 +44,7 @@ from kernels import environment as kernel_env
 
 ARMS = [("stock", "compiled"), ("patched", "compiled"), ("stock", "eager"), ("patched", "eager")]
 LOG_MARKERS = ("rmsnorm_fused", "cupy_fused", "Final IR op priority")
+ENGINE_GPU_SHARE = 0.2  # each engine's --gpu-memory-utilization (its KV cache is set apart: 4 GiB)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -77,6 +81,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "as users run it")
     p.add_argument("--planted", default=None, metavar="planted:<N>ns",
                    help="also profile this positive-control arm, compiled, in the same turns")
+    p.add_argument("--replicas", type=int, default=1,
+                   help="engines per compiled arm (default 1). With 2, stock-b and patched-b (and a "
+                        "planted arm's -b) join the turns, interleaved (stock, patched, stock-b, "
+                        "patched-b): engine-to-engine differences average out within one run, and "
+                        "stock-b vs stock measures them (python -m integration.proof.enginepairs)")
     p.add_argument("--timeout", type=float, default=500.0, help="overall deadline in seconds")
     p.add_argument("--policy", default=None,
                    help="policy table for both modes (default: this GPU's in-vLLM tables, "
@@ -115,32 +124,68 @@ def compile_ranges(a: argparse.Namespace) -> list[int]:
     return arms.compilation_config(Path(a.model), a.dtype, a.max_rows).get("compile_ranges_endpoints", [])
 
 
-def worker_cmd(a: argparse.Namespace, arm: str, mode: str, scratch: Path, ranges: list[int]) -> list[str]:
+def worker_cmd(a: argparse.Namespace, arm: str, mode: str, scratch: Path, ranges: list[int],
+               label: str | None = None) -> list[str]:
+    """The prove_arm command of one engine (`label`: its name in the run, default the arm)."""
+    label = label or arm
     own = ranges if a.shared_ranges or arms.uses_policy(arms.get(arm)) else []  # stock: vLLM's one range
-    cmd = [sys.executable, "-m", "integration.proof.prove_arm", "--arm", arm, "--mode", mode,
-           "--model", a.model, "--out", str(scratch), "--dtype", a.dtype, "--prompts", str(a.prompts),
+    cmd = [sys.executable, "-m", "integration.proof.prove_arm", "--arm", arm, "--label", label,
+           "--mode", mode, "--model", a.model, "--out", str(scratch), "--dtype", a.dtype,
+           "--prompts", str(a.prompts),
            "--steps", str(a.steps), "--batch-sizes", a.batch_sizes, "--prefill-sizes", a.prefill_sizes,
            "--timed-steps", str(a.timed_steps), "--traced-steps", str(a.traced_steps),
-           "--compile-ranges", ",".join(map(str, own)), "--weights", a.weights]
+           "--compile-ranges", ",".join(map(str, own)), "--weights", a.weights,
+           "--gpu-memory-utilization", str(ENGINE_GPU_SHARE)]
     if mode in a.profile_modes.split(","):
-        cmd += ["--turn-file", str(scratch / f"{arm}-{mode}.go"), "--rounds", str(a.rounds),
+        cmd += ["--turn-file", str(scratch / f"{label}-{mode}.go"), "--rounds", str(a.rounds),
                 "--graph-replays", str(a.graph_replays)]
     return cmd
 
 
-def arm_runs(a: argparse.Namespace) -> list[tuple[str, str]]:
-    """(arm, mode) of every engine: ARMS in --modes, and --planted compiled."""
+class Engine(NamedTuple):
+    """One engine process of a run: its name in the run (`label`), the arm it runs, and its mode."""
+
+    label: str
+    arm: str
+    mode: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.label}-{self.mode}"
+
+
+def arm_runs(a: argparse.Namespace) -> list[Engine]:
+    """Every engine: ARMS in --modes and --planted compiled; with --replicas N, each compiled arm's
+    further engines after them, replica by replica (stock, patched, stock-b, patched-b, ...)."""
     modes = set(a.modes.split(","))
-    runs = [(arm, mode) for arm, mode in ARMS if mode in modes]
-    return runs + ([(a.planted, "compiled")] if a.planted else [])
+    compiled = [arm for arm, mode in ARMS if mode == "compiled" and mode in modes]
+    compiled += [a.planted] if a.planted else []
+    runs = [Engine(arms.replica_label(arm, k), arm, "compiled")
+            for k in range(a.replicas) for arm in compiled]
+    return runs + [Engine(arm, arm, mode) for arm, mode in ARMS if mode != "compiled" and mode in modes]
 
 
-def start(cmd: list[str], arm: str, log: Path, mode: str = "compiled") -> subprocess.Popen:
+def check_replicas(a: argparse.Namespace) -> None:
+    """ValueError unless the engines --replicas asks for fit the GPU's memory shares."""
+    if a.replicas < 1:
+        raise ValueError(f"--replicas {a.replicas}: at least 1")
+    engines = len(arm_runs(a))
+    if engines * ENGINE_GPU_SHARE > 1.0:
+        raise ValueError(f"--replicas {a.replicas}: {engines} engines of {ENGINE_GPU_SHARE:.0%} of the GPU's "
+                         f"memory each do not fit; use --modes compiled or fewer replicas")
+
+
+def start(cmd: list[str], arm: str, log: Path, mode: str = "compiled",
+          label: str | None = None) -> subprocess.Popen:
+    """Start one engine process; a replica (label other than its arm) compiles into caches of its own
+    beside its log, so that engines starting at once never write one cache directory together."""
     import torch
 
     definition = arms.get(arm)
+    own = {var: str(log.parent / f"cache-{label}" / var.lower()) for var in compilecache.CACHE_VARS}
     env = {**os.environ, **definition.env(), "PYTHONUNBUFFERED": "1",
-           **compilecache.cache_env(definition, mode == "eager", torch.cuda.is_available())}
+           **compilecache.cache_env(definition, mode == "eager", torch.cuda.is_available()),
+           **(own if label not in (None, arm) else {})}
     with open(log, "wb") as f:
         f.write(f"$ VLLM_PLUGINS={env['VLLM_PLUGINS']!r} {shlex.join(cmd)}\n".encode())
         f.flush()
@@ -155,12 +200,12 @@ def wait_all(procs: dict, scratch: Path, suffix: str, deadline: float) -> None:
         time.sleep(0.5)
 
 
-def round_order(runs: list[tuple[str, str]], modes: list[str], rounds: int = 2) -> list[tuple[str, int]]:
-    """(engine, round) turns: per mode, its arms in order in odd rounds and reversed in even ones
+def round_order(runs: list[Engine], modes: list[str], rounds: int = 2) -> list[tuple[str, int]]:
+    """(engine, round) turns: per mode, its engines in order in odd rounds and reversed in even ones
     (stock, patched, patched, stock, ...: drift and position cancel over each pair of rounds)."""
     turns = []
     for m in modes:
-        names = [f"{arm}-{mode}" for arm, mode in runs if mode == m]
+        names = [e.name for e in runs if e.mode == m]
         for r in range(1, rounds + 1):
             turns += [(n, r) for n in (names if r % 2 else names[::-1])]
     return turns
@@ -216,8 +261,8 @@ def dry_run(a: argparse.Namespace, shape: normcalls.NormShape) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         policy_source = select_policy(a, Path(tmp))
         ranges = compile_ranges(a)
-        cmds = {f"{arm}-{mode}": shlex.join(worker_cmd(a, arm, mode, Path("SCRATCH"), ranges))
-                for arm, mode in arm_runs(a)}
+        cmds = {e.name: shlex.join(worker_cmd(a, e.arm, e.mode, Path("SCRATCH"), ranges, e.label))
+                for e in arm_runs(a)}
     return {"model": a.model, "norm_shape": shape.__dict__, "norms_per_forward": shape.expected(),
             "norms_per_forward_by_op": shape.expected_by_op(), "policy": policy_source,
             "compile_ranges_endpoints": ranges, "worker_commands": cmds}
@@ -227,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     try:
         _, _, shape = check_model(a)
+        check_replicas(a)
     except ValueError as exc:
         print(f"prove: {exc}", file=sys.stderr)
         return 2
@@ -243,10 +289,9 @@ def main(argv: list[str] | None = None) -> int:
         policy_source = select_policy(a, scratch)
         ranges = compile_ranges(a)
         procs, cmds = {}, {}
-        for arm, mode in runs:
-            name = f"{arm}-{mode}"
-            cmds[name] = worker_cmd(a, arm, mode, scratch, ranges)
-            procs[name] = start(cmds[name], arm, scratch / f"{name}.log", mode)
+        for e in runs:
+            cmds[e.name] = worker_cmd(a, e.arm, e.mode, scratch, ranges, e.label)
+            procs[e.name] = start(cmds[e.name], e.arm, scratch / f"{e.name}.log", e.mode, e.label)
         wait_all(procs, scratch, ".ready", deadline)
         profiled = [m for m in ("compiled", "eager") if m in modes and m in a.profile_modes.split(",")]
         take_turns(procs, scratch, deadline, round_order(runs, profiled, a.rounds))
@@ -269,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     if profiled:
         raw = {"model": a.model, "ranges": ranges, "command": command, "environment": doc["environment"],
                "policy": policy_source,
-               "results": {f"{arm}-{m}": results.get(f"{arm}-{m}") for arm, m in runs if m in profiled}}
+               "results": {e.name: results.get(e.name) for e in runs if e.mode in profiled}}
         (out / "raw-steps.json").write_text(json.dumps(raw))
         if a.graph_replays:
             (out / f"{gpu}-graph-steps.json").write_text(json.dumps(graphtime.document(raw), indent=1))

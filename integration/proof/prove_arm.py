@@ -5,11 +5,11 @@ The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, executor 'uni
 torch.profiler sees every kernel of the forward pass, CUDA-graph replays included.
 
 Steps: build the engine; greedy-decode seeded prompts (token ids and top-2 logprobs); write
-`<out>/<arm>-<mode>.json` and `<out>/<arm>-<mode>.ready`; then, if --turn-file is given, wait for it
+`<out>/<label>-<mode>.json` and `<out>/<label>-<mode>.ready`; then, if --turn-file is given, wait for it
 and profile decode steps at each --batch-sizes and prefill steps at each --prefill-sizes (wall time
 per step, and a kernel trace of a few; in the first --profile-rounds rounds), and with --graph-replays
 time each decode size's CUDA-graph replay by CUDA events in every round (integration.proof.graphtime);
-write `<out>/<arm>-<mode>.done`.
+write `<out>/<label>-<mode>.done`.
 """
 
 from __future__ import annotations
@@ -38,10 +38,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arm", type=_arm_name, required=True,
                    help="which arm this process is: stock, patched, planted:<N>ns (integration.arms)")
+    p.add_argument("--label", default=None,
+                   help="this engine's name in the run (default: the arm; prove --replicas names an "
+                        "arm's further engines <arm>-b, <arm>-c)")
     p.add_argument("--mode", choices=("compiled", "eager"), required=True,
                    help="compiled: torch.compile + CUDA graphs (vLLM default); eager: --enforce-eager")
     p.add_argument("--model", required=True, help="model directory with config.json (dummy weights)")
-    p.add_argument("--out", required=True, help="directory for <arm>-<mode>.json and marker files")
+    p.add_argument("--out", required=True, help="directory for <label>-<mode>.json and marker files")
     p.add_argument("--dtype", default="bfloat16", help="model dtype (default bfloat16)")
     p.add_argument("--prompts", type=int, default=4, help="greedy prompts (default 4)")
     p.add_argument("--steps", type=int, default=256, help="greedy tokens per prompt (default 256)")
@@ -57,7 +60,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--traced-steps", type=int, default=4, help="decode steps kernel-traced per batch size")
     p.add_argument("--turn-file", default=None,
                    help="wait for <this>1, <this>2, ... before each round of the per-batch profile "
-                        "(none: skip that profile); writes <out>/<arm>-<mode>.done<round> after each")
+                        "(none: skip that profile); writes <out>/<label>-<mode>.done<round> after each")
     p.add_argument("--rounds", type=int, default=2, help="rounds of the per-batch profile (default 2)")
     p.add_argument("--profile-rounds", type=int, default=2,
                    help="the first this many rounds also time steps by wall clock, kernel-trace them and "
@@ -276,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    name = f"{a.arm}-{a.mode}"
+    name = f"{a.label or a.arm}-{a.mode}"
     if torch.cuda.is_available():  # start CUPTI before any CUDA graph exists
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
             torch.zeros(1, device="cuda").add_(1)
@@ -288,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
 
     vocab = llm.llm_engine.model_config.get_vocab_size()
     n_params = llm.apply_model(scaled_weights(a.seed)) if a.weights == "scaled" else None
-    res: dict = {"arm": a.arm, "mode": a.mode, "model": a.model, "vllm": vllm.__version__,
+    res: dict = {"arm": a.arm, "label": a.label or a.arm, "mode": a.mode, "model": a.model,
+                 "vllm": vllm.__version__,
                  "torch": torch.__version__, "build_s": time.perf_counter() - t0,
                  "ir_priority": {op: getattr(ir.ops, op).get_priority() for op in IR_OPS},
                  "providers": {op: list(getattr(ir.ops, op).impls) for op in IR_OPS},

@@ -151,3 +151,15 @@ def test_policy_record_names_a_table_of_the_project_relative_to_it(tmp_path: Pat
     outside = tmp_path / "table.json"
     outside.write_bytes(inside.read_bytes())
     assert choice.policy_record("bf16", 4096, table=outside)["table"] == str(outside)
+
+
+def test_replica_labels_name_an_arms_further_engines_and_map_back_only_within_their_run() -> None:
+    assert [arms.replica_label("stock", k) for k in range(3)] == ["stock", "stock-b", "stock-c"]
+    assert arms.replica_label("planted:3us", 1) == "planted:3us-b"
+    run = {"stock", "stock-b", "plugin-idle", "planted:3us-b", "planted:3us"}
+    assert arms.replica_base("stock-b", run) == "stock"
+    assert arms.replica_base("planted:3us-b", run) == "planted:3us"
+    assert arms.replica_base("plugin-idle", run) == "plugin-idle"  # not a replica: no "plugin" arm
+    assert arms.replica_base("x-b", run) == "x-b"  # "x" is not in the run
+    with pytest.raises(ValueError, match="out of range"):
+        arms.replica_label("stock", 25)

@@ -81,3 +81,25 @@ def test_committed_h200_pooling_rederives_from_its_files() -> None:
     again = enginepairs.build([root / f["path"] for f in committed["files"]], committed["arm"])
     assert again["sizes"] == committed["sizes"]
     assert len(committed["files"]) >= 4
+
+
+def test_a_run_with_replicas_averages_its_engines_per_round(tmp_path: Path) -> None:
+    # per round: patched, patched-b and stock-b against stock (whose own ratio is 0)
+    arms = {"patched": [-0.02, -0.01], "patched-b": [-0.04, -0.03], "stock-b": [0.01, 0.03]}
+    doc = {"command": "prove --replicas 2", "model": "m",
+           "sizes": [{"batch_tokens": 1, "arms": {k: {"per_round_log_ratio": v} for k, v in arms.items()}}]}
+    est = enginepairs.pair_estimates(doc, "patched")[1]
+    # round 1: (-0.02 - 0.04) / 2 - (0 + 0.01) / 2 = -0.035; round 2: -0.02 - 0.015 = -0.035
+    assert est["log_ratio"] == pytest.approx(-0.035) and est["engines"] == {"patched": 2, "stock": 2}
+    assert est["within_ci95_pct"] == pytest.approx([100 * math.expm1(-0.035)] * 2)  # no spread over rounds
+    twin = enginepairs.pair_estimates(doc, "stock-b")[1]  # the engines' own difference, as measured
+    assert twin["log_ratio"] == pytest.approx(0.02) and twin["engines"] == {"stock-b": 1, "stock": 1}
+    one = enginepairs.pair_estimates(_doc({1: [-0.01, -0.03]}), "patched")[1]  # no replicas: as before
+    assert one["log_ratio"] == pytest.approx(-0.02) and one["engines"] == {"patched": 1, "stock": 1}
+
+
+def test_replicas_timed_in_different_rounds_are_refused(tmp_path: Path) -> None:
+    doc = {"sizes": [{"batch_tokens": 4, "arms": {"patched": {"per_round_log_ratio": [0.0, 0.01]},
+                                                  "stock-b": {"per_round_log_ratio": [0.01]}}}]}
+    with pytest.raises(ValueError, match="different numbers of rounds"):
+        enginepairs.pair_estimates(doc, "patched")
