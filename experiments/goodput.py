@@ -18,8 +18,8 @@ import pandas as pd
 
 from experiments import stats
 from experiments.slo import SLO, meets
-from loadgen.records import (RequestRecord, batched, e2e_ms, lateness_ms, succeeded, tpot_ms, tpot_unobserved,
-                             ttft_ms)
+from loadgen.records import (RequestRecord, batched, e2e_ms, itl_ms, lateness_ms, succeeded, tpot_ms,
+                             tpot_unobserved, ttft_ms)
 
 CELL = ["arm", "window", "load"]
 REQUIRED_TAGS = ("arm", "window", "load", "phase")
@@ -33,7 +33,8 @@ def met_column(slo: SLO) -> str:
 
 
 def records_frame(records: Sequence[RequestRecord], slos: Sequence[SLO]) -> pd.DataFrame:
-    """One row per record: tags, success, latencies (ms, NaN when undefined) and one met column per SLO."""
+    """One row per record: tags, success, latencies (ms, NaN when undefined), the request's inter-token
+    latencies (a list, empty when not recorded) and one met column per SLO."""
     rows = []
     for pos, r in enumerate(records):
         missing = [t for t in REQUIRED_TAGS if t not in r.tags]
@@ -46,13 +47,13 @@ def records_frame(records: Sequence[RequestRecord], slos: Sequence[SLO]) -> pd.D
             "input_tokens": r.input_tokens, "output_tokens": r.output_tokens,
             "prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
             "ttft_ms": ttft_ms(r), "tpot_ms": tpot_ms(r), "e2e_ms": e2e_ms(r), "lateness_ms": lateness_ms(r),
-            "tpot_unobserved": tpot_unobserved(r), "batched": batched(r),
+            "tpot_unobserved": tpot_unobserved(r), "batched": batched(r), "itl_ms": itl_ms(r),
         }
         row.update({met_column(s): meets(r, s) for s in slos})
         rows.append(row)
     columns = [*REQUIRED_TAGS, "index", "ok", "error", "due_ms", "end_ms", "input_tokens", "output_tokens",
                "prompt_tokens", "completion_tokens", "ttft_ms", "tpot_ms", "e2e_ms", "lateness_ms",
-               "tpot_unobserved", "batched", *(met_column(s) for s in slos)]
+               "tpot_unobserved", "batched", "itl_ms", *(met_column(s) for s in slos)]
     df = pd.DataFrame(rows, columns=columns)
     # typed also when empty (a run stopped before its first request): "ok" a mask, never a column
     # selection; the numbers numeric for the pairing's comparisons
@@ -205,7 +206,8 @@ def capacity_from_latency(curve: pd.DataFrame, slo: SLO) -> dict:
 
 
 def latency_table(df: pd.DataFrame) -> list[dict]:
-    """Per (arm, load): n, failed, p50/p90/p99 of TTFT, TPOT, E2E (ms) over succeeded requests, the
+    """Per (arm, load): n, failed, p50/p90/p99 of TTFT, TPOT, E2E (ms) over succeeded requests (and
+    of the inter-token latencies pooled over them, as vLLM's benchmark pools them, where kept), the
     client's send lateness (p99 and max over every sent request: a late client hides load), and
     tpot_unobserved: succeeded replies of 2+ tokens read in one network read (no TPOT), and batched:
     those the server streamed in fewer chunks than tokens."""
@@ -222,6 +224,10 @@ def latency_table(df: pd.DataFrame) -> list[dict]:
         row["lateness_max_ms"] = float(late.max()) if late.size else None
         row["tpot_unobserved"] = int(g["tpot_unobserved"].sum())
         row["batched"] = int(g["batched"].sum())
+        itl = [gap for gaps in ok["itl_ms"] for gap in gaps]
+        if itl:  # records written before inter-token latencies were kept have none: no columns
+            for p in (50, 90, 99):
+                row[f"itl_p{p}_ms"] = stats.percentile(np.asarray(itl), p / 100)
         out.append(row)
     return out
 

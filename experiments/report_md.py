@@ -179,11 +179,14 @@ def _knee_check(r: Mapping, chosen: Mapping) -> list[str]:
 
 
 def _latency_table(r: Mapping) -> list[str]:
+    """Latency percentiles per arm and load; inter-token latency columns where the records kept them."""
+    metrics = ["ttft", "tpot", "e2e"] + (["itl"] if any("itl_p50_ms" in x for x in r["latency"]) else [])
+    head = " | ".join(f"{m.upper()} p50 | p90 | p99" for m in metrics)
     out = ["## Latency per arm and load (succeeded requests, ms)", "",
-           "| arm | load | n | failed | TTFT p50 | p90 | p99 | TPOT p50 | p90 | p99 | E2E p50 | p90 | p99 "
-           "| send lateness p99 | max |", "|---" * 15 + "|"]
+           f"| arm | load | n | failed | {head} | send lateness p99 | max |",
+           "|---" * (6 + 3 * len(metrics)) + "|"]
     for row in sorted(r["latency"], key=lambda x: (r["arm_labels"].index(x["arm"]), x["load"])):
-        vals = [fmt_num(row[f"{m}_p{p}_ms"], "{:.1f}") for m in ("ttft", "tpot", "e2e") for p in (50, 90, 99)]
+        vals = [fmt_num(row.get(f"{m}_p{p}_ms"), "{:.1f}") for m in metrics for p in (50, 90, 99)]
         vals += [fmt_num(row.get(k), "{:.2f}") for k in ("lateness_p99_ms", "lateness_max_ms")]
         out.append(f"| {row['arm']} | {row['load']:g}x | {row['n']} | {row['failed']} | "
                    + " | ".join(vals) + " |")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import aiohttp
@@ -64,6 +64,7 @@ class _Stream:
     last_ns: int | None = None
     n_chunks: int = 0
     max_gap_ns: int | None = None
+    gaps_us: list[int] = field(default_factory=list)
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     finish_reason: str | None = None
@@ -74,6 +75,7 @@ class _Stream:
         if self.last_ns is not None:
             gap = now_ns - self.last_ns
             self.max_gap_ns = gap if self.max_gap_ns is None else max(self.max_gap_ns, gap)
+            self.gaps_us.append(gap // 1000)
         if self.first_ns is None:
             self.first_ns = now_ns
         self.last_ns = now_ns
@@ -196,6 +198,7 @@ async def run_request(
             prompt_tokens=st.prompt_tokens, completion_tokens=st.completion_tokens,
             n_chunks=st.n_chunks, max_gap_ms=None if st.max_gap_ns is None else st.max_gap_ns / 1e6,
             status=status, error=st.verdict(output_tokens), tags=dict(tags or {}),
+            itl_us=tuple(st.gaps_us),
         )
         if sink is not None:
             sink(rec)

@@ -1,9 +1,9 @@
 """Per-request records: raw monotonic timestamps in, metrics derived by pure functions.
 
-A record keeps only what was observed (due, sent, first and last token, end, server token counts,
-HTTP status, error text). Every time is ``time.perf_counter_ns()`` minus the replay's ``t0``, so
-records of one replay share one clock. Metrics return ``None`` when they are undefined (no first
-token, TPOT of a 1-token reply), never a made-up 0.
+A record keeps only what was observed (due, sent, first and last token, end, the gaps between token
+chunks, server token counts, HTTP status, error text). Every time is ``time.perf_counter_ns()``
+minus the replay's ``t0``, so records of one replay share one clock. Metrics return ``None`` when
+they are undefined (no first token, TPOT of a 1-token reply), never a made-up 0.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ class RequestRecord:
     status: int | None  # HTTP status
     error: str | None  # None when it succeeded
     tags: dict = field(default_factory=dict)  # caller's labels (arm, window, load, phase, ...)
+    itl_us: tuple[int, ...] | None = None  # gaps between successive token chunks (us); None: not kept
 
 
 def _ms(a: int | None, b: int | None) -> float | None:
@@ -74,6 +75,13 @@ def succeeded(r: RequestRecord) -> bool:
     return r.error is None and r.status == 200 and r.completion_tokens == r.output_tokens
 
 
+def itl_ms(r: RequestRecord) -> list[float]:
+    """Inter-token latencies: the gaps between successive token-bearing chunks, in ms (as vLLM's
+    benchmark counts them: one per chunk after the first); [] where none were kept (records written
+    before the field existed) or fewer than two chunks came."""
+    return [g / 1e3 for g in r.itl_us or ()]
+
+
 def tpot_unobserved(r: RequestRecord) -> bool:
     """A reply that succeeded with 2+ tokens whose TPOT the client could not observe (tpot_ms None)."""
     return succeeded(r) and (r.completion_tokens or 0) >= 2 and tpot_ms(r) is None
@@ -87,6 +95,7 @@ def batched(r: RequestRecord) -> bool:
 
 
 _FIELDS = tuple(f.name for f in fields(RequestRecord))
+_OPTIONAL = ("tags", "itl_us")  # a record file written before itl_us existed reads back without it
 
 
 def record_to_json(r: RequestRecord) -> dict:
@@ -98,11 +107,13 @@ def record_to_json(r: RequestRecord) -> dict:
 
 def record_from_json(d: dict) -> RequestRecord:
     """Inverse of record_to_json; raises ValueError naming missing or unknown keys."""
-    missing = [k for k in _FIELDS if k not in d and k != "tags"]
+    missing = [k for k in _FIELDS if k not in d and k not in _OPTIONAL]
     unknown = sorted(set(d) - set(_FIELDS))
     if missing or unknown:
         raise ValueError(f"bad record: missing {missing}, unknown {unknown}")
-    return RequestRecord(**{**d, "tags": dict(d.get("tags") or {})})
+    itl = d.get("itl_us")
+    return RequestRecord(**{**d, "tags": dict(d.get("tags") or {}),
+                            "itl_us": None if itl is None else tuple(int(g) for g in itl)})
 
 
 def _open_text(path: Path, mode: str) -> IO[str]:

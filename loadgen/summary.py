@@ -7,7 +7,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from loadgen.records import RequestRecord, e2e_ms, lateness_ms, succeeded, tpot_ms, ttft_ms
+from loadgen.records import RequestRecord, e2e_ms, itl_ms, lateness_ms, succeeded, tpot_ms, ttft_ms
 
 PERCENTILES = (50, 99)
 LATE_WARNING_MS = 10.0  # sends later than this mean the client, not the server, set some latencies
@@ -51,7 +51,8 @@ def summarize_records(records: Sequence[RequestRecord]) -> dict:
     offered_rate_rps: the schedule's rate, (n - 1) / (last due - first due); achieved_rate_rps:
     (sent - 1) / (last send - first due), below offered when the client fell behind by the end
     or did not send everything (stalls on the way show in the lateness percentiles).
-    Only successful requests enter TTFT/TPOT/E2E; lateness covers every request that was sent.
+    Only successful requests enter TTFT/TPOT/ITL/E2E (ITL: every gap between token chunks, pooled as
+    vLLM's benchmark pools them); lateness covers every request that was sent.
     """
     ok = [r for r in records if succeeded(r)]
     sent = [r.sent_ns for r in records if r.sent_ns is not None]
@@ -68,6 +69,7 @@ def summarize_records(records: Sequence[RequestRecord]) -> dict:
         "ttft_ms": percentiles(_defined(ok, ttft_ms)),
         "tpot_ms": percentiles(_defined(ok, tpot_ms)),
         "e2e_ms": percentiles(_defined(ok, e2e_ms)),
+        "itl_ms": percentiles([gap for r in ok for gap in itl_ms(r)]),
         "lateness_ms": {**percentiles(late), "max": max(late) if late else None},
         "top_errors": [{"error": e, "count": c} for e, c in errors.most_common(3)],
     }
@@ -84,7 +86,7 @@ def format_summary(s: dict) -> str:
         f"rate: offered {_fmt(s['offered_rate_rps'])} req/s, achieved {_fmt(s['achieved_rate_rps'])} req/s; "
         f"peak in flight {s['peak_in_flight']}",
     ]
-    for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         p = s[key]
         lines.append(f"{key[:-3].upper():5s} p50 {_fmt(p['p50'], ' ms')}, p99 {_fmt(p['p99'], ' ms')}")
     la = s["lateness_ms"]

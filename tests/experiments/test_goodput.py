@@ -108,6 +108,20 @@ def test_latency_table_percentiles():
     assert row["failed"] == 0 and row["n"] == 10
 
 
+def test_latency_table_pools_inter_token_gaps_where_records_kept_them():
+    import dataclasses
+
+    recs = [dataclasses.replace(record(100.0, 10.0, out=3, tags=tags("s", 0, 1.0)), itl_us=gaps)
+            for gaps in ((10_000, 12_000), (20_000, 30_000))]
+    failed = dataclasses.replace(record(100.0, 10.0, out=3, error="boom", status=500, completion=0,
+                                        tags=tags("s", 0, 1.0)), itl_us=(900_000,))
+    row = goodput.latency_table(goodput.records_frame(recs + [failed], [CHAT]))[0]
+    # pooled over the succeeded requests' gaps 10, 12, 20, 30 ms (the failed one's gap is left out)
+    assert row["itl_p50_ms"] == pytest.approx(16.0) and row["itl_p99_ms"] == pytest.approx(29.7)
+    old = goodput.latency_table(goodput.records_frame([record(100.0, 10.0, tags=tags("s", 0, 1.0))], [CHAT]))
+    assert not any(k.startswith("itl_") for k in old[0])  # no gaps kept: no ITL figures at all
+
+
 def test_latency_table_send_lateness_covers_every_sent_request():
     import dataclasses
 

@@ -71,8 +71,11 @@ def test_short_default_run_completes_with_identical_requests_per_arm(
         assert run["step_histograms"][label]["1.0"]["count"] > 0
     env = json.loads((run_dir / "environment.json").read_text())
     assert env["trace"]["sha256"] == run["trace"]["sha256"] and env["cpu_count"] >= 1
+    ok = [r for r in measured if r.error is None and (r.completion_tokens or 0) >= 2]
+    assert ok and all(len(r.itl_us) == r.n_chunks - 1 for r in ok)  # every token chunk's gap kept
     report_md = (run_dir / "report.md").read_text()
     assert "A/A" in report_md.splitlines()[0]
+    assert "| ITL p50 | p90 | p99 |" in report_md  # pooled inter-token latency beside TTFT and TPOT
     assert (run_dir / "report.json").is_file() and list(run_dir.glob("*.png"))
 
 

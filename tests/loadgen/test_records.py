@@ -9,7 +9,7 @@ import json
 import pytest
 
 from loadgen.records import (
-    RecordWriter, RequestRecord, e2e_ms, lateness_ms, read_records, record_from_json, record_to_json,
+    RecordWriter, RequestRecord, e2e_ms, itl_ms, lateness_ms, read_records, record_from_json, record_to_json,
     batched, succeeded, tpot_ms, tpot_unobserved, ttft_ms,
 )
 
@@ -71,6 +71,16 @@ def test_json_round_trip_and_tags_copied():
     assert back == r
     d["tags"]["arm"] = "patched"
     assert r.tags["arm"] == "stock"
+
+
+def test_inter_token_gaps_round_trip_and_older_records_read_without_them():
+    r = make(itl_us=(10_000, 9_500, 10_500, 10_000))
+    back = record_from_json(json.loads(json.dumps(record_to_json(r))))
+    assert back == r and back.itl_us == (10_000, 9_500, 10_500, 10_000)
+    assert itl_ms(back) == [10.0, 9.5, 10.5, 10.0]
+    old = record_to_json(make())
+    del old["itl_us"]  # a file written before the field existed
+    assert record_from_json(old).itl_us is None and itl_ms(record_from_json(old)) == []
 
 
 def test_from_json_names_bad_keys():

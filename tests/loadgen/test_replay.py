@@ -41,6 +41,9 @@ def test_schedule_records_and_file(tmp_path):
         assert r.due_ns <= r.sent_ns < r.first_token_ns <= r.last_token_ns <= r.end_ns
         assert ttft_ms(r) >= 10.0  # the server sleeps 10 ms before the first token: a floor
         assert tpot_ms(r) > 0
+        assert len(r.itl_us) == r.n_chunks - 1  # one gap per token chunk after the first
+        span_us = (r.last_token_ns - r.first_token_ns) / 1e3
+        assert span_us - len(r.itl_us) <= sum(r.itl_us) <= span_us  # the gaps tile first to last token
         assert r.tags == {"arm": "stock", "window": 1}
     on_disk = read_records(out)
     assert sorted(on_disk, key=lambda r: r.index) == recs

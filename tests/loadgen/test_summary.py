@@ -16,7 +16,7 @@ def rec(i: int, due_ms: float, sent_ms: float | None, end_ms: float | None, *, t
         input_tokens=10, output_tokens=tokens, prompt_tokens=10 if ok else None,
         completion_tokens=tokens if ok else None, n_chunks=tokens if ok else 0,
         max_gap_ms=2.0 if ok else None,
-        status=200 if ok else None, error=error, tags={})
+        status=200 if ok else None, error=error, tags={}, itl_us=(2_000,) * (tokens - 1) if ok else None)
 
 
 def test_percentiles_literal():
@@ -38,10 +38,11 @@ def test_summary_counts_rates_and_latencies():
     assert s["achieved_rate_rps"] == 5 / 0.5005  # last send at 500.5 ms
     assert s["ttft_ms"] == {"p50": 10.0, "p99": 10.0}
     assert s["tpot_ms"] == {"p50": 2.0, "p99": 2.0}
+    assert s["itl_ms"] == {"p50": 2.0, "p99": 2.0}  # every gap of the succeeded requests, pooled
     assert s["lateness_ms"]["max"] == 2.0  # request 4: sent at 402 ms, due at 400 ms
     assert s["top_errors"] == [{"error": "HTTP 400: too long", "count": 1}]
     text = format_summary(s)
-    assert "completed 5, failed 1" in text and "HTTP 400: too long" in text
+    assert "completed 5, failed 1" in text and "HTTP 400: too long" in text and "ITL   p50 2.00 ms" in text
     assert "warning" not in text
     late = summarize_records(rs + [rec(6, 600, 625, 650)])
     assert "sent up to 25 ms late" in format_summary(late)
