@@ -28,3 +28,9 @@ def test_cli_names_a_bad_l2_mode_and_a_missing_gpu(tmp_path, capsys) -> None:
     if not torch.cuda.is_available():
         assert bench.main(["--out", str(tmp_path / "b.json"), "--l2", "warm"]) == 2
         assert "no CUDA GPU visible" in capsys.readouterr().err
+
+
+def test_the_same_size_copy_keeps_its_samples_or_its_error() -> None:
+    assert bench._copy_fields([3.0, 1.0, 2.0]) == {"copy_us": 2.0, "copy_samples_us": [3.0, 1.0, 2.0]}
+    assert bench._copy_fields("RuntimeError: out of memory") == {"copy_error": "RuntimeError: out of memory"}
+    assert bench._copy_fields(None) == {}  # fused add rows time no copy
