@@ -63,8 +63,7 @@ class _Stream:
     first_ns: int | None = None
     last_ns: int | None = None
     n_chunks: int = 0
-    max_gap_ns: int | None = None
-    gaps_us: list[int] = field(default_factory=list)
+    gaps_ns: list[int] = field(default_factory=list)  # between successive token chunks
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     finish_reason: str | None = None
@@ -73,9 +72,7 @@ class _Stream:
 
     def on_token_chunk(self, now_ns: int) -> None:
         if self.last_ns is not None:
-            gap = now_ns - self.last_ns
-            self.max_gap_ns = gap if self.max_gap_ns is None else max(self.max_gap_ns, gap)
-            self.gaps_us.append(gap // 1000)
+            self.gaps_ns.append(now_ns - self.last_ns)
         if self.first_ns is None:
             self.first_ns = now_ns
         self.last_ns = now_ns
@@ -196,9 +193,9 @@ async def run_request(
             last_token_ns=st.last_ns, end_ns=time.perf_counter_ns() - t0_ns,
             input_tokens=input_tokens, output_tokens=output_tokens,
             prompt_tokens=st.prompt_tokens, completion_tokens=st.completion_tokens,
-            n_chunks=st.n_chunks, max_gap_ms=None if st.max_gap_ns is None else st.max_gap_ns / 1e6,
+            n_chunks=st.n_chunks, max_gap_ms=max(st.gaps_ns) / 1e6 if st.gaps_ns else None,
             status=status, error=st.verdict(output_tokens), tags=dict(tags or {}),
-            itl_us=tuple(st.gaps_us),
+            itl_us=tuple(g // 1000 for g in st.gaps_ns),
         )
         if sink is not None:
             sink(rec)
