@@ -43,13 +43,16 @@ def pair_estimates(doc: Mapping, arm: str) -> dict[int, dict]:
     out = {}
     for row in doc.get("sizes") or []:
         found = row.get("arms") or {}
+        if arm not in found:
+            continue
         labels = set(found) | {"stock"}
-        mine = [lb for lb in sorted(found) if replica_base(lb, labels) == arm]
-        stocks = [lb for lb in sorted(found) if lb != "stock" and replica_base(lb, labels) == "stock"]
-        if arm not in found or replica_base(arm, labels) != arm:
-            mine, stocks = [arm] if arm in found else [], []
+        if replica_base(arm, labels) != arm:  # a replica's own label: that engine alone
+            mine, stocks = [arm], []
+        else:
+            mine = [lb for lb in sorted(found) if replica_base(lb, labels) == arm]
+            stocks = [lb for lb in sorted(found) if lb != "stock" and replica_base(lb, labels) == "stock"]
         rounds = [found[lb].get("per_round_log_ratio") or [] for lb in mine + stocks]
-        if not mine or not all(rounds):
+        if not all(rounds):
             continue
         if len({len(r) for r in rounds}) > 1:
             raise ValueError(f"{row['batch_tokens']} tokens: the engines {mine + stocks} were timed in "
