@@ -76,7 +76,7 @@ def full_cases() -> list[Case]:
     """The full suite: every op, dtype, width, row count and pattern, plus layouts and launch shapes."""
     cases = [Case(op, dt, r, h, p) for op, dt, h, r, p in
              itertools.product(OPS, DTYPES, WIDTHS, ROWS, PATTERNS)]
-    return cases + _layout_and_variant_cases((7, 257)) + head_cases(False)
+    return cases + _layout_and_variant_cases((7, 257)) + head_cases(False) + staged_loop_cases(False)
 
 
 def head_cases(reduced: bool) -> list[Case]:
@@ -98,7 +98,7 @@ def reduced_cases() -> list[Case]:
     """A small suite for compute-sanitizer: few rows, all widths, both ops, all dtypes."""
     cases = [Case(op, dt, r, h, p) for op, dt, h, r, p in
              itertools.product(OPS, DTYPES, (1, 31, 33, 127, 4096, 8193), (1, 5), ("normal", "zeros"))]
-    return cases + _layout_and_variant_cases((5,)) + head_cases(True)
+    return cases + _layout_and_variant_cases((5,)) + head_cases(True) + staged_loop_cases(True)
 
 
 def negative_control_cases() -> list[Case]:
@@ -113,9 +113,24 @@ def _layout_and_variant_cases(rows: tuple[int, ...]) -> list[Case]:
         out += [Case(op, dt, r, h, "normal", "strided") for h in (31, 33, 4096)]
         out += [Case(op, dt, r, h, "normal", "offset") for h in (33, 4096)]
         out += [Case(op, dt, r, h, "normal", variant=v) for h in (127, 2048, 4096)
-                for v in ("t8r4", "t32r4", "t256r1", "t1024r1", "t64r2", "t32r4p", "t256r1p", "t512r1p")]
+                for v in ("t8r4", "t32r4", "t256r1", "t1024r1", "t64r2", "t32r4p", "t256r1p", "t512r1p",
+                          "t8r4s", "t64r2s", "t256r1sp")]
         out += [Case(op, dt, r, h, "normal", "heads", v, heads=8, pad=8) for h in (64, 128)
-                for v in ("t16r8p", "t32r4p")]
+                for v in ("t16r8p", "t32r4p", "t16r8s")]
+    return out
+
+
+def staged_loop_cases(reduced: bool) -> list[Case]:
+    """Staged builds with more row groups than their persistent grid has CTAs, so that each CTA walks
+    several groups and the next group's copies overlap the current one: t1024r1s runs 2 CTAs per
+    multiprocessor (264 on 132), t128r1s 16 (a [1024 tokens, 8 heads, 128] view: 8192 rows);
+    the reduced suite's 300 rows give the sanitizers two groups on some CTAs."""
+    rows, widths = (300, (2048,)) if reduced else (8192, (2048, 4096, 8193))
+    out = [Case(op, dt, rows, h, "normal", variant=v) for op, dt, h, v in
+           itertools.product(OPS, DTYPES, widths, ("t1024r1s", "t1024r1sp"))]
+    if not reduced:
+        out += [Case(op, dt, 1024, 128, "normal", "heads", "t128r1s", heads=8, pad=8)
+                for op, dt in itertools.product(OPS, DTYPES)]
     return out
 
 

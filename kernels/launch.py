@@ -57,16 +57,18 @@ def set_route(name: str | None) -> None:
 
 
 def launcher(fn: Any, grid: int, block: int, stream: int, device: int, pdl: bool,
-             strides: tuple[int, int, int, int, int, int], rows: int, inner: int, hidden: int) -> Launcher:
+             strides: tuple[int, int, int, int, int, int], rows: int, inner: int, hidden: int,
+             smem: int = 0) -> Launcher:
     """A function launching `fn` (a compiled CuPy RawKernel) with everything but the pointers and eps
-    fixed: strides = (out, x, residual) outer and inner strides, rows, rows per outer step, hidden."""
+    fixed: strides = (out, x, residual) outer and inner strides, rows, rows per outer step, hidden,
+    dynamic shared memory bytes (the caller has raised the function's limit where it needs to)."""
     o_so, o_si, x_so, x_si, r_so, r_si = strides
     if route() == "driver":
         cu = _driver[0]
         cfg = cu.CUlaunchConfig()
         cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid, 1, 1
         cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block, 1, 1
-        cfg.sharedMemBytes = 0
+        cfg.sharedMemBytes = smem
         cfg.hStream = cu.CUstream(stream)
         if pdl:
             attr = cu.CUlaunchAttribute()
@@ -118,6 +120,6 @@ def launcher(fn: Any, grid: int, block: int, stream: int, device: int, pdl: bool
 
     def run_cupy(o: int, x: int, r: int, w: int, eps: float) -> None:
         fn((grid,), (block,), (np.uint64(o), so[0], so[1], np.uint64(x), so[2], so[3], np.uint64(r), so[4],
-                               so[5], np.uint64(w), np.float32(eps), *tail), stream=cstream)
+                               so[5], np.uint64(w), np.float32(eps), *tail), stream=cstream, shared_mem=smem)
 
     return run_cupy

@@ -11,14 +11,16 @@ from dataclasses import dataclass
 import torch
 
 from kernels.checks import DTYPE_NAMES, UnsupportedInput, common_layouts
-from kernels.shapes import DTYPE_IDS, LaunchShape, auto_shape, iters_needed, shape_fits, vector_width
+from kernels.shapes import (DTYPE_IDS, SMEM_PER_BLOCK, LaunchShape, auto_shape, iters_needed, persistent_grid,
+                            shape_fits, staged_smem_bytes, vector_width)
 
 MAX_PLANS = 1 << 16  # launch plans kept before the cache starts afresh (a few hundred bytes each)
 
 
 @dataclass(frozen=True)
 class BuildKey:
-    """One compiled kernel: storage dtype, op, vector width, launch shape, PDL, extra -D flags."""
+    """One compiled kernel: storage dtype, op, vector width, launch shape, PDL, extra -D flags, and
+    whether it is the staged (shared memory, persistent grid) build."""
 
     dtype: str
     fused_add: bool
@@ -28,12 +30,14 @@ class BuildKey:
     iters: int
     pdl: bool = False
     flags: tuple[str, ...] = ()
+    staged: bool = False
 
     def options(self) -> tuple[str, ...]:
         """NVRTC options of this build."""
         defs = {
             "DTYPE_ID": DTYPE_IDS[self.dtype], "VEC": self.vec, "TPR": self.tpr, "RPB": self.rpb,
             "ITERS": self.iters, "FUSED_ADD": int(self.fused_add), "PDL": int(self.pdl),
+            "STAGED": int(self.staged),
         }
         return ("-std=c++17",) + tuple(f"-D{k}={v}" for k, v in defs.items()) + tuple(
             f"-D{f}" for f in self.flags
@@ -43,7 +47,7 @@ class BuildKey:
 @dataclass(frozen=True)
 class LaunchSpec:
     """Everything a launch fixes: the build, grid and block, strides (out, x, residual: outer and
-    inner each), rows, rows per outer step and width."""
+    inner each), rows, rows per outer step, width, and dynamic shared memory in bytes."""
 
     op: str
     key: BuildKey
@@ -53,6 +57,7 @@ class LaunchSpec:
     rows: int
     inner: int
     hidden: int
+    smem: int = 0
 
 
 def launch_shape(rows: int, hidden: int, vec: int, variant: str | None, sms: int) -> LaunchShape:
@@ -69,7 +74,7 @@ def build_key(op: str, dtype: str, hidden: int, vec: int, shape: LaunchShape, pd
               flags: tuple[str, ...] = ()) -> BuildKey:
     """The build a launch shape runs; a PDL shape gets its plain build where PDL cannot launch."""
     return BuildKey(dtype, op == "fused_add_rms_norm", vec, shape.tpr, shape.rpb,
-                    iters_needed(hidden, vec, shape.tpr), shape.pdl and pdl_ok, flags)
+                    iters_needed(hidden, vec, shape.tpr), shape.pdl and pdl_ok, flags, shape.staged)
 
 
 def plan_spec(op: str, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None,
@@ -91,8 +96,16 @@ def plan_spec(op: str, x: torch.Tensor, weight: torch.Tensor, residual: torch.Te
     x_s = strides[:2]
     o_s = strides[2:4] if out is not None else [0, 0]
     r_s = strides[2:4] if residual is not None else [0, 0]
-    return LaunchSpec(op, key, -(-rows // shape.rpb) if rows else 0, shape.block,
-                      (o_s[0], o_s[1], x_s[0], x_s[1], r_s[0], r_s[1]), rows, layouts[0].inner, hidden)
+    grid, smem = -(-rows // shape.rpb) if rows else 0, 0
+    if shape.staged:
+        smem = staged_smem_bytes(shape, hidden, vec, x.element_size(), key.fused_add)
+        if smem > SMEM_PER_BLOCK:
+            raise UnsupportedInput(f"{shape.name} stages {smem} bytes of rows in shared memory at {op} "
+                                   f"{DTYPE_NAMES[x.dtype]} hidden {hidden}, over the {SMEM_PER_BLOCK} a "
+                                   "block can have; use fewer rows per block or an unstaged shape")
+        grid = persistent_grid(grid, shape.block, smem, sms)
+    return LaunchSpec(op, key, grid, shape.block, (o_s[0], o_s[1], x_s[0], x_s[1], r_s[0], r_s[1]), rows,
+                      layouts[0].inner, hidden, smem)
 
 
 class PlanCache:

@@ -25,6 +25,7 @@ from kernels.plans import BuildKey, LaunchSpec, PlanCache, build_key, launch_sha
 
 SOURCE_PATH = Path(__file__).with_name("rmsnorm.cu")
 NEGATIVE_CONTROLS = {"epsilon": "NEG_DROP_EPS", "tail": "NEG_SKIP_LAST"}
+DEFAULT_SMEM_LIMIT = 48 * 1024  # dynamic shared memory a kernel gets without raising its attribute
 # Called with (op, dtype, hidden, vec, device) whenever a new launch plan is made (integration.ops
 # compiles ahead there every kernel its policy may launch for that alignment).
 PLAN_HOOKS: list[Callable[[str, str, int, int, int], object]] = []
@@ -125,8 +126,10 @@ def _new_plan(spec: LaunchSpec, device: int, stream: int) -> Callable[[int, int,
         return lambda o, x, r, w, eps: None
     fn = compiled(spec.key, device)
     with _cupy().cuda.Device(device):
+        if spec.smem > DEFAULT_SMEM_LIMIT and fn.max_dynamic_shared_size_bytes < spec.smem:
+            fn.max_dynamic_shared_size_bytes = spec.smem  # opt in past the default 48 KiB, once per size
         return launch.launcher(fn, spec.grid, spec.block, stream, device, spec.key.pdl, spec.strides,
-                               spec.rows, spec.inner, spec.hidden)
+                               spec.rows, spec.inner, spec.hidden, spec.smem)
 
 
 def _plan(key: tuple, op: str, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None,
@@ -154,7 +157,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tenso
              variant: str | None = None) -> torch.Tensor:
     """y = T(x * rsqrt(mean(x^2) + eps)) * weight over the last dim; writes `out` (allocated if None).
 
-    variant: a launch shape 't<threads per row>r<rows per block>[p]' or None for the shape-based choice.
+    variant: a launch shape 't<threads per row>r<rows per block>[s][p]' or None for the shape-based choice.
     """
     dev = _device(x, weight)
     if out is None:

@@ -15,22 +15,38 @@ MAX_THREADS = 1024
 MAX_HIDDEN = MAX_THREADS * MAX_ROW_FLOATS_PER_THREAD  # 65536: wider rows go to stock
 DTYPE_IDS = {"fp32": 0, "fp16": 1, "bf16": 2}
 ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
-_NAME = re.compile(r"^t(\d+)r(\d+)(p?)$")
+_NAME = re.compile(r"^t(\d+)r(\d+)(s?)(p?)$")
 # vectors per thread of the launch shapes the benchmark times at each grid shape; 8 was slowest of
 # these at both 1 and 4096 rows x 4096 in the first v2 smoke run on the H200 (2.78 / 21.3 us against
 # 1.72 / 17.5 us), so it is not timed
 VECTORS_PER_THREAD = (1, 2, 4)
 PDL_MAX_ROWS = 1024  # programmatic dependent launch candidates are timed up to this many rows
+# Staged builds (rows through shared memory by cp.async, a persistent grid; rmsnorm.cu STAGED) are
+# timed from this many rows on, with these vectors per thread (the field's choice: about 8 16-byte
+# vectors per thread in 128-thread CTAs). Below 256 rows a grid has at most two row groups per
+# multiprocessor, so there is nothing to overlap the next group's loads with.
+STAGED_MIN_ROWS = 256
+STAGED_VECTORS_PER_THREAD = (4, 8)
+STAGES = 2  # row groups in shared memory per CTA: the one being normalized and the next
+# sm_90 (H100/H200) limits the persistent grid is sized by: shared memory per multiprocessor and per
+# block (opt-in), threads and CTAs per multiprocessor. A GPU with less gets more CTAs than fit at
+# once, which stays correct (the grid just runs in waves).
+SMEM_PER_SM = 228 * 1024
+SMEM_PER_BLOCK = 227 * 1024
+SMEM_RESERVED_PER_CTA = 1024
+THREADS_PER_SM = 2048
+CTAS_PER_SM = 32
 
 
 @dataclass(frozen=True)
 class LaunchShape:
-    """Threads per row (tpr), rows per block (rpb), programmatic dependent launch (pdl);
-    named 't<tpr>r<rpb>' or 't<tpr>r<rpb>p' (pdl)."""
+    """Threads per row (tpr), rows per block (rpb), programmatic dependent launch (pdl), staged
+    through shared memory on a persistent grid (staged); named 't<tpr>r<rpb>[s][p]'."""
 
     tpr: int
     rpb: int
     pdl: bool = False
+    staged: bool = False
 
     def __post_init__(self) -> None:
         pow2_small = self.tpr in (4, 8, 16)
@@ -45,7 +61,7 @@ class LaunchShape:
 
     @property
     def name(self) -> str:
-        return f"t{self.tpr}r{self.rpb}" + ("p" if self.pdl else "")
+        return f"t{self.tpr}r{self.rpb}" + ("s" if self.staged else "") + ("p" if self.pdl else "")
 
     @property
     def block(self) -> int:
@@ -53,17 +69,17 @@ class LaunchShape:
 
     @staticmethod
     def parse(name: str) -> "LaunchShape":
-        """Parse 't<tpr>r<rpb>' or 't<tpr>r<rpb>p' (e.g. 't256r1', 't512r1p'); ValueError naming the
+        """Parse 't<tpr>r<rpb>[s][p]' (e.g. 't256r1', 't512r1p', 't64r2s'); ValueError naming the
         bad string otherwise."""
         m = _NAME.match(name)
         if not m:
-            raise ValueError(f"variant {name!r}: expected 't<threads per row>r<rows per block>[p]', "
-                             "e.g. 't256r1' or 't512r1p'")
-        return LaunchShape(int(m.group(1)), int(m.group(2)), m.group(3) == "p")
+            raise ValueError(f"variant {name!r}: expected 't<threads per row>r<rows per block>[s][p]', "
+                             "e.g. 't256r1', 't512r1p' or 't64r2s'")
+        return LaunchShape(int(m.group(1)), int(m.group(2)), m.group(4) == "p", m.group(3) == "s")
 
     def without_pdl(self) -> "LaunchShape":
         """The same shape launched without programmatic dependent launch."""
-        return LaunchShape(self.tpr, self.rpb)
+        return LaunchShape(self.tpr, self.rpb, False, self.staged)
 
 
 def vector_width(itemsize: int, row_strides: list[int], data_ptrs: list[int]) -> int:
@@ -110,7 +126,8 @@ def _threads_for(count: int) -> int:
     return min(MAX_THREADS, -(-count // 32) * 32)
 
 
-def shape_for(hidden: int, vec: int, vectors_per_thread: int, pdl: bool = False) -> LaunchShape:
+def shape_for(hidden: int, vec: int, vectors_per_thread: int, pdl: bool = False,
+              staged: bool = False) -> LaunchShape:
     """The launch shape giving each thread about `vectors_per_thread` vectors of a row: fewest
     threads per row that cover it, at least a warp-sized block (rows share a block of 128 threads
     when a row takes fewer), and enough threads for the scalar tail."""
@@ -123,20 +140,35 @@ def shape_for(hidden: int, vec: int, vectors_per_thread: int, pdl: bool = False)
     rpb = max(1, 128 // tpr)
     while (tpr * rpb) % 32:
         rpb += 1
-    return LaunchShape(tpr, rpb, pdl)
+    return LaunchShape(tpr, rpb, pdl, staged)
 
 
 def candidates(rows: int, hidden: int, vec: int) -> list[LaunchShape]:
     """Launch shapes the benchmark times at one grid shape (distinct, each able to run it):
-    VECTORS_PER_THREAD vectors per thread, plus the same with programmatic dependent launch up to
+    VECTORS_PER_THREAD vectors per thread, from STAGED_MIN_ROWS rows on also the staged builds with
+    STAGED_VECTORS_PER_THREAD, each plus the same with programmatic dependent launch up to
     PDL_MAX_ROWS rows (where launch latency is a large part of a call)."""
+    kinds = [(False, k) for k in VECTORS_PER_THREAD]
+    kinds += [(True, k) for k in STAGED_VECTORS_PER_THREAD] if rows >= STAGED_MIN_ROWS else []
     out: list[LaunchShape] = []
     for pdl in ((False, True) if rows <= PDL_MAX_ROWS else (False,)):
-        for k in VECTORS_PER_THREAD:
-            shape = shape_for(hidden, vec, k, pdl)
+        for staged, k in kinds:
+            shape = shape_for(hidden, vec, k, pdl, staged)
             if shape not in out and shape_fits(shape, hidden, vec) is None:
                 out.append(shape)
     return out
+
+
+def staged_smem_bytes(shape: LaunchShape, hidden: int, vec: int, itemsize: int, fused_add: bool) -> int:
+    """Dynamic shared memory of a staged launch: STAGES row groups of rpb rows, x (and the residual)."""
+    return STAGES * shape.rpb * (2 if fused_add else 1) * (hidden // vec) * vec * itemsize
+
+
+def persistent_grid(groups: int, block: int, smem: int, sms: int) -> int:
+    """CTAs of a staged launch: as many as fit on the GPU at once (threads, CTAs and shared memory per
+    multiprocessor), never more than there are row groups."""
+    per_sm = min(THREADS_PER_SM // block, CTAS_PER_SM, SMEM_PER_SM // (smem + SMEM_RESERVED_PER_CTA))
+    return min(groups, max(1, per_sm) * sms)
 
 
 def auto_shape(rows: int, hidden: int, vec: int, sms: int = 132) -> LaunchShape:

@@ -66,6 +66,23 @@ def test_build_key_of_warm_and_of_a_call_agree() -> None:
     assert build_key("rms_norm", "bf16", 2048, 8, LaunchShape(64, 2, True), False).pdl is False
 
 
+def test_staged_variant_plans_a_persistent_grid_and_its_shared_memory() -> None:
+    x = torch.zeros(8192, 4096, dtype=BF16)
+    s = _spec("fused_add_rms_norm", x, torch.zeros_like(x), "t64r2s")
+    assert s.key == BuildKey("bf16", True, 8, 64, 2, 8, staged=True)
+    assert "-DSTAGED=1" in s.key.options() and "-DSTAGED=0" in BuildKey("bf16", True, 8, 64, 2, 8).options()
+    assert (s.smem, s.block, s.grid) == (64 * 1024, 128, 3 * 132)  # 4096 row groups, 3 CTAs per SM
+    small = _spec("rms_norm", x[:9], torch.empty(9, 4096, dtype=BF16), "t64r2s")
+    assert (small.smem, small.grid) == (32 * 1024, 5)
+    assert _spec("rms_norm", x[:9], torch.empty(9, 4096, dtype=BF16), "t64r2").smem == 0
+
+
+def test_staged_variant_refuses_rows_over_the_shared_memory_limit() -> None:
+    x = torch.zeros(4, 65536, dtype=torch.float32)
+    with pytest.raises(UnsupportedInput, match=r"t1024r1s stages 1048576 bytes .* over the 232448"):
+        _spec("fused_add_rms_norm", x, torch.zeros_like(x), "t1024r1s")
+
+
 def test_cache_keeps_plans_until_full_then_starts_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(plans, "MAX_PLANS", 2)
     cache = PlanCache()
