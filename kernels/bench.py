@@ -4,9 +4,10 @@ Per shape: every arm is captured as a CUDA graph of many launches over rotating 
 set above L2 where memory allows; `--l2 warm`: one buffer set, so every call finds its input in L2
 as a norm right after a GEMM does inside a model), then replayed in two rounds of 8 timed replays, arms in a
 seeded random order per round. The fused arms are the launch-shape candidates of the shape
-(kernels.shapes.candidates: 1, 2, 4 and 8 vectors per thread, with and without programmatic
-dependent launch); the row's variant is the fastest of them by median, and every candidate's samples
-are kept. The run-to-run spread of an arm is the gap between its two rounds' medians.
+(kernels.shapes.candidates: 1, 2 and 4 vectors per thread, from 256 rows on also the staged
+builds with 4 and 8, each with and without programmatic dependent launch up to 1024 rows); the
+row's variant is the fastest of them by median, and every candidate's samples are kept. The
+run-to-run spread of an arm is the gap between its two rounds' medians.
 
     python -m kernels.bench --out bench.json [--quick] [--l2 warm]
 """
