@@ -111,3 +111,31 @@ def test_a_broken_source_fails_here(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     monkeypatch.setattr("tests.kernels.test_nvrtc_builds.SOURCE_PATH", broken)
     log = _compile(BuildKey("bf16", True, 8, 256, 1, 2, True))
     assert log is not None and "rsqrt_typo" in log
+
+
+def _ptx(key: BuildKey) -> str:
+    err, prog = nvrtc.nvrtcCreateProgram(SOURCE_PATH.read_bytes(), b"rmsnorm.cu", 0, [], [])
+    opts = [ARCH, *(o.encode() for o in key.options())]
+    try:
+        (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        assert result == nvrtc.nvrtcResult.NVRTC_SUCCESS
+        _, size = nvrtc.nvrtcGetPTXSize(prog)
+        ptx = b" " * size
+        nvrtc.nvrtcGetPTX(prog, ptx)
+        return ptx.decode(errors="replace")
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+@pytest.mark.parametrize("fused_add", [False, True])
+def test_staged_builds_stage_through_shared_memory_and_register_builds_do_not(fused_add: bool) -> None:
+    """The flags change the machine code as they say: the staged build copies rows with cp.async into
+    dynamic shared memory and waits one group behind; the register build has none of it; PDL only
+    where asked."""
+    staged = _ptx(BuildKey("bf16", fused_add, 8, 64, 2, 8, True, (), True))
+    plain = _ptx(BuildKey("bf16", fused_add, 8, 64, 2, 8, False, ()))
+    assert "cp.async.cg.shared.global" in staged and "cp.async.wait_group 1" in staged
+    assert ".extern .shared" in staged and "griddepcontrol.wait" in staged
+    assert "cp.async" not in plain and ".extern .shared" not in plain and "griddepcontrol" not in plain
+    narrow = _ptx(BuildKey("fp32", fused_add, 2, 32, 4, 2, False, (), True))  # 8-byte vectors go through L1
+    assert "cp.async.ca.shared.global" in narrow and "cp.async.cg" not in narrow
