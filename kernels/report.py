@@ -12,6 +12,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from kernels.shapes import LaunchShape
+
 BEGIN, END = "<!-- results:begin (python -m kernels.report) -->", "<!-- results:end -->"
 
 
@@ -94,6 +96,25 @@ def targets(results: dict) -> dict:
     }
 
 
+def staged_study(results: dict) -> dict:
+    """Staged builds (cp.async, persistent grid) against the register builds, from every row that timed
+    both: the shapes where a staged build was the fastest candidate, and best register median / best
+    staged median (> 1: staged faster). Empty where no row timed a staged build."""
+    ratio: dict[str, float] = {}
+    for r in results["bench"]:
+        cand = {k: statistics.median(v) for k, v in r.get("candidates_us", {}).items() if v}
+        staged = [v for k, v in cand.items() if LaunchShape.parse(k).staged]
+        plain = [v for k, v in cand.items() if not LaunchShape.parse(k).staged]
+        if staged and plain:
+            ratio[f"{r['op']} {r['dtype']} {r['rows']}x{r['hidden']}"] = min(plain) / min(staged)
+    if not ratio:
+        return {}
+    vals = list(ratio.values())
+    return {"shapes": len(ratio), "staged_fastest": sorted(k for k, v in ratio.items() if v > 1),
+            "ratio_min": min(vals), "ratio_median": statistics.median(vals), "ratio_max": max(vals),
+            "per_shape": ratio}
+
+
 def table(results: dict) -> str:
     """Markdown table of every bench row: fused and stock medians, policy, speedup, bandwidth."""
     head = ("| op | dtype | rows | hidden | variant | fused us | inductor us | vllm_c us | torch us | "
@@ -146,6 +167,13 @@ def render(results: dict) -> str:
         parts.append(f"| isolated Inductor arm within 10% of in-vLLM stock norm per call | "
                      f"every profiled size | {ok} of {len(check['sizes'])} sizes | "
                      f"{yes(ok == len(check['sizes']))} |")
+    st = staged_study(results)
+    if st:
+        parts += ["", f"Staged builds (cp.async through shared memory, persistent grid) were timed beside "
+                  f"the register builds at {st['shapes']} shapes and were the fastest candidate at "
+                  f"{len(st['staged_fastest'])}; best register build / best staged build per shape: median "
+                  f"{st['ratio_median']:.3f}, range {st['ratio_min']:.3f}-{st['ratio_max']:.3f} "
+                  f"(> 1: staged faster)."]
     parts += ["", table(results)]
     return "\n".join(parts)
 

@@ -6,12 +6,12 @@ import math
 
 import pytest
 
-from kernels.report import geomean, speedups, targets
+from kernels.report import geomean, render, speedups, staged_study, targets
 
 
 def _row(rows: int, fused: float, inductor: float, vllm_c: float, policy: str, roofline: float = 1.0) -> dict:
     return {"op": "rms_norm", "dtype": "bf16", "rows": rows, "hidden": 4096, "policy": policy,
-            "samples_us": [fused] * 16, "roofline_us": roofline,
+            "samples_us": [fused] * 16, "roofline_us": roofline, "variant": "t512r1",
             "stock_samples_us": {"inductor": [inductor] * 16, "vllm_c": [vllm_c] * 16}}
 
 
@@ -53,3 +53,16 @@ def test_same_size_copy_reads_against_the_policy() -> None:
     assert b["policy_vs_copy_min"] == pytest.approx(5.0 / 9.0)  # stock 9.0 us is what the policy runs
     assert "copy_share_min" not in targets({"bench": [_row(512, 10.0, 9.0, 9.5, "stock")]})[
         "copy_bandwidth_rms_norm_256_2048_rows"]
+
+
+def test_staged_study_compares_the_best_of_each_family() -> None:
+    plain = _row(512, 10.0, 9.0, 9.5, "stock") | {
+        "candidates_us": {"t512r1": [10.0] * 4, "t256r1p": [9.0] * 4}}
+    staged = _row(8192, 100.0, 98.0, 99.0, "stock") | {
+        "candidates_us": {"t512r1": [100.0] * 4, "t64r2s": [80.0] * 4, "t128r1s": [90.0] * 4}}
+    st = staged_study({"bench": [plain | {"candidates_us": {**plain["candidates_us"], "t64r2sp": [12.0] * 4}},
+                                 staged]})
+    assert st["shapes"] == 2 and st["staged_fastest"] == ["rms_norm bf16 8192x4096"]
+    assert st["ratio_min"] == pytest.approx(9.0 / 12.0) and st["ratio_max"] == pytest.approx(100.0 / 80.0)
+    assert "were the fastest candidate at 1" in render({"bench": [staged]})
+    assert staged_study({"bench": [plain]}) == {} and "Staged builds" not in render({"bench": [plain]})
