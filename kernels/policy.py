@@ -162,7 +162,14 @@ def unsupported_reason(x, weight, residual=None) -> str | None:  # noqa: ANN001 
 
 
 def table_document(results: dict, source: str, arms: tuple[str, ...] | None = None) -> dict:
-    """The policy file's content for a results document."""
+    """The policy file's content for a results document; ValueError when that document's validation
+    failed (a kernel that computed a wrong answer anywhere gets no table, however fast it ran)."""
+    val = results.get("validation")
+    if val is not None and val.get("passed") is not True:
+        first = (val.get("failures") or ["(none listed)"])[0]
+        raise ValueError(f"{source}: validation did not pass ({val.get('failures_total', '?')} of "
+                         f"{val.get('cases_run', '?')} cases failed, first: {first}); no policy table "
+                         "from a kernel that failed validation")
     return {"schema_version": SCHEMA_VERSION, "source": source, "min_margin": MIN_MARGIN,
             "stock_arms": list(arms) if arms else "all measured",
             "rule": "fused where best_stock/fused - 1 > max(min_margin, spread_fused + spread_stock)",
@@ -181,7 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     results = json.loads(Path(args.source).read_text())
     arms = tuple(a.strip() for a in args.stock_arms.split(",")) if args.stock_arms else None
-    doc = table_document(results, args.source, arms)
+    try:
+        doc = table_document(results, args.source, arms)
+    except ValueError as exc:
+        print(f"policy: {exc}", file=sys.stderr)
+        return 2
     out = Path(args.out) if args.out else default_out(args.source)
     write_json(out, doc)
     fused = sum(1 for v in doc["table"].values() for e in v if e[1] != STOCK)

@@ -107,3 +107,19 @@ def test_cli_names_the_table_by_the_results_file(tmp_path: Path) -> None:
     assert policy_main(["--from", str(source)]) == 0
     assert load_policy(tmp_path / "policy-b200.json").choose("rms_norm", "bf16", 64, 4096) == "fused:t512r1"
     assert default_out("kernels/results/h200.json") == Path("kernels/results/policy-h200.json")
+
+
+def test_no_table_from_results_whose_validation_failed(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    rows = [_row(1, [1.0, 1.0], {"inductor": [2.0, 2.0]})]
+    ok = {"bench": rows, "validation": {"passed": True}}
+    assert table_document(ok, "x.json")["table"] == table_document({"bench": rows}, "x.json")["table"]
+    bad = {"bench": rows, "validation": {"passed": False, "cases_run": 10, "failures_total": 1,
+                                         "failures": ["rms_norm bf16 rows=7 hidden=33 variant=t8r4s: r=9"]}}
+    with pytest.raises(ValueError, match=r"x.json: validation did not pass \(1 of 10 cases failed, first: "
+                                         r"rms_norm bf16 rows=7 hidden=33 variant=t8r4s"):
+        table_document(bad, "x.json")
+    src = tmp_path / "bad.json"
+    src.write_text(json.dumps(bad))
+    assert policy_main(["--from", str(src), "--out", str(tmp_path / "p.json")]) == 2
+    assert "no policy table from a kernel that failed validation" in capsys.readouterr().err
+    assert not (tmp_path / "p.json").exists()
