@@ -102,9 +102,12 @@ def reduced_cases() -> list[Case]:
 
 
 def negative_control_cases() -> list[Case]:
-    """Cases a negative control runs: eps matters for zeros/tiny, the last column for every pattern."""
-    return [Case(op, dt, r, h, p) for op, dt, h, r, p in
-            itertools.product(OPS, DTYPES, (31, 4096, 8193), (1, 7), PATTERNS)]
+    """Cases a negative control runs: eps matters for zeros/tiny, the last column for every pattern;
+    at 7 rows also with a staged shape (its own code path, which the control must be caught in too)."""
+    plain = [Case(op, dt, r, h, p) for op, dt, h, r, p in
+             itertools.product(OPS, DTYPES, (31, 4096, 8193), (1, 7), PATTERNS)]
+    return plain + [Case(op, dt, 7, h, p, variant="t256r1s") for op, dt, h, p in
+                    itertools.product(OPS, DTYPES, (31, 4096, 8193), PATTERNS)]
 
 
 def _layout_and_variant_cases(rows: tuple[int, ...]) -> list[Case]:
