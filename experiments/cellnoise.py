@@ -8,7 +8,9 @@ sd of a cell's median that this per-request scatter alone predicts (1.2533 x sd 
 median's large-sample factor), and the sd of the cell medians observed around their load's mean.
 Where the two agree, the floor falls with the number of paired requests (longer windows or more of
 them); where the observed sd is larger, cells carry noise of their own (a replay's server state)
-that only more cells average out. Then the per-request sd by output length, where the scatter sits.
+that only more cells average out. Then the per-request sd by output length, where the scatter sits,
+and the cell-to-cell sd the paired analysis's median gives against a Hodges-Lehmann or mean summary
+of the same cells (which summary makes the narrowest interval on this run's noise).
 """
 
 from __future__ import annotations
@@ -67,8 +69,33 @@ def by_output_tokens(pairs: pd.DataFrame) -> list[dict]:
     return out
 
 
-def render(run_dir: Path, baseline: str, other: str, metric: str, loads: list[dict], bins: list[dict]) -> str:
-    """The console text: one line per load, then one per output-length bin (percent)."""
+def hodges_lehmann(values: np.ndarray) -> float:
+    """Median of the Walsh averages (x_i + x_j) / 2, i <= j: the one-sample Hodges-Lehmann estimate."""
+    i, j = np.triu_indices(len(values))
+    return float(np.median((values[i] + values[j]) / 2.0))
+
+
+SUMMARIES = {"median": np.median, "Hodges-Lehmann": hodges_lehmann, "mean": np.mean}
+
+
+def summary_spread(pairs: pd.DataFrame) -> dict[str, float]:
+    """Per cell summary (median, the paired analysis's; Hodges-Lehmann; mean): the sd of the cells'
+    values around their load's mean, pooled over loads (cells of 2+ requests). The smaller it is, the
+    narrower the paired interval that summary gives over the same cells."""
+    g = pairs.groupby(["load", "window"])["log_ratio"]
+    keep = g.size() >= 2
+    out = {}
+    for name, fn in SUMMARIES.items():
+        cell = g.agg(lambda v, f=fn: f(v.to_numpy()))[keep]
+        resid = cell - cell.groupby(level="load").transform("mean")
+        dof = len(cell) - cell.index.get_level_values("load").nunique()
+        out[name] = float(np.sqrt((resid ** 2).sum() / dof)) if dof > 0 else math.nan
+    return out
+
+
+def render(run_dir: Path, baseline: str, other: str, metric: str, loads: list[dict], bins: list[dict],
+           spread: dict[str, float]) -> str:
+    """The console text: one line per load, one per output-length bin, one per cell summary (percent)."""
     lines = [f"{run_dir}: {other} vs {baseline}, per-request log ratio of {metric}"]
     for r in loads:
         lines.append(f"  load {r['load']:g}x: {r['cells']} cells of {r['requests_per_cell']:.0f} paired "
@@ -77,6 +104,8 @@ def render(run_dir: Path, baseline: str, other: str, metric: str, loads: list[di
                      "from the per-request scatter alone")
     lines.append("  per request sd by output tokens: " + ", ".join(
         f"{b['output_tokens']}: {100 * b['per_request_sd']:.1f}% ({b['requests']})" for b in bins))
+    lines.append("  cell-to-cell sd by cell summary (pooled over loads): " + ", ".join(
+        f"{name} {100 * v:.2f}%" for name, v in spread.items()))
     return "\n".join(lines)
 
 
@@ -102,7 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{', '.join(sorted(set(frame['arm'])))})", file=sys.stderr)
         return 2
     pairs = paired_requests(frame, names[0], names[1], a.metric)
-    print(render(a.run_dir, names[0], names[1], a.metric, per_load(pairs), by_output_tokens(pairs)))
+    print(render(a.run_dir, names[0], names[1], a.metric, per_load(pairs), by_output_tokens(pairs),
+                 summary_spread(pairs)))
     return 0
 
 

@@ -49,7 +49,32 @@ def test_scatter_by_output_length_and_the_cli(tmp_path: Path, capsys: pytest.Cap
     assert cellnoise.main([str(run)]) == 0
     out = capsys.readouterr().out
     assert "load 4x: 30 cells of 60 paired requests" in out and "9-32:" in out
+    assert "cell-to-cell sd by cell summary (pooled over loads): median " in out
     assert cellnoise.main([str(run), "--arms", "stock,patched"]) == 2
     assert "no records of arm 'patched'" in capsys.readouterr().err
     assert cellnoise.main([str(tmp_path / "absent")]) == 2
     assert "no requests.jsonl" in capsys.readouterr().err
+
+
+def test_hodges_lehmann_literal() -> None:
+    assert cellnoise.hodges_lehmann(np.array([0.0, 1.0, 10.0])) == 3.0  # Walsh averages 0 .5 1 5 5.5 10
+    assert cellnoise.hodges_lehmann(np.array([3.0])) == 3.0
+
+
+def test_summary_spread_ranks_the_summaries_by_their_noise(tmp_path: Path) -> None:
+    """Normal per-request scatter: the mean is the most efficient summary (median about 1.25x its sd,
+    Hodges-Lehmann about 1.02x); a few wild requests per cell turn that order around."""
+    normal = cellnoise.summary_spread(_pairs(_aa_run(tmp_path, 0.0)))
+    assert normal["mean"] < normal["Hodges-Lehmann"] < normal["median"]
+    assert normal["median"] / normal["mean"] == pytest.approx(1.25, rel=0.3)
+
+    def heavy(arm: str, window: int, load: float, rng: np.random.Generator) -> list:
+        out = []
+        for _ in range(REQUESTS):
+            wild = rng.random() < 0.1  # one request in ten is 10x as scattered
+            out.append((50.0, 10.0 * float(np.exp(rng.normal(0.0, 0.5 if wild else 0.05))), None))
+        return out
+    run = write_run(tmp_path / "heavy", heavy, labels=("stock", "stock-b"), windows=WINDOWS, loads=(4.0,),
+                    requests=REQUESTS, seed=5)
+    tails = cellnoise.summary_spread(_pairs(run))
+    assert tails["median"] < tails["mean"] and tails["Hodges-Lehmann"] < tails["mean"]
