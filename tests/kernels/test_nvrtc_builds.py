@@ -69,21 +69,28 @@ def all_builds() -> set[BuildKey]:
     return keys
 
 
-def _compile(key: BuildKey) -> str | None:
-    """None when NVRTC compiles the build, else its log."""
+def _nvrtc(key: BuildKey, want_ptx: bool = False) -> tuple[bool, str]:
+    """(compiled, text) of one build: its PTX when it compiled and want_ptx, else NVRTC's log."""
     err, prog = nvrtc.nvrtcCreateProgram(SOURCE_PATH.read_bytes(), b"rmsnorm.cu", 0, [], [])
     assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err
     opts = [ARCH, *(o.encode() for o in key.options())]
     try:
         (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-        if result == nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            return None
-        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-        log = b" " * size
-        nvrtc.nvrtcGetProgramLog(prog, log)
-        return log.decode(errors="replace")
+        ok = result == nvrtc.nvrtcResult.NVRTC_SUCCESS
+        size_of, get = ((nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX) if ok and want_ptx
+                        else (nvrtc.nvrtcGetProgramLogSize, nvrtc.nvrtcGetProgramLog))
+        _, size = size_of(prog)
+        text = b" " * size
+        get(prog, text)
+        return ok, text.decode(errors="replace")
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _compile(key: BuildKey) -> str | None:
+    """None when NVRTC compiles the build, else its log."""
+    ok, log = _nvrtc(key)
+    return None if ok else log
 
 
 def test_the_build_list_covers_every_dtype_op_pdl_and_flag() -> None:
@@ -114,17 +121,9 @@ def test_a_broken_source_fails_here(monkeypatch: pytest.MonkeyPatch, tmp_path: P
 
 
 def _ptx(key: BuildKey) -> str:
-    err, prog = nvrtc.nvrtcCreateProgram(SOURCE_PATH.read_bytes(), b"rmsnorm.cu", 0, [], [])
-    opts = [ARCH, *(o.encode() for o in key.options())]
-    try:
-        (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-        assert result == nvrtc.nvrtcResult.NVRTC_SUCCESS
-        _, size = nvrtc.nvrtcGetPTXSize(prog)
-        ptx = b" " * size
-        nvrtc.nvrtcGetPTX(prog, ptx)
-        return ptx.decode(errors="replace")
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
+    ok, text = _nvrtc(key, want_ptx=True)
+    assert ok, text
+    return text
 
 
 @pytest.mark.parametrize("fused_add", [False, True])
