@@ -69,11 +69,11 @@ def all_builds() -> set[BuildKey]:
     return keys
 
 
-def _nvrtc(key: BuildKey, want_ptx: bool = False) -> tuple[bool, str]:
+def _nvrtc(key: BuildKey, want_ptx: bool = False, extra: tuple[bytes, ...] = ()) -> tuple[bool, str]:
     """(compiled, text) of one build: its PTX when it compiled and want_ptx, else NVRTC's log."""
     err, prog = nvrtc.nvrtcCreateProgram(SOURCE_PATH.read_bytes(), b"rmsnorm.cu", 0, [], [])
     assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err
-    opts = [ARCH, *(o.encode() for o in key.options())]
+    opts = [ARCH, *(o.encode() for o in key.options()), *extra]
     try:
         (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         ok = result == nvrtc.nvrtcResult.NVRTC_SUCCESS
@@ -138,3 +138,20 @@ def test_staged_builds_stage_through_shared_memory_and_register_builds_do_not(fu
     assert "cp.async" not in plain and ".extern .shared" not in plain and "griddepcontrol" not in plain
     narrow = _ptx(BuildKey("fp32", fused_add, 2, 32, 4, 2, False, (), True))  # 8-byte vectors go through L1
     assert "cp.async.ca.shared.global" in narrow and "cp.async.cg" not in narrow
+
+
+def test_no_bf16_candidate_at_model_widths_spills_registers() -> None:
+    """ptxas's own report (-v) for every launch shape the benchmark times on bf16 rows at hidden 2048,
+    4096 and 8192, both ops, both families: a spill would put the row's registers in local memory."""
+    keys = {build_key(op, "bf16", h, 8, shape, True) for op in ("rms_norm", "fused_add_rms_norm")
+            for h in (2048, 4096, 8192) for rows in (1, 512, 8192) for shape in shapes.candidates(rows, h, 8)}
+    assert any(k.staged for k in keys) and any(not k.staged for k in keys)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        logs = dict(zip(keys, pool.map(lambda k: _nvrtc(k, extra=(b"--ptxas-options=-v",)), keys)))
+    spilled = [(k, log) for k, (ok, log) in logs.items()
+               if not ok or "0 bytes spill stores, 0 bytes spill loads" not in log]
+    assert not spilled, f"{len(spilled)} of {len(keys)} spill, first {spilled[0][0]}:\n{spilled[0][1][:1500]}"
+    # negative control: the same report shows the spill of a build holding 32 vectors per thread in
+    # registers (256 values: past MAX_ROW_FLOATS_PER_THREAD, which kernels.shapes never launches)
+    ok, log = _nvrtc(BuildKey("bf16", True, 8, 32, 4, 32), extra=(b"--ptxas-options=-v",))
+    assert ok and "0 bytes spill stores, 0 bytes spill loads" not in log and "spill stores" in log
