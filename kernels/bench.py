@@ -27,6 +27,7 @@ import torch
 
 from kernels import rmsnorm, stock
 from kernels.cases import TORCH_DTYPES
+from kernels.environment import gpu_missing, width_list
 from kernels.shapes import LaunchShape, auto_shape, candidates, vector_width
 from kernels.timing import capture, copy_bandwidth, replay_us
 
@@ -213,21 +214,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a few shapes only (a smoke test)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the arm order shuffle")
     ap.add_argument("--no-vllm", action="store_true", help="leave out vLLM's CUDA kernels")
-    ap.add_argument("--hidden", help="comma list: only these hidden sizes (a partial grid)")
+    ap.add_argument("--hidden", type=width_list,
+                    help="comma list: only these hidden sizes (a partial grid)")
     ap.add_argument("--l2", choices=L2_MODES, default="cold",
                     help="cold (default, what the suite and its policy use): rotating buffers past 1.5x "
                          "L2; warm: one buffer set, each call's input in L2 as after a GEMM inside a "
                          "model (for python -m integration.proof.stockcheck --results FILE)")
     args = ap.parse_args(argv)
-    try:
-        widths = {int(w) for w in args.hidden.split(",")} if args.hidden else None
-    except ValueError:
-        print(f"bench: --hidden {args.hidden!r}: expected a comma list of integers", file=sys.stderr)
-        return 2
-    if not torch.cuda.is_available():
-        print("bench: no CUDA GPU visible (torch.cuda.is_available() is False)", file=sys.stderr)
+    if gpu_missing("bench"):
         return 2
     vllm = (None, None, "left out (--no-vllm)") if args.no_vllm else stock.vllm_ops()
+    widths = args.hidden
     result = run(args.quick, args.seed, vllm, widths=widths, l2_mode=args.l2)
     result.update(command="python -m kernels.bench " + " ".join(argv or sys.argv[1:]), vllm_c_error=vllm[2],
                   grid_widths=sorted(widths) if widths else "all")

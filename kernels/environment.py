@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import platform
 import re
 import subprocess
@@ -55,3 +56,19 @@ def gpu_slug(name: str) -> str:
     'NVIDIA H100 80GB HBM3' -> 'h100-80gb-hbm3'."""
     words = re.sub(r"^(nvidia|amd)\s+", "", name.strip(), flags=re.IGNORECASE)
     return re.sub(r"[^a-z0-9]+", "-", words.lower()).strip("-") or "unknown-gpu"
+
+
+def gpu_missing(prog: str) -> bool:
+    """True, after saying so on stderr under `prog`'s name, when this process sees no CUDA GPU."""
+    if torch.cuda.is_available():
+        return False
+    print(f"{prog}: no CUDA GPU visible (torch.cuda.is_available() is False)", file=sys.stderr)
+    return True
+
+
+def width_list(text: str) -> set[int]:
+    """The argparse type of a --hidden flag: a comma list of hidden sizes."""
+    try:
+        return {int(w) for w in text.split(",")}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a comma list of integers") from None

@@ -18,8 +18,8 @@ from typing import Any, Callable
 
 logger = logging.getLogger("kernels.rmsnorm")
 _P, _L, _I = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int
-# argument types of rmsnorm_kernel (rmsnorm.cu), in order: out, x, residual with two strides each,
-# weight, eps, rows, rows per outer step, hidden
+# argument types of rmsnorm_kernel (rmsnorm.cu and rmsnorm_staged.cu), in order: out, x, residual with
+# two strides each, weight, eps, rows, rows per outer step, hidden
 ARG_TYPES = (_P, _L, _L, _P, _L, _L, _P, _L, _L, _P, ctypes.c_float, _I, _I, _I)
 Launcher = Callable[[int, int, int, int, float], None]  # (out, x, residual, weight pointers, eps)
 

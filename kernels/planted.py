@@ -1,7 +1,7 @@
 """The planted, known GPU delay of the serving experiment's positive control: its bounds.
 
 A planted build of the fused kernel (`kernels.rmsnorm.planted(ns)`, build flag PLANT_NS of
-rmsnorm.cu) spins `ns` nanoseconds of GPU time in the grid's last block after its rows, so every
+rmsnorm_common.cuh) spins `ns` nanoseconds of GPU time in the grid's last block after its rows, so every
 norm call of the planted arm lasts about `ns` longer at any row count, inside CUDA graphs as outside,
 with no extra kernel, op or launch. What a step really gains is measured inside vLLM
 (integration.proof), never assumed from `ns`.
@@ -10,7 +10,7 @@ with no extra kernel, op or launch. What a step really gains is measured inside 
 from __future__ import annotations
 
 MAX_NS = 1_000_000  # a planted delay above 1 ms per call is a mistake, not a control
-PLANT_FLAG = "PLANT_NS"  # the build flag of rmsnorm.cu
+PLANT_FLAG = "PLANT_NS"  # the build flag of the kernel (rmsnorm_common.cuh plant_delay)
 
 
 def check_ns(ns: int) -> int:

@@ -7,7 +7,7 @@ Tensors go in and out by pointer (no copies); kernels launch on PyTorch's curren
 calls can be captured in a CUDA graph once each (dtype, shape) was run eagerly first (that compiles).
 A call is a dict lookup of its launch plan (kernels.plans: shape, strides, alignment, stream) and one
 prebuilt launch (kernels.launch); the checks and the planning run only when a plan is new.
-Rounding matches vLLM's CUDA kernels (see rmsnorm.cu and kernels/reference.py).
+Rounding matches vLLM's CUDA kernels (see rmsnorm_common.cuh and kernels/reference.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from kernels.planted import build_flag
 from kernels.checks import UnsupportedInput, unsupported_reason
 from kernels.plans import BuildKey, LaunchSpec, PlanCache, build_key, launch_shape, plan_spec
 
-SOURCE_PATH = Path(__file__).with_name("rmsnorm.cu")
+SOURCE_DIR = Path(__file__).parent
+COMMON_SOURCE = "rmsnorm_common.cuh"  # options, element types, roundings and helpers of both bodies
+BODY_SOURCES = {False: "rmsnorm.cu", True: "rmsnorm_staged.cu"}  # by BuildKey.staged
 NEGATIVE_CONTROLS = {"epsilon": "NEG_DROP_EPS", "tail": "NEG_SKIP_LAST"}
 DEFAULT_SMEM_LIMIT = 48 * 1024  # dynamic shared memory a kernel gets without raising its attribute
 # Called with (op, dtype, hidden, vec, device) whenever a new launch plan is made (integration.ops
@@ -79,13 +81,20 @@ def plant(ns: int) -> None:
     _flags = (build_flag(ns),)
 
 
+def kernel_source(staged: bool) -> str:
+    """The CUDA source of one build family: the shared header, then the register body (rmsnorm.cu) or
+    the staged one (rmsnorm_staged.cu). Joined here, not #included, so that CuPy's compile cache, which
+    is keyed on the source text, sees a change to either file."""
+    return "".join((SOURCE_DIR / name).read_text() for name in (COMMON_SOURCE, BODY_SOURCES[staged]))
+
+
 def compiled(key: BuildKey, device: int) -> Any:
     """The CuPy kernel function for `key` on `device`, compiled once (NVRTC), loaded, and cached."""
     fn = _KERNELS.get((key, device))
     if fn is None:
         cp = _cupy()
         with cp.cuda.Device(device):
-            module = cp.RawModule(code=SOURCE_PATH.read_text(), options=key.options())
+            module = cp.RawModule(code=kernel_source(key.staged), options=key.options())
             fn = module.get_function("rmsnorm_kernel")
             fn.compile()  # compile and load now, never inside a CUDA-graph capture
         _KERNELS[(key, device)] = fn

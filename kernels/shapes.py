@@ -21,7 +21,7 @@ _NAME = re.compile(r"^t(\d+)r(\d+)(s?)(p?)$")
 # 1.72 / 17.5 us), so it is not timed
 VECTORS_PER_THREAD = (1, 2, 4)
 PDL_MAX_ROWS = 1024  # programmatic dependent launch candidates are timed up to this many rows
-# Staged builds (rows through shared memory by cp.async, a persistent grid; rmsnorm.cu STAGED) are
+# Staged builds (rows through shared memory by cp.async, a persistent grid; rmsnorm_staged.cu) are
 # timed from this many rows on, with these vectors per thread (the field's choice: about 8 16-byte
 # vectors per thread in 128-thread CTAs). Below 256 rows a grid has at most two row groups per
 # multiprocessor, so there is nothing to overlap the next group's loads with.

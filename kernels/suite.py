@@ -18,11 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from kernels import bench, launch, policy, report, stock, validate
 from kernels.cases import full_cases, negative_control_cases, reduced_cases
-from kernels.environment import clocks, describe
+from kernels.environment import clocks, describe, gpu_missing, width_list
 
 SCHEMA_VERSION = 2  # 2: launch-shape candidates per row, faithful Inductor arm, issue-10 targets, initcheck
 SANITIZER_TOOLS = ("memcheck", "racecheck", "initcheck")
@@ -127,21 +125,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="reduced validation and a few bench shapes (smoke test)")
     ap.add_argument("--reduced-validation", action="store_true",
                     help="validate with the reduced suite (what the sanitizers run) instead of the full one")
-    ap.add_argument("--hidden", help="comma list: benchmark only these hidden sizes (a partial grid, "
-                    "recorded in the file as 'grid_widths')")
+    ap.add_argument("--hidden", type=width_list,
+                    help="comma list: benchmark only these hidden sizes (a partial grid, recorded in the "
+                    "file as 'grid_widths')")
     ap.add_argument("--no-sanitizer", action="store_true",
                     help="skip compute-sanitizer (recorded as not run)")
     ap.add_argument("--sanitizer-timeout", type=float, default=300.0, help="seconds per sanitizer run")
     ap.add_argument("--seed", type=int, default=0, help="seed of the arm-order shuffle")
     args = ap.parse_args(argv)
-    try:
-        widths = {int(w) for w in args.hidden.split(",")} if args.hidden else None
-    except ValueError:
-        print(f"suite: --hidden {args.hidden!r}: expected a comma list of integers", file=sys.stderr)
+    if gpu_missing("suite"):
         return 2
-    if not torch.cuda.is_available():
-        print("suite: no CUDA GPU visible (torch.cuda.is_available() is False)", file=sys.stderr)
-        return 2
+    widths = args.hidden
     out = Path(args.out)
     log_dir = Path(args.log_dir) if args.log_dir else out.parent
     log_dir.mkdir(parents=True, exist_ok=True)

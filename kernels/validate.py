@@ -19,6 +19,7 @@ from kernels import rmsnorm
 from kernels.cases import (EPS, INT_VIEW, TOLERANCES, TORCH_DTYPES, Case, full_cases, guarded,
                            make_values, make_weight, negative_control_cases, reduced_cases)
 from kernels.checks import UnsupportedInput
+from kernels.environment import gpu_missing
 from kernels.reference import fused_add_rms_norm_ref, rms_norm_ref
 from kernels.shapes import LaunchShape
 
@@ -144,8 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the first case (case i uses seed+i)")
     ap.add_argument("--json", help="write the summary to this file")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("validate: no CUDA GPU visible (torch.cuda.is_available() is False)", file=sys.stderr)
+    if gpu_missing("validate"):
         return 2
     if args.negative_control:
         cases = negative_control_cases()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from integration.proof.normcalls import TAG_PREFIX
 
-FUSED_KERNEL = "rmsnorm_kernel"  # kernels/rmsnorm.cu
+FUSED_KERNEL = "rmsnorm_kernel"  # kernels/rmsnorm.cu, kernels/rmsnorm_staged.cu
 STEP_PREFIX = "step_"
 GRAPH_LAUNCH = "cudaGraphLaunch"
 

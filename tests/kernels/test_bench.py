@@ -34,3 +34,9 @@ def test_the_same_size_copy_keeps_its_samples_or_its_error() -> None:
     assert bench._copy_fields([3.0, 1.0, 2.0]) == {"copy_us": 2.0, "copy_samples_us": [3.0, 1.0, 2.0]}
     assert bench._copy_fields("RuntimeError: out of memory") == {"copy_error": "RuntimeError: out of memory"}
     assert bench._copy_fields(None) == {}  # fused add rows time no copy
+
+
+def test_a_bad_hidden_list_is_named_by_argparse(capsys) -> None:
+    with pytest.raises(SystemExit):
+        bench.main(["--out", "b.json", "--hidden", "4096,abc"])
+    assert "argument --hidden: '4096,abc': expected a comma list of integers" in capsys.readouterr().err

@@ -1,6 +1,7 @@
-"""Every build of rmsnorm.cu that validation, the benchmark or a committed policy table can ask for
-compiles for sm_90 with NVRTC, on a machine without a GPU (NVRTC needs none): a source change that
-breaks one build fails here, not on the H200.
+"""Every build of the kernel (kernels/rmsnorm_common.cuh with rmsnorm.cu or rmsnorm_staged.cu) that
+validation, the benchmark or a committed policy table can ask for compiles for sm_90 with NVRTC, on a
+machine without a GPU (NVRTC needs none): a source change that breaks one build fails here, not on the
+H200.
 
 The builds are kernels.plans.BuildKey values, compiled with their own options as kernels.rmsnorm
 passes them to CuPy's RawModule; every vector width a call of that dtype can get (16-byte vectors down
@@ -20,7 +21,7 @@ from cuda.bindings import nvrtc
 from kernels import bench, cases, shapes
 from kernels.planted import build_flag
 from kernels.plans import BuildKey, build_key
-from kernels.rmsnorm import NEGATIVE_CONTROLS, SOURCE_PATH
+from kernels.rmsnorm import NEGATIVE_CONTROLS, SOURCE_DIR, kernel_source
 
 ARCH = b"--gpu-architecture=sm_90"
 RESULTS = Path(__file__).resolve().parents[2] / "kernels" / "results"
@@ -71,7 +72,7 @@ def all_builds() -> set[BuildKey]:
 
 def _nvrtc(key: BuildKey, want_ptx: bool = False, extra: tuple[bytes, ...] = ()) -> tuple[bool, str]:
     """(compiled, text) of one build: its PTX when it compiled and want_ptx, else NVRTC's log."""
-    err, prog = nvrtc.nvrtcCreateProgram(SOURCE_PATH.read_bytes(), b"rmsnorm.cu", 0, [], [])
+    err, prog = nvrtc.nvrtcCreateProgram(kernel_source(key.staged).encode(), b"rmsnorm.cu", 0, [], [])
     assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err
     opts = [ARCH, *(o.encode() for o in key.options()), *extra]
     try:
@@ -112,11 +113,14 @@ def test_every_build_compiles_for_sm90() -> None:
                         f"{failed[0][1][:2000]}")
 
 
-def test_a_broken_source_fails_here(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    broken = tmp_path / "rmsnorm.cu"
-    broken.write_text(SOURCE_PATH.read_text().replace("rsqrtf(", "rsqrt_typo("))
-    monkeypatch.setattr("tests.kernels.test_nvrtc_builds.SOURCE_PATH", broken)
-    log = _compile(BuildKey("bf16", True, 8, 256, 1, 2, True))
+@pytest.mark.parametrize("staged", [False, True])
+def test_a_broken_shared_header_fails_both_families_here(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                         staged: bool) -> None:
+    for source in SOURCE_DIR.glob("rmsnorm*.cu*"):
+        text = source.read_text()
+        (tmp_path / source.name).write_text(text.replace("rsqrtf(", "rsqrt_typo("))
+    monkeypatch.setattr("kernels.rmsnorm.SOURCE_DIR", tmp_path)
+    log = _compile(BuildKey("bf16", True, 8, 256, 1, 2, True, (), staged))
     assert log is not None and "rsqrt_typo" in log
 
 
