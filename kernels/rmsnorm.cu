@@ -7,12 +7,7 @@
 // per thread all issued before the first use, reduced with warp shuffles (plus one shared-memory step
 // when a row spans several warps), scaled and stored.
 
-extern "C" __global__ void __launch_bounds__(BLOCK_THREADS)
-rmsnorm_kernel(T* __restrict__ out, const long long out_so, const long long out_si,
-               T* __restrict__ x, const long long x_so, const long long x_si,
-               T* __restrict__ res, const long long res_so, const long long res_si,
-               const T* __restrict__ weight, const float eps,
-               const int rows, const int inner, const int hidden) {
+RMSNORM_KERNEL_SIGNATURE {
   const int lane = threadIdx.x % TPR;
   const int sub = threadIdx.x / TPR;
   const long long row = (long long)blockIdx.x * RPB + sub;
@@ -26,8 +21,8 @@ rmsnorm_kernel(T* __restrict__ out, const long long out_so, const long long out_
   const bool has_tail = active && lane < tail;
 
   T* xr = x + row_offset(group, in_group, x_so, x_si);
+  T* rr = res + row_offset(group, in_group, res_so, res_si);  // read and written by the fused add only
 #if FUSED_ADD
-  T* rr = res + row_offset(group, in_group, res_so, res_si);
   T* dst = xr;
 #else
   T* dst = out + row_offset(group, in_group, out_so, out_si);
@@ -44,10 +39,7 @@ rmsnorm_kernel(T* __restrict__ out, const long long out_so, const long long out_
     const int v = lane + i * TPR;
     if (active && v < nvec) wv[i] = reinterpret_cast<const VecT*>(weight)[v];
   }
-  T xt = 0, wt = 0;
-#if FUSED_ADD
-  T rt = 0;
-#endif
+  T xt = 0, wt = 0, rt = 0;
   if (has_tail) wt = weight[tail_col];
   PDL_WAIT();
   PDL_LAUNCH_DEPENDENTS();
@@ -71,7 +63,6 @@ rmsnorm_kernel(T* __restrict__ out, const long long out_so, const long long out_
   // The row stays in registers as T (the rounded sum for the fused add): converted again to fp32 for
   // the scaling, so a thread holds no fp32 copy of its ITERS vectors (8 bf16 vectors per thread
   // used 255 registers with one).
-  float ft = 0.f;
   float ss = 0.f;
 #pragma unroll
   for (int i = 0; i < ITERS; ++i) {
@@ -93,18 +84,8 @@ rmsnorm_kernel(T* __restrict__ out, const long long out_so, const long long out_
 #endif
     }
   }
-  if (has_tail) {
-    ft = to_f(xt);
-#if FUSED_ADD
-    const T z = from_f(ft + to_f(rt));
-    rr[tail_col] = z;
-    ft = to_f(z);
-#endif
-    ss += ft * ft;
-  }
-
-  ss = row_sum(ss, sub, lane);
-  const float s = inv_rms(ss, hidden, eps);
+  float ft;
+  const float s = row_inv_rms(ss, xt, rt, has_tail, rr + tail_col, ft, sub, lane, hidden, eps);
 
 #pragma unroll
   for (int i = 0; i < ITERS; ++i) {

@@ -137,6 +137,24 @@ __device__ __forceinline__ float inv_rms(float ss, int hidden, float eps) {
 #endif
 }
 
+// The row's 1 / rms: this thread's sum of squares `ss` over its vectors plus its tail element (has_tail:
+// x's `xt`, or for the fused add its rounded sum with the residual's `rt`, which is stored at `rr_tail`
+// as the new residual), summed over the row's threads. `ft` gets the tail element's value in fp32.
+__device__ __forceinline__ float row_inv_rms(float ss, T xt, T rt, bool has_tail, T* rr_tail, float& ft,
+                                             int sub, int lane, int hidden, float eps) {
+  ft = 0.f;
+  if (has_tail) {
+    ft = to_f(xt);
+#if FUSED_ADD
+    const T z = from_f(ft + to_f(rt));
+    *rr_tail = z;
+    ft = to_f(z);
+#endif
+    ss += ft * ft;
+  }
+  return inv_rms(row_sum(ss, sub, lane), hidden, eps);
+}
+
 // Store output vector v of a row (the negative control leaves the row's last column unwritten).
 __device__ __forceinline__ void store_vec(T* dst, int v, int nvec, int tail, const VecT& o) {
 #ifdef NEG_SKIP_LAST
@@ -177,3 +195,11 @@ __device__ __forceinline__ long long row_offset(long long group, long long in_gr
   return group * outer_stride + in_group * inner_stride;
 }
 
+// The signature both bodies define (kernels/launch.py ARG_TYPES passes the arguments in this order).
+#define RMSNORM_KERNEL_SIGNATURE                                                              \
+  extern "C" __global__ void __launch_bounds__(BLOCK_THREADS)                                 \
+  rmsnorm_kernel(T* __restrict__ out, const long long out_so, const long long out_si,        \
+                 T* __restrict__ x, const long long x_so, const long long x_si,              \
+                 T* __restrict__ res, const long long res_so, const long long res_si,        \
+                 const T* __restrict__ weight, const float eps,                              \
+                 const int rows, const int inner, const int hidden)

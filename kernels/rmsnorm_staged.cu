@@ -48,12 +48,7 @@ __device__ __forceinline__ void stage_row(VecT* st, long long row, int rows, int
   }
 }
 
-extern "C" __global__ void __launch_bounds__(BLOCK_THREADS)
-rmsnorm_kernel(T* __restrict__ out, const long long out_so, const long long out_si,
-               T* __restrict__ x, const long long x_so, const long long x_si,
-               T* __restrict__ res, const long long res_so, const long long res_si,
-               const T* __restrict__ weight, const float eps,
-               const int rows, const int inner, const int hidden) {
+RMSNORM_KERNEL_SIGNATURE {
   extern __shared__ __align__(16) unsigned char stage_raw[];
   VecT* const stages = reinterpret_cast<VecT*>(stage_raw);
   const int lane = threadIdx.x % TPR;
@@ -97,14 +92,14 @@ rmsnorm_kernel(T* __restrict__ out, const long long out_so, const long long out_
     const bool has_tail = active && lane < tail;
     VecT* const sx = mine + st * stage_step;
     T* xr = x + row_offset(group, in_group, x_so, x_si);
+    T* rr = res + row_offset(group, in_group, res_so, res_si);  // read and written by the fused add only
 #if FUSED_ADD
     VecT* const sr = sx + nvec;
-    T* rr = res + row_offset(group, in_group, res_so, res_si);
     T* dst = xr;
 #else
     T* dst = out + row_offset(group, in_group, out_so, out_si);
 #endif
-    float ft = has_tail ? to_f(xr[tail_col]) : 0.f;
+    const T xt = has_tail ? xr[tail_col] : (T)0;
     float ss = 0.f;
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) {
@@ -129,16 +124,9 @@ rmsnorm_kernel(T* __restrict__ out, const long long out_so, const long long out_
 #endif
       }
     }
-    if (has_tail) {
-#if FUSED_ADD
-      const T z = from_f(ft + to_f(rr[tail_col]));
-      rr[tail_col] = z;
-      ft = to_f(z);
-#endif
-      ss += ft * ft;
-    }
-    ss = row_sum(ss, sub, lane);
-    const float s = inv_rms(ss, hidden, eps);
+    const T rt = FUSED_ADD && has_tail ? rr[tail_col] : (T)0;
+    float ft;
+    const float s = row_inv_rms(ss, xt, rt, has_tail, rr + tail_col, ft, sub, lane, hidden, eps);
 #pragma unroll
     for (int i = 0; i < ITERS; ++i) {
       const int v = lane + i * TPR;
