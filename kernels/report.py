@@ -131,20 +131,23 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def render(results: dict) -> str:
-    """The generated README section: targets, the grid table and the launch-shape study."""
+def render(results: dict, source: str = "kernels/results/h200.json") -> str:
+    """The generated README section of results file `source`: targets, the grid table and the
+    launch-shape study."""
     t = targets(results)
     env = results.get("environment", {})
     bw = results.get("environment", {}).get("copy_bandwidth_bytes_per_s")
-    parts = [f"Generated from kernels/results/h200.json ({env.get('gpu')}, driver {env.get('driver')}, "
+    parts = [f"Generated from {source} ({env.get('gpu')}, driver {env.get('driver')}, "
              f"torch {env.get('torch')}, CuPy {env.get('cupy')}, vLLM {env.get('vllm')}; copy bandwidth "
              f"{(bw or math.nan) / 1e12:.2f} TB/s).", "", "| target | goal | measured | met |",
              "|---|---|---|---|"]
     g = t["geomean_speedup_bf16_rows_1_8192_hidden_2048_4096_8192"]
     yes = lambda m: "yes" if m else "no"  # noqa: E731
+    vllm_c = ("vLLM CUDA arm not timed: environment.vllm_c_error" if math.isnan(g["vs_vllm_c"])
+              else f"{g['vs_vllm_c']:.3f}x vs vLLM CUDA")
     parts.append(f"| geomean speedup, bf16 rows 1-8192 x hidden 2048/4096/8192, policy applied | >= 1.25x | "
                  f"{g['vs_best_stock']:.3f}x vs best stock ({g['vs_inductor']:.3f}x vs Inductor, "
-                 f"{g['vs_vllm_c']:.3f}x vs vLLM CUDA) | {yes(g['met'])} |")
+                 f"{vllm_c}) | {yes(g['met'])} |")
     f = t["policy_never_slower_than_best_stock"]
     parts.append(f"| policy's choice never slower than the best stock arm | every shape | "
                  f"{f['fused_shapes']} shapes fused, {len(f['slower_shapes'])} slower | {yes(f['met'])} |")
@@ -194,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--from", dest="source", required=True, help="results JSON (kernels/results/h200.json)")
     ap.add_argument("--readme", help="README whose marked results section is replaced")
     args = ap.parse_args(argv)
-    section = render(json.loads(Path(args.source).read_text()))
+    section = render(json.loads(Path(args.source).read_text()), args.source)
     if args.readme:
         update_readme(Path(args.readme), section)
     else:

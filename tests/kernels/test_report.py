@@ -66,3 +66,12 @@ def test_staged_study_compares_the_best_of_each_family() -> None:
     assert st["ratio_min"] == pytest.approx(9.0 / 12.0) and st["ratio_max"] == pytest.approx(100.0 / 80.0)
     assert "were the fastest candidate at 1" in render({"bench": [staged]})
     assert staged_study({"bench": [plain]}) == {} and "Staged builds" not in render({"bench": [plain]})
+
+
+def test_the_section_names_its_source_and_a_missing_vllm_arm() -> None:
+    row = {"op": "rms_norm", "dtype": "bf16", "rows": 1, "hidden": 4096, "variant": "t128r1",
+           "samples_us": [1.0, 1.0], "stock_samples_us": {"inductor": [2.0, 2.0], "torch": [3.0, 3.0]},
+           "stock": {"inductor_us": 2.0, "torch_us": 3.0}, "roofline_us": 0.01, "policy": "fused:t128r1"}
+    text = render({"bench": [row]}, "kernels/results/h100-staged/h100-80gb-hbm3.json")
+    assert text.startswith("Generated from kernels/results/h100-staged/h100-80gb-hbm3.json (")
+    assert "vLLM CUDA arm not timed" in text and "nanx" not in text
