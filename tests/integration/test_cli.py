@@ -20,5 +20,6 @@ def test_help(module: str) -> None:
         assert flag in out.stdout
 
 
-def test_no_compile_ranges_without_cuda() -> None:
+def test_no_compile_ranges_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launcher, "_cuda_available", lambda: False)
     assert launcher.compile_range_args(tiny_server_config("patched")) == []
