@@ -18,10 +18,15 @@ def test_knee_interpolates_where_attainment_falls_through_ninety_percent() -> No
     assert knee.knee([(1.0, 1.0), (2.0, 0.95)])["status"] == "above highest"
 
 
-def test_the_search_pools_the_windows_at_the_quartiles_of_request_count() -> None:
-    # sorted 46 (w0) 70 (w4) 88 (w1) 90 (w3) 95 (w2): quartiles at ranks 1, 2, 3
-    assert knee.search_windows([46, 88, 95, 90, 70]) == [1, 3, 4]
-    assert knee.search_windows([5, 9, 9, 1]) == [0, 1]  # 1 5 9 9: ranks 1, 2 (round(1.5) is 2), 2
+def test_the_search_pools_the_windows_at_quantiles_of_request_count() -> None:
+    counts = [46, 88, 95, 90, 70, 12, 60, 75, 99, 30]
+    # sorted 12 (w5) 30 (w9) 46 (w0) 60 (w6) 70 (w4) 75 (w7) 88 (w1) 90 (w3) 95 (w2) 99 (w8):
+    # 0.1 0.3 0.5 0.7 0.9 of 9 are ranks 1, 3 (round(2.7)), 4 (round(4.5) is 4), 6, 8
+    assert knee.SEARCH_QUANTILES == (0.1, 0.3, 0.5, 0.7, 0.9)
+    assert knee.search_windows(counts) == [1, 2, 4, 6, 9]
+    # the old quartiles: ranks 2 (round(2.25)), 4, 7 (round(6.75))
+    assert knee.search_windows(counts, (0.25, 0.5, 0.75)) == [0, 3, 4]
+    assert knee.search_windows([5, 9, 9, 1], (0.25, 0.5, 0.75)) == [0, 1]  # 1 5 9 9: ranks 1, 2, 2
     assert knee.search_windows([7]) == [0]
     with pytest.raises(ValueError, match="at least one window"):
         knee.search_windows([])

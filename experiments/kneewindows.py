@@ -1,0 +1,105 @@
+"""Do the knee search's windows stand for the measured ones? Re-derived from committed runs.
+
+    python -m experiments.kneewindows experiments/results/h200-llama8b-confirm2 [more runs]
+    python -m experiments.kneewindows RUN --quantiles 0.25,0.5,0.75 --quantiles 0.1,0.3,0.5,0.7,0.9
+
+For each run and each quantile set, the windows `experiments.knee.search_windows` would pick from the
+measured windows' request counts, the baseline arm's attainment pooled over those windows at each
+measured load minus the same over all measured windows (the bias a search on them carries), and the
+knee both give. Reads the records only; what `SEARCH_QUANTILES` was chosen from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from experiments import knee
+from experiments.rundir import read_run_record
+from experiments.runframe import load_run
+
+
+def measured_cells(run_dir: Path, slo: str) -> tuple[pd.DataFrame, list[int]]:
+    """The baseline arm's measured requests met/total per (load, window), and the windows' request
+    counts (at the lowest load: every load replays the same requests)."""
+    baseline = read_run_record(run_dir)["arms"][0]
+    df = load_run(run_dir)
+    m = df[(df.phase == "measure") & (df.arm == baseline)]
+    if m.empty:
+        raise ValueError(f"{run_dir}: no measured requests of the baseline arm {baseline!r}")
+    col = f"met:{slo}"
+    if col not in m:
+        raise ValueError(f"{run_dir}: no SLO named {slo!r} in its records")
+    cells = (m.assign(met=m[col].astype(float).fillna(0.0))
+             .groupby(["load", "window"]).met.agg(["sum", "count"]).reset_index())
+    low = cells[cells.load == cells.load.min()].sort_values("window")
+    return cells, low["count"].astype(int).tolist()
+
+
+def pooled(cells: pd.DataFrame, windows: Sequence[int]) -> pd.Series:
+    """Attainment per load pooled over `windows` (requests met / requests)."""
+    s = cells[cells.window.isin(windows)].groupby("load")[["sum", "count"]].sum()
+    return s["sum"] / s["count"]
+
+
+def compare(run_dir: Path, quantiles: Sequence[float], slo: str = "interactive") -> dict:
+    """Picks, per-load bias of the picks' pooled attainment against all windows', and both knees."""
+    cells, counts = measured_cells(run_dir, slo)
+    picks = knee.search_windows(counts, quantiles)
+    every, picked = pooled(cells, range(len(counts))), pooled(cells, picks)
+    return {"run": run_dir.name, "quantiles": tuple(quantiles), "windows": picks,
+            "bias": {float(load): float(picked[load] - every[load]) for load in every.index},
+            "knee_picked": knee.knee(list(picked.items())),
+            "knee_all": knee.knee(list(every.items()))}
+
+
+def _quantiles(text: str) -> tuple[float, ...]:
+    try:
+        qs = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma list of numbers: {text!r}") from None
+    if not qs or any(not 0 <= q <= 1 for q in qs):
+        raise argparse.ArgumentTypeError(f"quantiles must lie in [0, 1]: {text!r}")
+    return qs
+
+
+def _knee_text(k: dict) -> str:
+    return f"{k['load']:.2f}x ({k['status']})" if k["load"] is not None else k["status"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("runs", nargs="+", type=Path,
+                    help="run directories (each with run.json, requests.jsonl.gz)")
+    ap.add_argument("--quantiles", action="append", type=_quantiles,
+                    help="a quantile set of request counts to pick windows at; repeat to compare "
+                         f"(default: the old quartiles and SEARCH_QUANTILES {knee.SEARCH_QUANTILES})")
+    ap.add_argument("--slo", default="interactive", help="SLO tier whose attainment is compared")
+    args = ap.parse_args(argv)
+    sets = args.quantiles or [(0.25, 0.5, 0.75), knee.SEARCH_QUANTILES]
+    rows = []
+    for run in args.runs:
+        for qs in sets:
+            try:
+                r = compare(run, qs, args.slo)
+            except (OSError, ValueError) as e:
+                print(f"kneewindows: {e}", file=sys.stderr)
+                return 2
+            bias = ", ".join(f"{load:g}x {b:+.3f}" for load, b in r["bias"].items())
+            print(f"{r['run']} quantiles {qs}: windows {r['windows']}; bias {bias}; knee "
+                  f"{_knee_text(r['knee_picked'])} against {_knee_text(r['knee_all'])} over all windows")
+            rows += [{"quantiles": qs, "abs_bias": abs(b)} for b in r["bias"].values()]
+    summary = pd.DataFrame(rows).groupby("quantiles").abs_bias.agg(["mean", "max", "size"])
+    for qs, s in summary.iterrows():
+        print(f"quantiles {qs}: mean |bias| {s['mean']:.3f}, worst {s['max']:.3f} over {int(s['size'])} "
+              "(run, load) cells")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
