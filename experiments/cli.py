@@ -205,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
                         f"against both arms ({_defaults('loads')})")
     g.add_argument("--knee", type=loads_list, metavar="FACTORS",
                    help="search these increasing speed-up factors on the baseline arm first (at each, "
-                        "the measured windows at the quartiles of request count, pooled; "
+                        "the measured windows at the 0.1-0.9 quantiles of request count (five), pooled; "
                         "phase 'knee', not compared; it stops once every SLO tier is below 90%% attainment, "
                         "and past the last factor goes on at 1.5x it, up to 3 more, while every tier is "
                         "still met), then measure at two loads bracketing the strictest tier's 90%% knee, "
