@@ -113,3 +113,18 @@ def test_the_one_range_run_gave_the_policy_ranges_to_the_patched_engine_only() -
     ranges = {n: a["worker_command"][a["worker_command"].index("--compile-ranges") + 1]
               for n, a in ev["arms"].items()}
     assert ranges == {"stock-compiled": "", "patched-compiled": "32"}
+
+
+def test_the_pdl_off_table_is_the_shipped_one_without_pdl() -> None:
+    """policy-h200-in-graph-nopdl.json (the PDL-off engine run, h200-replicas-plan.md) differs from the
+    shipped table only in launching each fused call without PDL: same sizes fused, same launch shape."""
+    from kernels.policy import load_policy
+
+    shipped = load_policy(KERNEL_RESULTS / "policy-h200-in-graph.json")
+    nopdl = load_policy(KERNEL_RESULTS / "policy-h200-in-graph-nopdl.json")
+    for op in ("rms_norm", "fused_add_rms_norm"):
+        for n in range(1, 17000):
+            a, b = shipped.choose(op, "bf16", n, 4096), nopdl.choose(op, "bf16", n, 4096)
+            assert b == (a[:-1] if a.startswith("fused:") and a.endswith("p") else a)
+    assert any(shipped.choose("rms_norm", "bf16", n, 4096).endswith("p") for n in (1, 32))
+    assert not any(c.endswith("p") for rows in nopdl.table.values() for _, c in rows)
