@@ -21,40 +21,34 @@ import pandas as pd
 from experiments import knee
 from experiments.rundir import read_run_record
 from experiments.runframe import load_run
+from experiments.slo import load_slo_file
 
 
-def measured_cells(run_dir: Path, slo: str) -> tuple[pd.DataFrame, list[int]]:
-    """The baseline arm's measured requests met/total per (load, window), and the windows' request
-    counts (at the lowest load: every load replays the same requests)."""
+def measured_requests(run_dir: Path) -> pd.DataFrame:
+    """The baseline arm's measured requests of a run (records frame, experiments.runframe)."""
     baseline = read_run_record(run_dir)["arms"][0]
     df = load_run(run_dir)
     m = df[(df.phase == "measure") & (df.arm == baseline)]
     if m.empty:
         raise ValueError(f"{run_dir}: no measured requests of the baseline arm {baseline!r}")
-    col = f"met:{slo}"
-    if col not in m:
-        raise ValueError(f"{run_dir}: no SLO named {slo!r} in its records")
-    cells = (m.assign(met=m[col].astype(float).fillna(0.0))
-             .groupby(["load", "window"]).met.agg(["sum", "count"]).reset_index())
-    low = cells[cells.load == cells.load.min()].sort_values("window")
-    return cells, low["count"].astype(int).tolist()
-
-
-def pooled(cells: pd.DataFrame, windows: Sequence[int]) -> pd.Series:
-    """Attainment per load pooled over `windows` (requests met / requests)."""
-    s = cells[cells.window.isin(windows)].groupby("load")[["sum", "count"]].sum()
-    return s["sum"] / s["count"]
+    return m
 
 
 def compare(run_dir: Path, quantiles: Sequence[float], slo: str = "interactive") -> dict:
     """Picks, per-load bias of the picks' pooled attainment against all windows', and both knees."""
-    cells, counts = measured_cells(run_dir, slo)
+    tiers = {t.name: t for t in load_slo_file()}
+    if slo not in tiers:
+        raise ValueError(f"--slo {slo!r}: not a tier of experiments/slos.toml ({', '.join(tiers)})")
+    m = measured_requests(run_dir)
+    # every load replays the same requests: the windows' counts at one of them
+    counts = m[m.load == m.load.min()].groupby("window").size().sort_index().tolist()
     picks = knee.search_windows(counts, quantiles)
-    every, picked = pooled(cells, range(len(counts))), pooled(cells, picks)
+    every = knee.attainment_points(m, tiers[slo])
+    picked = dict(knee.attainment_points(m[m.window.isin(picks)], tiers[slo]))
     return {"run": run_dir.name, "quantiles": tuple(quantiles), "windows": picks,
-            "bias": {float(load): float(picked[load] - every[load]) for load in every.index},
-            "knee_picked": knee.knee(list(picked.items())),
-            "knee_all": knee.knee(list(every.items()))}
+            "bias": {load: picked[load] - a for load, a in every},
+            "knee_picked": knee.knee(sorted(picked.items())),
+            "knee_all": knee.knee(every)}
 
 
 def _quantiles(text: str) -> tuple[float, ...]:
