@@ -15,8 +15,11 @@ and the slope of the change on exposure with cell (window, load) effects removed
 interval; then the same thirds by concurrency (how many other requests decoded beside it), with the
 median decode time added per token: a delay of d per norm call in every step adds at most calls x d
 per token to a request whose steps all carry it (a planted arm delays only the step sizes its policy
-fuses), so more than that says the server passed on more than the step's delay. Pure functions;
-`main` reads the run with experiments.load_run.
+fuses), so more than that says the server passed on more than the step's delay. A slower step
+also keeps a request decoding longer, so more prefills join its steps: the prefill feedback splits
+the added time into that part (the extra arrivals times what an arrival costs a request in the
+baseline) and the remainder, the one the calls x d bound applies to. Pure functions; `main` reads
+the run with experiments.load_run.
 """
 
 from __future__ import annotations
@@ -35,31 +38,47 @@ from experiments.paired import PAIR_KEY, pct, request_pairs
 THIRDS = ("least", "middle", "most")
 
 
+def decode_arrivals(df: pd.DataFrame, arm: str) -> pd.Series:
+    """Per request of `arm` (indexed by window, load, index): how many requests of its cell became due
+    while it decoded (first to last token) in that arm's replay; NaN where it has no first or last token."""
+    parts = []
+    for _, g in df[df["arm"] == arm].groupby(["window", "load"]):
+        due = np.sort(g["due_ms"].to_numpy())
+        start, end = (g["due_ms"] + g["ttft_ms"]).to_numpy(), (g["due_ms"] + g["e2e_ms"]).to_numpy()
+        count = np.searchsorted(due, end) - np.searchsorted(due, start)
+        parts.append(pd.Series(np.where(np.isfinite(start) & np.isfinite(end), count, np.nan),
+                               index=pd.MultiIndex.from_frame(g[PAIR_KEY])))
+    return pd.concat(parts) if parts else pd.Series(dtype=float)
+
+
 def exposure_frame(df: pd.DataFrame, baseline: str, treatment: str) -> pd.DataFrame:
     """Per request paired in both arms (measured rows of `df`, a goodput.records_frame with `ok`):
     window, load, index, the TPOT log ratio, the decode time added per token (us), the baseline's TPOT,
-    its exposure to prefills (see the module text) and its concurrency: how many other requests of
-    its cell were decoding (first to last token) on average while it decoded, in the baseline's replay.
-    Only requests with a TPOT pair, so every one has at least one decode step."""
+    decode steps and decode time (ms), its exposure to prefills (see the module text), its concurrency:
+    how many other requests of its cell were decoding (first to last token) on average while it
+    decoded, in the baseline's replay, and the requests that became due while it decoded in each arm's
+    replay (`arrived`, `arrived_treated`). Only requests with a TPOT pair, so every one has at least
+    one decode step."""
     pairs = request_pairs(df, baseline, treatment, "tpot_ms").set_index(PAIR_KEY)
     base = df[df["arm"] == baseline].set_index(PAIR_KEY)
     decoding = base[base["ok"] & base["ttft_ms"].notna() & base["e2e_ms"].notna()]
     spans = {cell: ((g["due_ms"] + g["ttft_ms"]).to_numpy(), (g["due_ms"] + g["e2e_ms"]).to_numpy())
              for cell, g in decoding.groupby(level=[0, 1])}
-    due = {cell: np.sort(g["due_ms"].to_numpy()) for cell, g in base.groupby(level=[0, 1])}
     base = base.loc[pairs.index]
     start, end = base["due_ms"] + base["ttft_ms"], base["due_ms"] + base["e2e_ms"]
-    arrived, together = pd.Series(0.0, index=pairs.index), pd.Series(0.0, index=pairs.index)
+    together = pd.Series(0.0, index=pairs.index)
     for cell, idx in pairs.groupby(level=[0, 1]).groups.items():
         s, e = start[idx].to_numpy(), end[idx].to_numpy()
-        arrived[idx] = np.searchsorted(due[cell], e) - np.searchsorted(due[cell], s)
         s_all, e_all = spans[cell]
         overlap = np.clip(np.minimum(e_all[None, :], e[:, None]) - np.maximum(s_all[None, :], s[:, None]),
                           0.0, None).sum(axis=1) - (e - s)  # less its own span
         together[idx] = overlap / np.where(e > s, e - s, np.nan)
+    arrived = decode_arrivals(df, baseline).reindex(pairs.index)
+    steps = base["output_tokens"] - 1
     return pairs.assign(added_us=1000.0 * base["tpot_ms"] * np.expm1(pairs["log_ratio"]),
-                        tpot_ms=base["tpot_ms"], exposure=arrived / (base["output_tokens"] - 1),
-                        concurrency=together).reset_index()
+                        tpot_ms=base["tpot_ms"], steps=steps, decode_ms=base["tpot_ms"] * steps,
+                        exposure=arrived / steps, concurrency=together, arrived=arrived,
+                        arrived_treated=decode_arrivals(df, treatment).reindex(pairs.index)).reset_index()
 
 
 def by_third(frame: pd.DataFrame, column: str = "exposure") -> list[dict]:
@@ -92,6 +111,36 @@ def slope(frame: pd.DataFrame, confidence: float = 0.95) -> dict:
     se = float(np.sqrt(resid @ resid / dof / sxx))
     half = float(sps.t.ppf(0.5 + confidence / 2, dof)) * se
     return {"slope_pct": b, "ci95_pct": [b - half, b + half], "n": len(frame), "cells": cells.ngroups}
+
+
+def prefill_feedback(frame: pd.DataFrame) -> list[dict]:
+    """Per load, for all requests and for each concurrency third of an exposure_frame: the decode time
+    added per token (us) split into the part a longer decode bought from other requests' prefills and
+    the rest. A treatment that slows the steps keeps a request decoding longer, so more requests become
+    due meanwhile and their prefills join its steps. Each such arrival costs a request `cost_ms` of
+    decode time in the baseline (least squares per load of decode time on decode steps and arrivals,
+    no intercept); cost_ms x (arrivals in the treatment's replay - in the baseline's) per decode step is
+    the feedback, and added - feedback the remainder, which a planted delay of d per norm call bounds
+    by calls x d. The fit is cross-sectional (a request that decodes long also sees more arrivals), so
+    this is a diagnosis, not a verdict."""
+    rows = []
+    for load, g in frame.dropna(subset=["arrived", "arrived_treated"]).groupby("load", sort=True):
+        x = g[["steps", "arrived"]].to_numpy(dtype=float)
+        if len(g) < 3 or np.linalg.matrix_rank(x) < 2:
+            continue
+        cost_ms = float(np.linalg.lstsq(x, g["decode_ms"].to_numpy(dtype=float), rcond=None)[0][1])
+        feedback = 1000.0 * cost_ms * (g["arrived_treated"] - g["arrived"]) / g["steps"]
+        third = pd.qcut(g["concurrency"].rank(method="first"), 3, labels=list(THIRDS))
+        thirds = g.groupby(third, observed=True).groups
+        parts = [("all", g.index), *((str(name), idx) for name, idx in thirds.items())]
+        for name, idx in parts:
+            added, fb = g.loc[idx, "added_us"], feedback.loc[idx]
+            rows.append({"load": float(load), "part": name, "n": len(idx), "cost_ms": cost_ms,
+                         "added_us_median": float(added.median()), "added_us_mean": float(added.mean()),
+                         "feedback_us_mean": float(fb.mean()),
+                         "remainder_us_median": float((added - fb).median()),
+                         "remainder_us_mean": float((added - fb).mean())})
+    return rows
 
 
 def added_per_token(df: pd.DataFrame, baseline: str, treatment: str) -> list[dict]:
@@ -159,6 +208,13 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"beside {row['concurrency']:5.1f} others, TPOT {row['tpot_ms']:.2f} ms, "
               f"added {row['added_us']:+.0f} us per token, "
               f"median change {row['median_change_pct']:+.2f}%")
+    print(f"{a.arm} vs {baseline}, decode time added per token less what its longer decode bought from "
+          "others' prefills (prefill feedback)")
+    for row in prefill_feedback(frame):
+        print(f"  {row['load']:g}x {row['part']:>6}: n {row['n']:4d}, {row['cost_ms']:.1f} ms per arrival; "
+              f"added median {row['added_us_median']:+.0f} / mean {row['added_us_mean']:+.0f} us, "
+              f"feedback mean {row['feedback_us_mean']:+.0f} us, remainder median "
+              f"{row['remainder_us_median']:+.0f} / mean {row['remainder_us_mean']:+.0f} us")
     s = slope(frame)
     if s["slope_pct"] is None:
         print("  slope: none (exposure does not vary)")

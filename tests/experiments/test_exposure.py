@@ -96,3 +96,42 @@ def test_concurrency_is_the_mean_number_of_others_decoding_and_added_time_is_per
     thirds = exposure.by_third(frame.reset_index(), "concurrency")
     assert [r["added_us"] for r in thirds] == pytest.approx([0.0, 1000.0, 0.0])  # ties ranked in order: A, B
     assert [r["concurrency"] for r in thirds] == pytest.approx([0.0, 0.5, 0.5])
+
+
+def _feedback_records(per_step_us: float, seed: int = 3, n: int = 300) -> pd.DataFrame:
+    """One arm's replay of n requests in one cell where a decode step costs 5 ms + per_step_us and
+    every request that becomes due while a request decodes adds 25 ms to its decode (its prefill):
+    each request's decode time is solved to its fixed point, so a slower step also buys more arrivals."""
+    rng = np.random.default_rng(seed)
+    due = np.cumsum(rng.exponential(150.0, n))
+    out = rng.integers(20, 200, n)
+    start = due + 40.0
+    decode = (out - 1) * (5.0 + per_step_us / 1000.0)
+    for _ in range(50):
+        arrived = np.searchsorted(due, start + decode) - np.searchsorted(due, start)
+        decode = (out - 1) * (5.0 + per_step_us / 1000.0) + 25.0 * arrived
+    return pd.DataFrame({"window": 0, "load": 5.0, "index": np.arange(n), "ok": True, "due_ms": due,
+                         "input_tokens": 100, "output_tokens": out, "ttft_ms": 40.0,
+                         "tpot_ms": decode / (out - 1), "e2e_ms": 40.0 + decode})
+
+
+def test_prefill_feedback_recovers_the_arrival_cost_and_the_steps_own_delay() -> None:
+    df = pd.concat([_feedback_records(0.0).assign(arm="stock"),
+                    _feedback_records(200.0).assign(arm="treated")])
+    frame = exposure.exposure_frame(df, "stock", "treated")
+    more = frame["arrived_treated"] - frame["arrived"]
+    assert (more >= 0).all() and (more > 0).any()
+    rows = {r["part"]: r for r in exposure.prefill_feedback(frame)}
+    assert set(rows) == {"all", *exposure.THIRDS} and rows["all"]["n"] == 300
+    assert rows["all"]["cost_ms"] == pytest.approx(25.0, rel=1e-6)  # the model is exact: no noise
+    assert rows["all"]["added_us_mean"] > 210.0  # more than the 200 us the step itself carries
+    assert rows["all"]["remainder_us_mean"] == pytest.approx(200.0, abs=1e-6)
+    for part in exposure.THIRDS:
+        assert rows[part]["remainder_us_median"] == pytest.approx(200.0, abs=1e-6)
+
+
+def test_prefill_feedback_of_identical_arms_is_zero() -> None:
+    df = pd.concat([_feedback_records(0.0).assign(arm="stock"),
+                    _feedback_records(0.0).assign(arm="treated")])
+    (row, *_) = exposure.prefill_feedback(exposure.exposure_frame(df, "stock", "treated"))
+    assert row["feedback_us_mean"] == 0.0 and row["added_us_mean"] == pytest.approx(0.0, abs=1e-9)
