@@ -24,6 +24,18 @@ def test_the_committed_check_re_derives_from_its_results_and_profiles() -> None:
     assert (passed, len(sizes)) == (12, 24)  # what kernels/README.md states
 
 
+def test_the_warm_l2_check_re_derives_and_passes_where_the_readme_says() -> None:
+    warm = PROJECT_ROOT / "kernels/results/h200-warm-l2-2026-12-05/h200-warm-l2.json"
+    results = json.loads(warm.read_text())
+    committed = results["in_vllm_check"]
+    assert committed["l2_mode"] == "warm"
+    sizes = [e for p in committed["command"].split()[5:] for e in stockcheck.check(results, PROJECT_ROOT / p)]
+    assert sizes == committed["sizes"]
+    failed = sorted({e["rows"] for e in sizes if not e["within_10pct"]})
+    missed = len(sizes) - sum(e["within_10pct"] for e in sizes)
+    assert (missed, failed) == (4, [512, 1024])  # what kernels/README.md states
+
+
 def test_cli_writes_the_check_with_the_l2_mode_and_names_a_bad_file(tmp_path: Path, capsys) -> None:
     profile = str(PROJECT_ROOT / "integration/results/h200-ingraph-all-fused/h200-profile.json")
     rows = [{"op": op, "dtype": "bf16", "rows": r, "hidden": 4096,
