@@ -106,10 +106,11 @@ def _feedback_records(per_step_us: float, seed: int = 3, n: int = 300) -> pd.Dat
     due = np.cumsum(rng.exponential(150.0, n))
     out = rng.integers(20, 200, n)
     start = due + 40.0
-    decode = (out - 1) * (5.0 + per_step_us / 1000.0)
+    steps_ms = (out - 1) * (5.0 + per_step_us / 1000.0)
+    decode = steps_ms
     for _ in range(50):
         arrived = np.searchsorted(due, start + decode) - np.searchsorted(due, start)
-        decode = (out - 1) * (5.0 + per_step_us / 1000.0) + 25.0 * arrived
+        decode = steps_ms + 25.0 * arrived
     return pd.DataFrame({"window": 0, "load": 5.0, "index": np.arange(n), "ok": True, "due_ms": due,
                          "input_tokens": 100, "output_tokens": out, "ttft_ms": 40.0,
                          "tpot_ms": decode / (out - 1), "e2e_ms": 40.0 + decode})
