@@ -143,26 +143,19 @@ def prefill_feedback(frame: pd.DataFrame) -> list[dict]:
     return rows
 
 
-def added_per_token(df: pd.DataFrame, baseline: str, treatment: str) -> list[dict]:
-    """Per load, over requests with a TPOT in both arms: the decode time the treatment added per
-    decode token (us; median and mean over requests) and the change of the total decode time (%),
-    which weights each request by its decode time, beside the median request's TPOT change (%).
-    The two differ where the change is not the same for short- and long-TPOT requests, so a
-    prediction of totals is not one of the median request."""
-    cols = [*PAIR_KEY, "ok", "tpot_ms", "output_tokens"]
-    both = df.loc[df["arm"] == baseline, cols].merge(df.loc[df["arm"] == treatment, cols], on=PAIR_KEY,
-                                                     suffixes=("_b", "_t"))
-    both = both[both["ok_b"] & both["ok_t"] & (both["tpot_ms_b"] > 0) & (both["tpot_ms_t"] > 0)]
+def added_per_token(frame: pd.DataFrame) -> list[dict]:
+    """Per load of an exposure_frame: the decode time the treatment added per decode token (us; median
+    and mean over requests) and the change of the total decode time (%), which weights each request by
+    its decode time, beside the median request's TPOT change (%). The two differ where the change is
+    not the same for short- and long-TPOT requests, so a prediction of totals is not one of the median
+    request."""
     rows = []
-    for load, g in both.groupby("load", sort=True):
-        steps = g["output_tokens_b"] - 1
-        dec_b, dec_t = g["tpot_ms_b"] * steps, g["tpot_ms_t"] * steps
-        added = 1000.0 * (dec_t - dec_b) / steps
-        log_ratio = np.log(g["tpot_ms_t"] / g["tpot_ms_b"])
-        rows.append({"load": float(load), "n": len(g), "added_us_median": float(added.median()),
-                     "added_us_mean": float(added.mean()),
-                     "total_change_pct": float(100.0 * (dec_t.sum() / dec_b.sum() - 1.0)),
-                     "median_request_change_pct": float(pct(log_ratio.median()))})
+    for load, g in frame.groupby("load", sort=True):
+        added_ms = (g["added_us"] * g["steps"]).sum() / 1000.0
+        rows.append({"load": float(load), "n": len(g), "added_us_median": float(g["added_us"].median()),
+                     "added_us_mean": float(g["added_us"].mean()),
+                     "total_change_pct": float(100.0 * added_ms / g["decode_ms"].sum()),
+                     "median_request_change_pct": float(pct(g["log_ratio"].median()))})
     return rows
 
 
@@ -197,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for row in by_third(frame):
         print(f"  {row['load']:g}x {row['third']:>6} third: n {row['n']:4d}, exposure {row['exposure']:.3f}, "
               f"median change {row['median_change_pct']:+.2f}%")
-    for row in added_per_token(measured, baseline, a.arm):
+    for row in added_per_token(frame):
         print(f"  {row['load']:g}x added decode time per token: median {row['added_us_median']:+.0f} us, "
               f"mean {row['added_us_mean']:+.0f} us; total decode time {row['total_change_pct']:+.2f}%, "
               f"median request {row['median_request_change_pct']:+.2f}%")

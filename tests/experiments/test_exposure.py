@@ -69,9 +69,10 @@ def test_added_per_token_and_totals_against_the_median_request() -> None:
     rows = []
     for arm, tpots in (("stock", (10.0, 100.0)), ("treated", (11.0, 100.0))):
         for i, tp in enumerate(tpots):
-            rows.append({"arm": arm, "window": 0, "load": 4.0, "index": i, "ok": True, "tpot_ms": tp,
-                         "output_tokens": 10})
-    (row,) = exposure.added_per_token(pd.DataFrame(rows), "stock", "treated")
+            rows.append({"arm": arm, "window": 0, "load": 4.0, "index": i, "ok": True, "due_ms": 0.0,
+                         "input_tokens": 10, "output_tokens": 10, "ttft_ms": 5.0, "tpot_ms": tp,
+                         "e2e_ms": 5.0 + 9 * tp})
+    (row,) = exposure.added_per_token(exposure.exposure_frame(pd.DataFrame(rows), "stock", "treated"))
     assert row["n"] == 2 and row["added_us_median"] == pytest.approx(500.0)
     assert row["added_us_mean"] == pytest.approx(500.0)
     assert row["total_change_pct"] == pytest.approx(100.0 * 9.0 / 990.0)
