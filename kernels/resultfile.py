@@ -2,11 +2,13 @@
 
 Every JSON results file (kernel results, policy tables, step profiles, run.json, report.json) carries
 `schema_version`; a reader names the file and the version it knows when they differ, and a file
-that is missing, truncated or not JSON gets one error naming it.
+that is missing, truncated or not JSON gets one error naming it. A name ending in `.gz` is gzip
+(the bulky raw files: profiler traces), written and read the same way.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import tempfile
@@ -30,14 +32,17 @@ def project_relative(path: str | Path, root: Path) -> str:
 
 def write_json(path: str | Path, data: Any) -> None:
     """Write JSON atomically: a temporary file in the same directory, then os.replace (a crash leaves
-    the old file or the new one, never half of one). NaN and infinities are refused."""
+    the old file or the new one, never half of one); gzip where the name ends in `.gz`. NaN and
+    infinities are refused."""
     path = Path(path)
+    body = (json.dumps(data, indent=1, allow_nan=False) + "\n").encode("utf-8")
+    if path.suffix == ".gz":
+        body = gzip.compress(body, mtime=0)  # no timestamp: the same data gives the same bytes
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o644)  # mkstemp makes it private; results are for everyone to read
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, allow_nan=False)
-            f.write("\n")
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -64,13 +69,14 @@ def read_json(path: str | Path, schema_version: int | Collection[int] | None, wh
     naming the file otherwise."""
     path = Path(path)
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        data = path.read_bytes()
+        doc = json.loads(gzip.decompress(data) if path.suffix == ".gz" else data)
     except FileNotFoundError:
         raise ResultFileError(f"{path}: no such {what} file") from None
     except json.JSONDecodeError as exc:
         raise ResultFileError(f"{path}:{exc.lineno}: {what} is not valid JSON ({exc.msg}); "
                               "truncated or corrupt?") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, EOFError, UnicodeDecodeError) as exc:  # gzip: BadGzipFile is an OSError, EOFError a cut
         raise ResultFileError(f"{path}: cannot read {what}: {exc}") from None
     if not isinstance(doc, dict):
         raise ResultFileError(f"{path}: {what} must be a JSON object, got {type(doc).__name__}")

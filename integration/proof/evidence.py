@@ -287,7 +287,7 @@ def _row(kind: str, n: int, srow: dict, prow: dict, shape: normcalls.NormShape |
 
 def profile_from_raw(raw: dict, mode: str = "compiled") -> dict:
     """The profile of one mode (h200-profile.json for compiled) from the engines' raw results
-    (raw-steps.json written by prove)."""
+    (raw-steps.json.gz written by prove)."""
     res = raw["results"]
     def keyed(name: str) -> dict:
         return {(r.get("kind", "decode"), r["batch_tokens"]): r
@@ -350,12 +350,14 @@ def regreedy(evidence: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: rebuild h200-profile.json from raw-steps.json, or an h200.json's output comparison."""
+    """CLI: rebuild h200-profile.json from raw-steps.json.gz, or an h200.json's output comparison."""
     import argparse
     import json
 
+    from kernels.resultfile import ResultFileError, read_json
+
     ap = argparse.ArgumentParser(description=main.__doc__)
-    ap.add_argument("--raw", help="raw-steps.json written by python -m integration.proof.prove")
+    ap.add_argument("--raw", help="raw-steps.json.gz written by python -m integration.proof.prove")
     ap.add_argument("--out",
                     help="profile JSON to write from --raw (e.g. integration/results/h200-profile.json)")
     ap.add_argument("--mode", choices=("compiled", "eager"), default="compiled",
@@ -365,8 +367,11 @@ def main(argv: list[str] | None = None) -> int:
     if bool(args.raw) != bool(args.out) or not (args.raw or args.evidence):
         ap.error("give --raw with --out, and/or --evidence")
     if args.raw:
-        with open(args.raw) as f:
-            prof = profile_from_raw(json.load(f), args.mode)
+        try:
+            raw = read_json(args.raw, None, "raw-steps")
+        except ResultFileError as exc:
+            ap.error(f"--raw: {exc}")
+        prof = profile_from_raw(raw, args.mode)
         with open(args.out, "w") as f:
             json.dump(prof, f, indent=1)
     if args.evidence:

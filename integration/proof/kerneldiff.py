@@ -6,8 +6,9 @@ side is FILE:ARM (an arm of that file's results, e.g. stock-compiled), the figur
 traced steps of that size:
 
     python -m integration.proof.kerneldiff \\
-        integration/results/h200-llama8b-pairs-2026-12-05/pair5/raw-steps.json:stock-compiled \\
-        integration/results/h200-llama8b-pairs-2026-12-05/pair6/raw-steps.json:stock-compiled --batch-tokens 1
+        integration/results/h200-llama8b-pairs-2026-12-05/pair5/raw-steps.json.gz:stock-compiled \\
+        integration/results/h200-llama8b-pairs-2026-12-05/pair6/raw-steps.json.gz:stock-compiled \\
+        --batch-tokens 1
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def diff(a: dict[str, tuple[float, float]], b: dict[str, tuple[float, float]]) -
 def _side(text: str) -> tuple[Path, str]:
     path, sep, arm = text.rpartition(":")
     if not sep or not path:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected FILE:ARM, e.g. raw-steps.json:stock-compiled")
+        raise argparse.ArgumentTypeError(f"{text!r}: expected FILE:ARM, "
+                                         "e.g. raw-steps.json.gz:stock-compiled")
     return Path(path), arm
 
 

@@ -13,7 +13,7 @@ averages over two engines per arm and measures how far two stock engines differ.
 
 Writes OUT/<gpu>.json (e.g. h200.json; evidence: providers, priorities, plugin log lines, kernels seen
 in CUDA-graph replays, greedy agreement, the command), OUT/<gpu>-profile.json (per batch size: step
-time, norm time and calls, stock vs patched, with raw samples), OUT/raw-steps.json (the compiled
+time, norm time and calls, stock vs patched, with raw samples), OUT/raw-steps.json.gz (the compiled
 engines' raw step data, from which `python -m integration.proof.evidence --raw ... --out ...` rebuilds
 the profile) and OUT/logs.tar.gz. Both count norm calls per step by kind (hidden-size and head_dim
 rows, from the model's config.json) against what its layers make (integration.proof.normcalls): 2L+1
@@ -25,6 +25,7 @@ commands) and starts nothing.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import platform
@@ -315,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         raw = {"model": a.model, "ranges": ranges, "command": command, "environment": doc["environment"],
                "policy": policy_source,
                "results": {e.name: results.get(e.name) for e in runs if e.mode in profiled}}
-        (out / "raw-steps.json").write_text(json.dumps(raw))
+        (out / "raw-steps.json.gz").write_bytes(gzip.compress(json.dumps(raw).encode(), mtime=0))
         if a.graph_replays:
             (out / f"{gpu}-graph-steps.json").write_text(json.dumps(graphtime.document(raw), indent=1))
         for m in profiled:

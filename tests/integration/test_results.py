@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from kernels.resultfile import read_json
+
 RESULTS = Path(__file__).resolve().parents[2] / "integration" / "results"
 
 
@@ -14,7 +16,7 @@ def _load(name: str) -> dict:
     path = RESULTS / name
     if not path.exists():
         pytest.skip(f"{path} not committed")
-    return json.loads(path.read_text())
+    return read_json(path, None, name)
 
 
 def test_profile_schema_and_raw_samples() -> None:
@@ -103,7 +105,7 @@ def test_graph_step_files_rebuild_from_their_raw_samples(run: str, rounds: int, 
     from integration.proof import graphtime
 
     committed = _load(f"{run}/h200-graph-steps.json")
-    assert graphtime.document(_load(f"{run}/raw-steps.json")) == committed
+    assert graphtime.document(_load(f"{run}/raw-steps.json.gz")) == committed
     assert all(r["arms"]["patched"]["rounds"] == rounds and r["replays_per_round"] == [replays]
                for r in committed["sizes"])
 

@@ -9,6 +9,7 @@ import pytest
 
 from integration.proof import evidence, ingraph
 from kernels.policy import load_policy
+from kernels.resultfile import read_json
 
 RESULTS = Path(__file__).resolve().parents[3] / "integration" / "results"
 
@@ -91,10 +92,10 @@ def test_cli_writes_the_table_and_names_a_bad_profile(tmp_path: Path, capsys: py
 
 
 def test_committed_profile_rebuilds_with_step_level_verdicts() -> None:
-    raw_path = RESULTS / "h200-raw-steps.json"
+    raw_path = RESULTS / "h200-raw-steps.json.gz"
     if not raw_path.exists():
         pytest.skip(f"{raw_path} not committed")
-    prof = evidence.profile_from_raw(json.loads(raw_path.read_text()))
+    prof = evidence.profile_from_raw(read_json(raw_path, None, "raw-steps"))
     for row in prof["steps"]:
         s, p = row["samples"]["stock"]["norm_us"], row["samples"]["patched"]["norm_us"]
         extra = sum(row["patched_extra_kernels_us"].values())
