@@ -111,7 +111,9 @@ def render(run_dir: Path, baseline: str, other: str, metric: str, loads: list[di
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI: print the decomposition of one run's paired metric for two of its arms."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m experiments.cellnoise", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run_dir", type=Path, help="a run directory with requests.jsonl.gz")
     ap.add_argument("--arms", default="stock,stock-b",
                     help="BASELINE,OTHER: the two arm labels to pair (default stock,stock-b: the run's A/A)")

@@ -36,8 +36,8 @@ class ConfigError(ValueError):
 # Per-device defaults for every field the user may leave unset (None on the command line).
 DEVICE_DEFAULTS: dict[str, dict] = {
     # Sized so that the whole run (three server starts of 30-65 s each in eager mode with the interleaved
-    # A/A arm, warm-up, burn-in, 4 windows x 3 loads x 3 arms, analysis) takes about five to six minutes
-    # on 2 cores (5.7 min for experiments/results/cpu-tiny-aa on a shared machine). Seen on 2 cores with these
+    # A/A arm, warm-up, burn-in, 4 windows x 3 loads x 3 arms, analysis) takes about four to six minutes
+    # on 2 cores (4.3 min for experiments/results/cpu-tiny-aa, 2026-12-05). Seen on 2 cores with these
     # clips, on a stretch of 3.8 req/s at 1x: TTFT p50 35 ms at 1x, 43 ms at 2x, 232 ms at 4x (TPOT p50
     # 3.8, 4.1, 60 ms). The default windows run at ~2.3 req/s at 1x, so 8x is past the knee.
     "cpu": dict(model="tiny-llama", dtype="float32", eager=True, windows=4, window_s=10.0,

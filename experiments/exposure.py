@@ -7,7 +7,7 @@ that carried a prefill. If a treatment costs more in mixed or prefill steps than
 per-request log TPOT ratio grows with exposure; if the cost sits in the decode steps (or in the
 server as a whole), it does not. This is a diagnosis beside the report, not a verdict:
 
-    python -m experiments.exposure experiments/results/<run> --arm planted:0.5us
+    python -m experiments.exposure experiments/results/h200-llama8b-confirm2 --arm planted:3us
 
 prints, per load, the median change of the least, middle and most exposed third of the requests,
 the decode time added per token (median and mean request) and the change of the total decode time,

@@ -66,14 +66,15 @@ def _knee_text(k: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m experiments.kneewindows", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", type=Path,
                     help="run directories (each with run.json, requests.jsonl.gz)")
     ap.add_argument("--quantiles", action="append", type=_quantiles,
                     help="a quantile set of request counts to pick windows at; repeat to compare "
                          f"(default: the old quartiles and SEARCH_QUANTILES {knee.SEARCH_QUANTILES})")
-    ap.add_argument("--slo", default="interactive", help="SLO tier whose attainment is compared")
+    ap.add_argument("--slo", default="interactive",
+                    help="SLO tier whose attainment is compared (default interactive)")
     args = ap.parse_args(argv)
     sets = args.quantiles or [(0.25, 0.5, 0.75), knee.SEARCH_QUANTILES]
     rows = []

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from experiments import comparisons, planted, stats
+from experiments.report_latency import aa_floor_text
 from experiments.report_md import render_markdown
 from experiments.slo import SLO
 from kernels.resultfile import write_json, write_text
@@ -116,6 +117,16 @@ def _slo_entry(item: Mapping, pair: list[str]) -> dict:
     return entry
 
 
+def _with_floor(entry: dict, floor: Mapping | None, pair: list[str]) -> None:
+    """Add the same tier's goodput change between the run's interleaved A/A pair (`pair`: baseline,
+    control) to an entry that has an interval, and to its verdict: a tier that moves between two
+    servers of one arm says so there."""
+    if not floor or entry.get("ci95_pct") is None or floor.get("t_ci95") is None or not floor.get("sd"):
+        return
+    entry["aa_floor"] = {"pair": list(pair), **floor}
+    entry["verdict"] += aa_floor_text(pair, floor["mean"], floor["t_ci95"], digits=1)
+
+
 def _at_knee(entry: dict | None, chosen: Mapping) -> None:
     """Add the goodput change at the two knee loads (the loads chosen, less the lowest) to the entry of
     the tier the knee search measured, and to its verdict."""
@@ -189,6 +200,10 @@ def build_report(a: Analysis) -> dict:
     secondary = {m: {"comparison": r["comparison"], "per_window": r["diffs"], "unpaired": r["unpaired"]}
                  for m, r in a.secondary.items()}
     primary = a.paired_latency.get(a.pair[1]) or {}
+    if a.in_run_floor:
+        for e in slos:
+            _with_floor(e, (a.in_run_floor["goodput"].get(e["name"]) or {}).get("comparison"),
+                        a.in_run_floor["pair"])
     if a.knee and a.knee["chosen"].get("tier"):
         _at_knee(next((e for e in slos if e["name"] == a.knee["chosen"]["tier"]), None), a.knee["chosen"])
     return {

@@ -20,6 +20,18 @@ def fmt_ci(ci, digits: int = 2) -> str:
     return "n/a" if ci is None else f"[{ci[0]:+.{digits}f}, {ci[1]:+.{digits}f}]%"
 
 
+def aa_floor_text(pair, estimate: float, ci, digits: int = 2) -> str:
+    """"; A/A floor (<control> vs <baseline>, this run) <estimate> [lo, hi]%" for the run's interleaved
+    A/A pair (baseline, control), and, where that interval excludes 0, that a change of that size is
+    not the arms'."""
+    base, ctrl = pair
+    text = f"; A/A floor ({ctrl} vs {base}, this run) {estimate:+.{digits}f}% {fmt_ci(ci, digits)}"
+    if ci[0] > 0 or ci[1] < 0:
+        text += (" — the A/A interval excludes 0: the two servers of one arm differ, so a change of that "
+                 "size is not the arms'")
+    return text
+
+
 def paired_lines(r: Mapping) -> list[str]:
     """Per latency metric: the paired per-request change of the primary comparison, its intervals and
     MDE, and the A/A floor's interval from the same run; then the position effect; then the same
@@ -58,12 +70,7 @@ def _metric_lines(r: Mapping, treat: str, with_floor: bool) -> list[str]:
                 f"{fmt_ci(c['bootstrap_ci95_pct'])}); MDE {c['mde_pct']:.2f}%")
         f = floor.get(m) if with_floor else None
         if f and f.get("ci95_pct"):
-            ctrl = r["aa_in_run"]["pair"][1]
-            text += (f"; A/A floor ({ctrl} vs {base}, this run) {f['estimate_pct']:+.2f}% "
-                     f"{fmt_ci(f['ci95_pct'])}")
-            if f["ci95_pct"][0] > 0 or f["ci95_pct"][1] < 0:
-                text += (" — the A/A interval excludes 0: the two servers of one arm differ, so a change "
-                         "of that size is not the arms'")
+            text += aa_floor_text(r["aa_in_run"]["pair"], f["estimate_pct"], f["ci95_pct"])
         elif (with_floor and nf.get("applied") and not (r.get("aa") or {}).get("is_aa") and nf.get("source")
               and (nf.get("band_pct") or {}).get(f"paired:{m}")):
             text += f"; A/A floor ({nf['source']}) +-{nf['band_pct'][f'paired:{m}'][1]:.2f}%"

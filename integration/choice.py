@@ -94,11 +94,14 @@ def policy(mode: str = "compiled") -> Any:
         return Policy({}, source=f"{NONE_FUSED}: every call declined (stock)")
     if path is not None:
         return load_policy(path)
-    gpu = current_gpu() or "no GPU"
-    source = f"none for {gpu} ({mode}): every call declined (stock)"
+    gpu = current_gpu()
+    if gpu is None:
+        logger.warning("rmsnorm_fused: no CUDA GPU, so no %s policy table; cupy_fused declines every call "
+                       "(stock)", mode)
+        return Policy({}, source=f"none: no CUDA GPU ({mode}): every call declined (stock)")
     logger.warning("rmsnorm_fused: no %s policy table for GPU %s in kernels/results; cupy_fused declines "
                    "every call (stock). To make one: %s", mode, gpu, MAKE_TABLES.format(gpu=gpu))
-    return Policy({}, source=source)
+    return Policy({}, source=f"none for {gpu} ({mode}): every call declined (stock)")
 
 
 @functools.lru_cache(maxsize=65536)

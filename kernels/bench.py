@@ -209,7 +209,9 @@ def run(quick: bool, seed: int, vllm: tuple, log: Callable[[str], None] = print,
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: benchmark only (no validation, no policy); see kernels.suite for the full results file."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m kernels.bench", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="JSON file to write (bench rows and copy bandwidth)")
     ap.add_argument("--quick", action="store_true", help="a few shapes only (a smoke test)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the arm order shuffle")

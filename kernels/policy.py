@@ -22,7 +22,7 @@ from pathlib import Path
 
 from kernels.checks import DTYPE_NAMES
 from kernels.checks import unsupported_reason as _input_reason
-from kernels.resultfile import write_json
+from kernels.resultfile import ResultFileError, read_json, write_json
 
 SCHEMA_VERSION = 1
 MIN_MARGIN = 0.03  # below 3% a win is within what clocks and buffer placement move between runs
@@ -178,7 +178,9 @@ def table_document(results: dict, source: str, arms: tuple[str, ...] | None = No
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: write the policy table derived from a benchmark results file."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m kernels.policy", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--from", dest="source", required=True,
                     help="benchmark results JSON (kernels/results/h200.json)")
     ap.add_argument("--out", help="policy table to write (default: policy-<name>.json beside the --from "
@@ -186,7 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stock-arms", help="comma-separated stock arms to beat, e.g. 'inductor' for a server "
                     "under torch.compile (default: the best of every arm measured)")
     args = ap.parse_args(argv)
-    results = json.loads(Path(args.source).read_text())
+    try:
+        results = read_json(args.source, None, "kernel results")
+    except ResultFileError as exc:
+        print(f"policy: {exc}", file=sys.stderr)
+        return 2
     arms = tuple(a.strip() for a in args.stock_arms.split(",")) if args.stock_arms else None
     try:
         doc = table_document(results, args.source, arms)

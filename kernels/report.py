@@ -6,12 +6,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
 from pathlib import Path
 
+from kernels.resultfile import ResultFileError, read_json
 from kernels.shapes import LaunchShape
 
 BEGIN, END = "<!-- results:begin (python -m kernels.report) -->", "<!-- results:end -->"
@@ -193,11 +193,18 @@ def update_readme(readme: Path, section: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: print the generated section, or write it into a README between its markers."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m kernels.report", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--from", dest="source", required=True, help="results JSON (kernels/results/h200.json)")
     ap.add_argument("--readme", help="README whose marked results section is replaced")
     args = ap.parse_args(argv)
-    section = render(json.loads(Path(args.source).read_text()), args.source)
+    try:
+        results = read_json(args.source, None, "kernel results")
+    except ResultFileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    section = render(results, args.source)
     if args.readme:
         update_readme(Path(args.readme), section)
     else:

@@ -117,7 +117,9 @@ def finish(results: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: run everything and write the results file and the policy table."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m kernels.suite", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="results JSON to write (kernels/results/h200.json)")
     ap.add_argument("--policy-out", help="policy table to write (default: policy-h200.json beside --out)")
     ap.add_argument("--log-dir", help="folder for sanitizer logs (default: beside --out)")

@@ -136,7 +136,9 @@ def _describe(r: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI; exit 0 when the outcome is the expected one (pass, or fail under a negative control)."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m kernels.validate", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reduced", action="store_true", help="run the small suite (for compute-sanitizer)")
     ap.add_argument("--negative-control", choices=sorted(rmsnorm.NEGATIVE_CONTROLS),
                     help="build a deliberately broken kernel; validation must then fail")

@@ -257,7 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", action="store_true",
                    help="with --streams: one thread and event loop per stream instead of one shared loop")
     p.add_argument("--event-loop", choices=EVENT_LOOPS, default="asyncio", help="client event loop (asyncio)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"result JSON ({DEFAULT_OUT.name} here)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                   help="result JSON (default loadgen/results/bench-cpu.json, the committed evidence: pass "
+                   "another path to keep it)")
     return p
 
 

@@ -105,7 +105,7 @@ def build(paths: Sequence[Path], arm: str) -> dict:
     damaged file, ValueError when a file has no decode size of that arm)."""
     files, per_file = [], []
     for path in paths:
-        doc = read_json(path, None, "graph-steps file")
+        doc = read_json(path, None, "graph-steps")
         est = pair_estimates(doc, arm)
         if not est:
             raise ValueError(f"{path}: no decode size with per-round ratios of arm {arm!r}")
@@ -135,7 +135,8 @@ def table(doc: Mapping) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI: pool graph-steps files (one engine pair each) into one interval per decode size."""
-    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap = argparse.ArgumentParser(
+        prog="python -m integration.proof.enginepairs", description=main.__doc__)
     ap.add_argument("files", nargs="+", type=Path, help="graph-steps JSON files of the same code and table")
     ap.add_argument("--arm", default="patched", help="the arm compared with stock (default: patched)")
     ap.add_argument("--out", type=Path, help="write the document here (JSON); the table goes to stdout")

@@ -356,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from kernels.resultfile import ResultFileError, read_json
 
-    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap = argparse.ArgumentParser(
+        prog="python -m integration.proof.evidence", description=main.__doc__)
     ap.add_argument("--raw", help="raw-steps.json.gz written by python -m integration.proof.prove")
     ap.add_argument("--out",
                     help="profile JSON to write from --raw (e.g. integration/results/h200-profile.json)")

@@ -214,7 +214,8 @@ def document(raw: Mapping) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: rebuild <gpu>-graph-steps.json from a prove run's raw-steps.json.gz."""
-    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap = argparse.ArgumentParser(
+        prog="python -m integration.proof.graphtime", description=main.__doc__)
     ap.add_argument("--raw", required=True, help="raw-steps.json.gz of python -m integration.proof.prove")
     ap.add_argument("--out", required=True, help="graph-steps JSON to write (e.g. OUT/h200-graph-steps.json)")
     a = ap.parse_args(argv)

@@ -43,6 +43,7 @@ from pathlib import Path
 from integration import arms, choice
 from integration.launcher import MODELS_DIR
 from kernels import policy as kernel_policy
+from kernels.resultfile import ResultFileError, read_json
 
 FUSED = "fused:auto"  # the launch shape the --all-fused measurement ran (the kernel's own choice)
 RULE = ("fused at a measured size when every traced patched step's norm time + patched_extra_kernels_us "
@@ -136,7 +137,9 @@ def document(profile: dict, dtype: str, hidden: int, source: str, graph: dict | 
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m integration.proof.ingraph", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", required=True, help="h200-profile.json of an --all-fused prove run")
     p.add_argument("--out", required=True,
                    help="policy table to write (e.g. kernels/results/policy-h200-in-graph.json)")
@@ -153,8 +156,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
-    profile = json.loads(Path(a.profile).read_text())
-    graph = json.loads(Path(a.graph_steps).read_text()) if a.graph_steps else None
+    try:
+        profile = read_json(a.profile, None, "step profile")
+        graph = read_json(a.graph_steps, None, "graph-steps") if a.graph_steps else None
+    except ResultFileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     launch = kernel_policy.load_policy(a.launch_policy) if a.launch_policy else None
     dtype, hidden = arms.model_shape(a.model, a.dtype)
     source = a.profile + (f" + {a.graph_steps}" if a.graph_steps else "")

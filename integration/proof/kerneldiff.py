@@ -53,11 +53,14 @@ def _side(text: str) -> tuple[Path, str]:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: the table to stdout; exit 2 with one line naming a bad file, arm or size."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m integration.proof.kerneldiff", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("a", type=_side, help="FILE:ARM, the first engine")
     ap.add_argument("b", type=_side, help="FILE:ARM, the second engine (differences are b - a)")
     ap.add_argument("--batch-tokens", type=int, default=1, help="the decode step size (default 1)")
-    ap.add_argument("--top", type=int, default=8, help="kernels listed, largest differences first")
+    ap.add_argument("--top", type=int, default=8,
+                    help="kernels listed, largest differences first (default 8)")
     args = ap.parse_args(argv)
     try:
         ka, kb = (step_kernels(p, arm, args.batch_tokens) for p, arm in (args.a, args.b))

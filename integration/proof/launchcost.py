@@ -101,7 +101,9 @@ def measure(rows: int, hidden: int, calls: int, batches: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m integration.proof.launchcost", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="JSON file for the samples and the cProfile text")
     p.add_argument("--rows", default="1,2048", help="row counts (comma list; default 1,2048)")
     p.add_argument("--hidden", type=int, default=4096, help="hidden size (default 4096, the 8B shape)")

@@ -235,7 +235,9 @@ def _examples(records: list[dict]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: the IR-op census of one offline engine (see the module docstring)."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m integration.proof.normcalls", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="model directory with config.json (dummy weights)")
     p.add_argument("--dtype", default="auto", help="model dtype (default: the config's)")
     p.add_argument("--eager", action="store_true", help="--enforce-eager (per-call census)")

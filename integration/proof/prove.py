@@ -49,27 +49,34 @@ ENGINE_GPU_SHARE = 0.2  # each engine's --gpu-memory-utilization (its KV cache i
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m integration.proof.prove", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True,
                    help="directory for <gpu>.json, <gpu>-profile.json, logs.tar.gz (<gpu>: e.g. h200)")
-    p.add_argument("--model", default=str(MODELS_DIR / "llama-3.1-8b"), help="model dir (dummy weights)")
+    p.add_argument("--model", default=str(MODELS_DIR / "llama-3.1-8b"),
+                   help="model dir (dummy weights; default integration/models/llama-3.1-8b)")
     p.add_argument("--dtype", default="bfloat16", help="model dtype (default bfloat16)")
     p.add_argument("--prompts", type=int, default=4, help="greedy prompts per arm (default 4)")
     p.add_argument("--steps", type=int, default=256, help="greedy tokens per prompt (default 256)")
-    p.add_argument("--batch-sizes", default="1,8,32,128,256", help="decode batch sizes to profile")
+    p.add_argument("--batch-sizes", default="1,8,32,128,256",
+                   help="decode batch sizes to profile (default 1,8,32,128,256)")
     p.add_argument("--prefill-sizes", default="",
                    help="prompt lengths whose one-request prefill step is profiled too (comma list, "
                         "each <= 16384; e.g. 512,1024,2048,4096,8192,16384); default none")
-    p.add_argument("--timed-steps", type=int, default=20, help="steps timed per batch or prefill size")
-    p.add_argument("--traced-steps", type=int, default=4, help="decode steps kernel-traced per batch size")
-    p.add_argument("--modes", default="compiled,eager", help="which modes to run (comma list)")
+    p.add_argument("--timed-steps", type=int, default=20,
+                   help="steps timed per batch or prefill size (default 20)")
+    p.add_argument("--traced-steps", type=int, default=4,
+                   help="decode steps kernel-traced per batch size (default 4)")
+    p.add_argument("--modes", default="compiled,eager",
+                   help="which modes to run: compiled, eager or both (comma list; default compiled,eager)")
     p.add_argument("--profile-modes", default="compiled",
                    help="modes whose stock and patched engines profile the batch and prefill sizes "
                         "(comma list; default compiled; eager writes OUT/<gpu>-profile-eager.json)")
     p.add_argument("--weights", choices=("scaled", "dummy"), default="scaled",
                    help="scaled: seeded std-0.02 redraw of the dummy weights (default); dummy: vLLM's own")
     p.add_argument("--max-rows", type=int, default=16384,
-                   help="scan the policy up to this many rows for compile-range ends")
+                   help="scan the policy up to this many rows for compile-range ends (default 16384)")
     p.add_argument("--rounds", type=int, default=2,
                    help="profiling rounds; the arms' order reverses every round (default 2). Rounds "
                         "after the second only replay CUDA graphs (--graph-replays)")
@@ -87,7 +94,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "planted arm's -b) join the turns, interleaved (stock, patched, stock-b, "
                         "patched-b): engine-to-engine differences average out within one run, and "
                         "stock-b vs stock measures them (python -m integration.proof.enginepairs)")
-    p.add_argument("--timeout", type=float, default=500.0, help="overall deadline in seconds")
+    p.add_argument("--timeout", type=float, default=500.0, help="overall deadline in seconds (default 500)")
     p.add_argument("--policy", default=None,
                    help="policy table for both modes (default: this GPU's in-vLLM tables, "
                         "kernels/results/policy-<gpu>-in-graph.json and policy-<gpu>-in-vllm-eager.json)")

@@ -35,7 +35,9 @@ from kernels.resultfile import write_json  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m integration.proof.prove_arm", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arm", type=_arm_name, required=True,
                    help="which arm this process is: stock, patched, planted:<N>ns (integration.arms)")
     p.add_argument("--label", default=None,

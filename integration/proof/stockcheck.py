@@ -68,7 +68,9 @@ def check(results: dict, profile_path: Path) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: add the check to the results file; exit 2 on a bad file (one line naming it)."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m integration.proof.stockcheck", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", required=True, help="kernel results JSON (kernels/results/h200.json)")
     ap.add_argument("profiles", nargs="+", help="in-vLLM step profiles (integration.proof.prove)")
     a = ap.parse_args(argv)

@@ -166,3 +166,27 @@ def test_replies_without_the_engines_token_timing_are_flagged_at_the_top(key, co
     assert shown in line and "1x" not in line
     rows[1][key] = 0
     assert not any(x.startswith(notice) for x in headline(r))
+
+
+
+def test_goodput_verdicts_carry_the_same_tiers_aa_change_of_the_run():
+    from experiments.report import _with_floor
+
+    pair = ["stock", "stock-b"]
+    chat = {"verdict": "chat: patched +6.5%", "ci95_pct": [2.6, 10.5]}
+    _with_floor(chat, {"mean": 4.5, "t_ci95": [-4.4, 13.3], "sd": 13.9}, pair)
+    assert chat["verdict"] == ("chat: patched +6.5%; A/A floor (stock-b vs stock, this run) +4.5% "
+                               "[-4.4, +13.3]%")
+    assert chat["aa_floor"]["pair"] == pair and chat["aa_floor"]["mean"] == 4.5
+    inter = {"verdict": "interactive: patched +1.0%", "ci95_pct": [-1.0, 3.0]}
+    _with_floor(inter, {"mean": 5.0, "t_ci95": [1.0, 9.0], "sd": 6.0}, pair)
+    assert inter["verdict"].endswith("+5.0% [+1.0, +9.0]% — the A/A interval excludes 0: the two servers of "
+                                     "one arm differ, so a change of that size is not the arms'")
+    for entry, floor in (({"verdict": "relaxed: never stressed", "ci95_pct": None},  # no interval of its own
+                          {"mean": 1.0, "t_ci95": [0.0, 2.0], "sd": 1.0}),
+                         ({"verdict": "chat: +1%", "ci95_pct": [0.5, 1.5]},  # the A/A pair never differed
+                          {"mean": 0.0, "t_ci95": [0.0, 0.0], "sd": 0.0}),
+                         ({"verdict": "chat: +1%", "ci95_pct": [0.5, 1.5]}, None)):  # no A/A arm
+        before = dict(entry)
+        _with_floor(entry, floor, pair)
+        assert entry == before

@@ -251,3 +251,19 @@ def test_a_gpu_without_tables_declines_everything_and_says_how_to_measure(
     finally:
         choice.policy.cache_clear()
         choice.choose.cache_clear()
+
+
+def test_no_gpu_at_all_declines_everything_without_naming_a_table_to_make(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.delenv(choice.POLICY_ENV, raising=False)
+    monkeypatch.delenv(choice.POLICY_ENV_COMPILED, raising=False)
+    monkeypatch.setattr(choice, "current_gpu", lambda: None)
+    choice.policy.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger="vllm.plugins.rmsnorm_fused"):
+            pol = choice.policy("compiled")
+        assert pol.choose("rms_norm", "bf16", 1, 4096) == "stock" and "no CUDA GPU" in pol.source
+        (line,) = [r.getMessage() for r in caplog.records]
+        assert "no CUDA GPU" in line and "kernels.suite" not in line and ".json" not in line
+    finally:
+        choice.policy.cache_clear()

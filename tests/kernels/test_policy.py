@@ -64,9 +64,19 @@ def test_load_policy_rejects_bad_files(tmp_path: Path) -> None:
         load_policy(tmp_path / "missing.json")
 
 
-def test_shipped_table_loads() -> None:
+def test_shipped_table_loads_and_the_readme_counts_it() -> None:
     p = load_policy(RESULTS_DIR / "policy-h200.json")  # the committed H200 table
     assert p.choose("rms_norm", "bf16", 1, 2048).startswith("fused:")
+    table = json.loads((RESULTS_DIR / "policy-h200.json").read_text())["table"]
+    fused = sum(1 for entries in table.values() for _, choice in entries if choice != "stock")
+    total = sum(len(entries) for entries in table.values())
+    readme = " ".join((RESULTS_DIR.parent / "README.md").read_text().split())
+    assert f"{fused} of {total} shapes go to the fused kernel" in readme
+
+
+def test_cli_names_a_missing_results_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert policy_main(["--from", str(tmp_path / "nope.json")]) == 2
+    assert "nope.json: no such kernel results file" in capsys.readouterr().err
 
 
 def test_spread_and_decision_from_raw_samples() -> None:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from kernels.report import geomean, render, speedups, staged_study, targets
+from kernels.report import geomean, main, render, speedups, staged_study, targets
 
 
 def _row(rows: int, fused: float, inductor: float, vllm_c: float, policy: str, roofline: float = 1.0) -> dict:
@@ -75,3 +75,8 @@ def test_the_section_names_its_source_and_a_missing_vllm_arm() -> None:
     text = render({"bench": [row]}, "kernels/results/h100-staged/h100-80gb-hbm3.json")
     assert text.startswith("Generated from kernels/results/h100-staged/h100-80gb-hbm3.json (")
     assert "vLLM CUDA arm not timed" in text and "nanx" not in text
+
+
+def test_cli_names_a_missing_results_file(tmp_path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["--from", str(tmp_path / "nope.json")]) == 2
+    assert "nope.json: no such kernel results file" in capsys.readouterr().err

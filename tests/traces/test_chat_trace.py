@@ -69,3 +69,14 @@ def test_matches_independent_pandas_reading() -> None:
     assert (ours["o"].to_numpy() == df["GeneratedTokens"].to_numpy()).all()
     # rounding to the microsecond moves a time by at most half a microsecond
     assert abs(ours["t"].to_numpy() - rel).max() <= 0.5e-6 + 1e-9
+
+
+def test_readme_shows_what_traces_info_prints(capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+    from traces import info
+
+    monkeypatch.chdir(REPO)
+    assert info.main(["traces/chat.jsonl"]) == 0
+    printed = capsys.readouterr().out.rstrip("\n").splitlines()
+    text = (REPO / "traces" / "README.md").read_text(encoding="utf-8")
+    block = text.split("`python -m traces.info traces/chat.jsonl`:\n\n", 1)[1].split("\n\n", 1)[0]
+    assert [line.removeprefix("    ") for line in block.splitlines()] == printed

@@ -61,7 +61,9 @@ def test_a_file_without_the_arm_and_a_damaged_file_are_named(tmp_path: Path,
     bad = tmp_path / "bad.json"
     bad.write_text("{")
     assert enginepairs.main([str(bad)]) == 2
-    assert "bad.json:1: graph-steps file is not valid JSON" in capsys.readouterr().err
+    assert "bad.json:1: graph-steps is not valid JSON" in capsys.readouterr().err
+    assert enginepairs.main([str(tmp_path / "gone.json")]) == 2
+    assert "gone.json: no such graph-steps file\n" in capsys.readouterr().err
 
 
 def test_cli_writes_the_document_with_its_command(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

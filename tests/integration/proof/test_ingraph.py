@@ -89,6 +89,8 @@ def test_cli_writes_the_table_and_names_a_bad_profile(tmp_path: Path, capsys: py
     assert json.loads(out.read_text())["table"]["rms_norm/bf16/4096"] == [[1, "fused:auto"]]
     assert ingraph.main(["--profile", str(bad), "--out", str(tmp_path / "x.json")]) == 2
     assert "bad.json" in capsys.readouterr().err
+    assert ingraph.main(["--profile", str(tmp_path / "gone.json"), "--out", str(tmp_path / "x.json")]) == 2
+    assert "gone.json: no such step profile file" in capsys.readouterr().err
 
 
 def test_committed_profile_rebuilds_with_step_level_verdicts() -> None:
