@@ -1,12 +1,12 @@
 """Shape policies from timings inside vLLM: fused only where it beat the stock norm in the real model.
 
-    python -m integration.proof.ingraph --profile OUT/h200-profile.json \
+    python -m integration.proof.ingraph --profile OUT/h200-profile.json \\
         --out kernels/results/policy-h200-in-graph.json
-    python -m integration.proof.ingraph --profile OUT/h200-profile-eager.json \
+    python -m integration.proof.ingraph --profile OUT/h200-profile-eager.json \\
         --out kernels/results/policy-h200-in-vllm-eager.json
 
-    python -m integration.proof.ingraph --profile OUT/h200-profile.json \
-        --graph-steps OUT/h200-graph-steps.json --launch-policy kernels/results/policy-h200.json \
+    python -m integration.proof.ingraph --profile OUT/h200-profile.json \\
+        --graph-steps OUT/h200-graph-steps.json --launch-policy kernels/results/policy-h200.json \\
         --out kernels/results/policy-h200-in-graph.json
 
 The input is a step profile of `python -m integration.proof.prove` (decode and prefill steps, stock and

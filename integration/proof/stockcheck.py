@@ -1,7 +1,7 @@
 """Is the isolated Inductor arm what vLLM runs? Check a kernel results file against in-vLLM profiles.
 
-    python -m integration.proof.stockcheck --results kernels/results/h200.json \
-        integration/results/h200-ingraph-all-fused/h200-profile.json \
+    python -m integration.proof.stockcheck --results kernels/results/h200.json \\
+        integration/results/h200-ingraph-all-fused/h200-profile.json \\
         integration/results/h200-ingraph-policy/h200-profile.json
 
 For each step size a profile measured inside vLLM's compiled model, the stock norm time per call
