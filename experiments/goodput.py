@@ -72,6 +72,11 @@ def split_phases(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, int]]:
     return df[measured].copy(), {str(k): int(v) for k, v in sorted(excluded.items())}
 
 
+def replay_seconds(cell: pd.DataFrame) -> float:
+    """How long one cell's replay ran: t0 to the last request's end (s); NaN where none ended."""
+    return float(cell["end_ms"].max()) / 1e3
+
+
 def cell_table(df: pd.DataFrame, slos: Sequence[SLO], window_durations: Mapping[int, float]) -> pd.DataFrame:
     """Per (arm, window, load, slo): n, n_ok, n_met, attainment, duration_s (nominal), goodput_rps
     (attainment x offered rate), replay_s (t0 to the last request's end) and achieved_goodput_rps."""
@@ -81,8 +86,8 @@ def cell_table(df: pd.DataFrame, slos: Sequence[SLO], window_durations: Mapping[
     out = []
     for (arm, window, load), g in df.groupby(CELL, sort=True):
         duration = window_durations[window] / load
-        ends = g["end_ms"].dropna()
-        replay = max(float(ends.max()) / 1e3, duration) if len(ends) else math.nan
+        ran = replay_seconds(g)
+        replay = max(ran, duration) if math.isfinite(ran) else math.nan
         for s in slos:
             n_met = int(g[met_column(s)].sum())
             out.append({"arm": arm, "window": window, "load": load, "slo": s.name, "n": len(g),
@@ -210,11 +215,17 @@ def latency_table(df: pd.DataFrame) -> list[dict]:
     of the inter-token latencies pooled over them, as vLLM's benchmark pools them, where kept), the
     client's send lateness (p99 and max over every sent request: a late client hides load), and
     tpot_unobserved: succeeded replies of 2+ tokens read in one network read (no TPOT), and batched:
-    those the server streamed in fewer chunks than tokens."""
+    those the server streamed in fewer chunks than tokens. Throughput as vLLM's benchmark gives it,
+    over the cells' real replay time (replay_seconds, summed over windows): succeeded requests per
+    second (request_rps) and their output tokens per second (output_tok_s)."""
     out = []
     for (arm, load), g in df.groupby(["arm", "load"], sort=True):
         row: dict = {"arm": arm, "load": load, "n": len(g), "failed": int((~g["ok"]).sum())}
         ok = g[g["ok"]]
+        ran = [replay_seconds(w) for _, w in g.groupby("window")]
+        replay = sum(x for x in ran if math.isfinite(x))
+        row["request_rps"] = len(ok) / replay if replay > 0 else None
+        row["output_tok_s"] = float(ok["output_tokens"].sum()) / replay if replay > 0 else None
         for metric in ("ttft_ms", "tpot_ms", "e2e_ms"):
             vals = ok[metric].dropna().to_numpy()
             for p in (50, 90, 99):

@@ -183,14 +183,16 @@ def _latency_table(r: Mapping) -> list[str]:
     metrics = ["ttft", "tpot", "e2e"] + (["itl"] if any("itl_p50_ms" in x for x in r["latency"]) else [])
     head = " | ".join(f"{m.upper()} p50 | p90 | p99" for m in metrics)
     out = ["## Latency per arm and load (succeeded requests, ms)", "",
-           f"| arm | load | n | failed | {head} | send lateness p99 | max |",
-           "|---" * (6 + 3 * len(metrics)) + "|"]
+           f"| arm | load | n | failed | req/s | output tok/s | {head} | send lateness p99 | max |",
+           "|---" * (8 + 3 * len(metrics)) + "|"]
     for row in sorted(r["latency"], key=lambda x: (r["arm_labels"].index(x["arm"]), x["load"])):
-        vals = [fmt_num(row.get(f"{m}_p{p}_ms"), "{:.1f}") for m in metrics for p in (50, 90, 99)]
+        vals = [fmt_num(row.get("request_rps"), "{:.2f}"), fmt_num(row.get("output_tok_s"), "{:.0f}")]
+        vals += [fmt_num(row.get(f"{m}_p{p}_ms"), "{:.1f}") for m in metrics for p in (50, 90, 99)]
         vals += [fmt_num(row.get(k), "{:.2f}") for k in ("lateness_p99_ms", "lateness_max_ms")]
         out.append(f"| {row['arm']} | {row['load']:g}x | {row['n']} | {row['failed']} | "
                    + " | ".join(vals) + " |")
-    return out + [""]
+    return out + ["", "Throughput as vLLM's benchmark gives it: succeeded requests and their output tokens "
+                      "per second of the replays' real duration (t0 to the last request's end).", ""]
 
 
 def _power_and_attribution(r: Mapping) -> list[str]:

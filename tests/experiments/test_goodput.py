@@ -153,3 +153,16 @@ def test_paired_cells_keep_only_cells_every_arm_has():
     cells = cells[~((cells["arm"] == "patched") & (cells["load"] == 2.0))]
     kept = goodput.paired_cells(cells, ["stock", "patched"])
     assert sorted(set(zip(kept["arm"], kept["load"]))) == [("patched", 1.0), ("stock", 1.0)]
+
+
+def test_latency_table_throughput_over_the_real_replay_time():
+    # load 1: window 0's last request ends at 9 s + 100 ms + 9 x 10 ms, window 1's at 29.19 s (38.38 s
+    # of replay); 3 succeeded requests of 10 output tokens and one failure: 3 and 30 per 38.38 s
+    recs = [record(100.0, 10.0, out=10, tags=tags("s", 0, 1.0), due_ms=9_000.0),
+            record(100.0, 10.0, out=10, tags=tags("s", 1, 1.0), due_ms=0.0),
+            record(100.0, 10.0, out=10, tags=tags("s", 1, 1.0), due_ms=29_000.0),
+            record(100.0, 10.0, out=10, error="boom", status=500, completion=0, tags=tags("s", 1, 1.0))]
+    df = goodput.records_frame(recs, [CHAT])
+    assert [goodput.replay_seconds(w) for _, w in df.groupby("window")] == pytest.approx([9.19, 29.19])
+    (row,) = goodput.latency_table(df)
+    assert row["request_rps"] == pytest.approx(3 / 38.38) and row["output_tok_s"] == pytest.approx(30 / 38.38)
