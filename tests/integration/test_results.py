@@ -130,3 +130,19 @@ def test_the_pdl_off_table_is_the_shipped_one_without_pdl() -> None:
             assert b == (a[:-1] if a.startswith("fused:") and a.endswith("p") else a)
     assert any(shipped.choose("rms_norm", "bf16", n, 4096).endswith("p") for n in (1, 32))
     assert not any(c.endswith("p") for rows in nopdl.table.values() for _, c in rows)
+
+
+def test_graphtime_and_evidence_clis_read_the_gzip_raw_file(tmp_path: Path, capsys) -> None:
+    from integration.proof import evidence, graphtime
+
+    run = RESULTS / "h200-llama8b-graph"
+    if not (run / "raw-steps.json.gz").exists():
+        pytest.skip(f"{run} not committed")
+    out = tmp_path / "steps.json"
+    assert graphtime.main(["--raw", str(run / "raw-steps.json.gz"), "--out", str(out)]) == 0
+    assert json.loads(out.read_text()) == _load("h200-llama8b-graph/h200-graph-steps.json")
+    assert evidence.main(["--raw", str(run / "raw-steps.json.gz"), "--out", str(tmp_path / "p.json")]) == 0
+    assert json.loads((tmp_path / "p.json").read_text()) == _load("h200-llama8b-graph/h200-profile.json")
+    with pytest.raises(SystemExit):
+        graphtime.main(["--raw", str(tmp_path / "gone.json.gz"), "--out", str(out)])
+    assert "gone.json.gz: no such raw-steps file" in capsys.readouterr().err
