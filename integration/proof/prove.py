@@ -323,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         raw = {"model": a.model, "ranges": ranges, "command": command, "environment": doc["environment"],
                "policy": policy_source,
                "results": {e.name: results.get(e.name) for e in runs if e.mode in profiled}}
+        # not write_json: a profiler sample may be NaN, and the raw file keeps every sample as it came
         (out / "raw-steps.json.gz").write_bytes(gzip.compress(json.dumps(raw).encode(), mtime=0))
         if a.graph_replays:
             (out / f"{gpu}-graph-steps.json").write_text(json.dumps(graphtime.document(raw), indent=1))
