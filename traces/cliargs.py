@@ -59,12 +59,16 @@ def non_negative_float(text: str) -> float:
     return v
 
 
-def positive_int(text: str) -> int:
-    """An int >= 1."""
+def _integer(text: str) -> int:
     try:
-        v = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    """An int >= 1."""
+    v = _integer(text)
     if v < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
     return v
@@ -72,10 +76,7 @@ def positive_int(text: str) -> int:
 
 def non_negative_int(text: str) -> int:
     """An int >= 0."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    v = _integer(text)
     if v < 0:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
     return v
