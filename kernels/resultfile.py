@@ -30,12 +30,12 @@ def project_relative(path: str | Path, root: Path) -> str:
         return str(path)
 
 
-def write_json(path: str | Path, data: Any) -> None:
+def write_json(path: str | Path, data: Any, allow_nan: bool = False) -> None:
     """Write JSON atomically: a temporary file in the same directory, then os.replace (a crash leaves
     the old file or the new one, never half of one); gzip where the name ends in `.gz`. NaN and
-    infinities are refused."""
+    infinities are refused unless `allow_nan` (a raw file that keeps every sample as it came)."""
     path = Path(path)
-    body = (json.dumps(data, indent=1, allow_nan=False) + "\n").encode("utf-8")
+    body = (json.dumps(data, indent=1, allow_nan=allow_nan) + "\n").encode("utf-8")
     if path.suffix == ".gz":
         body = gzip.compress(body, mtime=0)  # no timestamp: the same data gives the same bytes
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

@@ -25,7 +25,6 @@ commands) and starts nothing.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import platform
@@ -42,6 +41,7 @@ from integration import arms, choice, compilecache
 from integration.launcher import MODELS_DIR
 from integration.proof import evidence, graphtime, normcalls
 from kernels import environment as kernel_env
+from kernels.resultfile import write_json
 
 ARMS = [("stock", "compiled"), ("patched", "compiled"), ("stock", "eager"), ("patched", "eager")]
 LOG_MARKERS = ("rmsnorm_fused", "cupy_fused", "Final IR op priority")
@@ -323,8 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         raw = {"model": a.model, "ranges": ranges, "command": command, "environment": doc["environment"],
                "policy": policy_source,
                "results": {e.name: results.get(e.name) for e in runs if e.mode in profiled}}
-        # not write_json: a profiler sample may be NaN, and the raw file keeps every sample as it came
-        (out / "raw-steps.json.gz").write_bytes(gzip.compress(json.dumps(raw).encode(), mtime=0))
+        write_json(out / "raw-steps.json.gz", raw, allow_nan=True)  # a profiler sample may be NaN
         if a.graph_replays:
             (out / f"{gpu}-graph-steps.json").write_text(json.dumps(graphtime.document(raw), indent=1))
         for m in profiled:

@@ -59,3 +59,9 @@ def test_nan_is_refused_and_the_old_file_kept(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         write_json(path, {"x": math.nan})
     assert read_json(path, 2, "result") == DOC
+
+
+def test_a_raw_file_may_keep_nan_when_asked(tmp_path: Path) -> None:
+    path = tmp_path / "raw.json.gz"
+    write_json(path, {"x": math.nan}, allow_nan=True)
+    assert math.isnan(read_json(path, None, "raw-steps")["x"])
