@@ -318,17 +318,17 @@ def main(argv: list[str] | None = None) -> int:
     doc = evidence.build(results, codes, logs, cmds, ranges, machine_record(), command, a)
     doc["policy"] = policy_source
     gpu = choice.current_gpu() or "no-gpu"  # results are named by the GPU they were measured on
-    (out / f"{gpu}.json").write_text(json.dumps(doc, indent=1))
+    write_json(out / f"{gpu}.json", doc, allow_nan=True)  # NaN written as before
     if profiled:
         raw = {"model": a.model, "ranges": ranges, "command": command, "environment": doc["environment"],
                "policy": policy_source,
                "results": {e.name: results.get(e.name) for e in runs if e.mode in profiled}}
         write_json(out / "raw-steps.json.gz", raw, allow_nan=True)  # a profiler sample may be NaN
         if a.graph_replays:
-            (out / f"{gpu}-graph-steps.json").write_text(json.dumps(graphtime.document(raw), indent=1))
+            write_json(out / f"{gpu}-graph-steps.json", graphtime.document(raw), allow_nan=True)
         for m in profiled:
             name = f"{gpu}-profile.json" if m == "compiled" else f"{gpu}-profile-{m}.json"
-            (out / name).write_text(json.dumps(evidence.profile_from_raw(raw, m), indent=1))
+            write_json(out / name, evidence.profile_from_raw(raw, m), allow_nan=True)
     print(json.dumps(doc["summary"], indent=1))
     return 0 if all(c == 0 for c in codes.values()) else 1
 
