@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import pandas as pd
 
 from experiments import goodput, paired
 from experiments.rundir import load_records
+from traces.cliargs import fail
 
 MEDIAN_FACTOR = math.sqrt(math.pi / 2)  # sd of a sample median / sd of a sample mean, normal data
 OUTPUT_BINS = (1, 8, 32, 64, 128, 1 << 20)  # output tokens: (1, 8], (8, 32], ...
@@ -124,14 +124,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"--arms {a.arms!r}: expected two labels, BASELINE,OTHER")
     records, source = load_records(a.run_dir)
     if source is None:
-        print(f"error: {a.run_dir}: no requests.jsonl.gz or requests.jsonl", file=sys.stderr)
-        return 2
+        return fail(ap.prog, f"{a.run_dir}: no requests.jsonl.gz or requests.jsonl")
     frame = goodput.records_frame(records, [])
     absent = [n for n in names if n not in set(frame["arm"])]
     if absent:
-        print(f"error: {a.run_dir}/{source}: no records of arm {absent[0]!r} (arms: "
-              f"{', '.join(sorted(set(frame['arm'])))})", file=sys.stderr)
-        return 2
+        return fail(ap.prog, f"{a.run_dir}/{source}: no records of arm {absent[0]!r} (arms: "
+                             f"{', '.join(sorted(set(frame['arm'])))})")
     pairs = paired_requests(frame, names[0], names[1], a.metric)
     print(render(a.run_dir, names[0], names[1], a.metric, per_load(pairs), by_output_tokens(pairs),
                  summary_spread(pairs)))

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 from experiments.config import DEVICE_DEFAULTS, LAYOUTS, RESULTS_DIR, ConfigError, RunConfig, make_config
 from experiments.slo import DEFAULT_SLO_FILE, load_slo_file, parse_slo
+from traces.cliargs import fail
 from traces.trace import TraceError
 
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|TiB)?\s*$", re.IGNORECASE)
@@ -316,7 +317,8 @@ def check_results_dir(path: Path) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
                         datefmt="%H:%M:%S")
     from experiments.orchestrate import run_experiment  # deferred: imports vLLM-side dependencies
@@ -329,8 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_results_dir(cfg.results_dir)
         run_dir = run_experiment(cfg, argv=["experiments/run.py", *argv])
     except (ConfigError, TraceError, ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(ap.prog, str(exc))
     run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
     report = run_dir / "report.md"
     if report.is_file():

@@ -34,6 +34,7 @@ import pandas as pd
 from scipy import stats as sps
 
 from experiments.paired import PAIR_KEY, pct, request_pairs
+from traces.cliargs import fail
 
 THIRDS = ("least", "middle", "most")
 
@@ -174,15 +175,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         run = read_run_record(a.run)
         df = load_run(a.run)
     except (FileNotFoundError, ValueError, ResultFileError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(ap.prog, str(exc))
     baseline = a.baseline or run["arm_labels"][0]
     labels = set(df["arm"])
     for flag, label in (("--arm", a.arm), ("--baseline", baseline)):
         if label not in labels:
-            print(f"error: {flag} {label!r} is not an arm of {a.run} (arms: {', '.join(sorted(labels))})",
-                  file=sys.stderr)
-            return 2
+            return fail(ap.prog, f"{flag} {label!r} is not an arm of {a.run} "
+                                 f"(arms: {', '.join(sorted(labels))})")
     measured = df[df["phase"] == "measure"].rename(columns={"succeeded": "ok"})
     frame = exposure_frame(measured, baseline, a.arm)
     print(f"{a.arm} vs {baseline}, TPOT paired per request, by exposure to prefills "

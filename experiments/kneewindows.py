@@ -22,6 +22,7 @@ from experiments import knee
 from experiments.rundir import read_run_record
 from experiments.runframe import load_run
 from experiments.slo import load_slo_file
+from traces.cliargs import fail
 
 
 def measured_requests(run_dir: Path) -> pd.DataFrame:
@@ -83,8 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 r = compare(run, qs, args.slo)
             except (OSError, ValueError) as e:
-                print(f"kneewindows: {e}", file=sys.stderr)
-                return 2
+                return fail(ap.prog, str(e))
             bias = ", ".join(f"{load:g}x {b:+.3f}" for load, b in r["bias"].items())
             print(f"{r['run']} quantiles {qs}: windows {r['windows']}; bias {bias}; knee "
                   f"{_knee_text(r['knee_picked'])} against {_knee_text(r['knee_all'])} over all windows")

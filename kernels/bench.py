@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                          "L2; warm: one buffer set, each call's input in L2 as after a GEMM inside a "
                          "model (for python -m integration.proof.stockcheck --results FILE)")
     args = ap.parse_args(argv)
-    if gpu_missing("bench"):
+    if gpu_missing(ap.prog):
         return 2
     vllm = (None, None, "left out (--no-vllm)") if args.no_vllm else stock.vllm_ops()
     widths = args.hidden

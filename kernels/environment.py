@@ -10,6 +10,8 @@ import sys
 
 import torch
 
+from traces.cliargs import fail
+
 _SMI_FIELDS = "clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,temperature.gpu,power.draw,pstate"
 
 
@@ -62,7 +64,7 @@ def gpu_missing(prog: str) -> bool:
     """True, after saying so on stderr under `prog`'s name, when this process sees no CUDA GPU."""
     if torch.cuda.is_available():
         return False
-    print(f"{prog}: no CUDA GPU visible (torch.cuda.is_available() is False)", file=sys.stderr)
+    fail(prog, "no CUDA GPU visible (torch.cuda.is_available() is False)")
     return True
 
 

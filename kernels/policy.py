@@ -23,6 +23,7 @@ from pathlib import Path
 from kernels.checks import DTYPE_NAMES
 from kernels.checks import unsupported_reason as _input_reason
 from kernels.resultfile import ResultFileError, read_json, write_json
+from traces.cliargs import fail
 
 SCHEMA_VERSION = 1
 MIN_MARGIN = 0.03  # below 3% a win is within what clocks and buffer placement move between runs
@@ -191,14 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         results = read_json(args.source, None, "kernel results")
     except ResultFileError as exc:
-        print(f"policy: {exc}", file=sys.stderr)
-        return 2
+        return fail(ap.prog, str(exc))
     arms = tuple(a.strip() for a in args.stock_arms.split(",")) if args.stock_arms else None
     try:
         doc = table_document(results, args.source, arms)
     except ValueError as exc:
-        print(f"policy: {exc}", file=sys.stderr)
-        return 2
+        return fail(ap.prog, str(exc))
     out = Path(args.out) if args.out else default_out(args.source)
     write_json(out, doc)
     fused = sum(1 for v in doc["table"].values() for e in v if e[1] != STOCK)

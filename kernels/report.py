@@ -13,6 +13,7 @@ from pathlib import Path
 
 from kernels.resultfile import ResultFileError, read_json
 from kernels.shapes import LaunchShape
+from traces.cliargs import fail
 
 BEGIN, END = "<!-- results:begin (python -m kernels.report) -->", "<!-- results:end -->"
 
@@ -202,8 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         results = read_json(args.source, None, "kernel results")
     except ResultFileError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(ap.prog, str(exc))
     section = render(results, args.source)
     if args.readme:
         update_readme(Path(args.readme), section)

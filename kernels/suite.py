@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sanitizer-timeout", type=float, default=300.0, help="seconds per sanitizer run")
     ap.add_argument("--seed", type=int, default=0, help="seed of the arm-order shuffle")
     args = ap.parse_args(argv)
-    if gpu_missing("suite"):
+    if gpu_missing(ap.prog):
         return 2
     widths = args.hidden
     out = Path(args.out)

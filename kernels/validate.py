@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the first case (case i uses seed+i)")
     ap.add_argument("--json", help="write the summary to this file")
     args = ap.parse_args(argv)
-    if gpu_missing("validate"):
+    if gpu_missing(ap.prog):
         return 2
     if args.negative_control:
         cases = negative_control_cases()

@@ -29,6 +29,7 @@ from scipy import stats
 from integration.arms import replica_base
 from integration.proof.graphtime import pct, t_interval
 from kernels.resultfile import read_json, write_json
+from traces.cliargs import fail
 
 SCHEMA_VERSION = 1
 
@@ -144,8 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         doc = build(a.files, a.arm)
     except ValueError as exc:  # ResultFileError included
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(ap.prog, str(exc))
     if a.out:
         write_json(a.out, {**doc, "command": ["python", "-m", "integration.proof.enginepairs",
                                               *map(str, argv if argv is not None else sys.argv[1:])]})

@@ -44,7 +44,9 @@ from integration import arms, choice
 from integration.launcher import MODELS_DIR
 from kernels import policy as kernel_policy
 from kernels.resultfile import ResultFileError, read_json
+from traces.cliargs import fail
 
+PROG = "python -m integration.proof.ingraph"
 FUSED = "fused:auto"  # the launch shape the --all-fused measurement ran (the kernel's own choice)
 RULE = ("fused at a measured size when every traced patched step's norm time + patched_extra_kernels_us "
         "< every traced stock step's and the median patched step wall time <= the stock one; between "
@@ -138,7 +140,7 @@ def document(profile: dict, dtype: str, hidden: int, source: str, graph: dict | 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m integration.proof.ingraph", description=__doc__,
+        prog=PROG, description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", required=True, help="h200-profile.json of an --all-fused prove run")
     p.add_argument("--out", required=True,
@@ -160,16 +162,14 @@ def main(argv: list[str] | None = None) -> int:
         profile = read_json(a.profile, None, "step profile")
         graph = read_json(a.graph_steps, None, "graph-steps") if a.graph_steps else None
     except ResultFileError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(PROG, str(exc))
     launch = kernel_policy.load_policy(a.launch_policy) if a.launch_policy else None
     dtype, hidden = arms.model_shape(a.model, a.dtype)
     source = a.profile + (f" + {a.graph_steps}" if a.graph_steps else "")
     try:
         doc = document(profile, dtype, hidden, source=source, graph=graph, launch=launch)
     except ProfileError as exc:
-        print(f"{a.profile}: {exc}", file=sys.stderr)
-        return 2
+        return fail(PROG, f"{a.profile}: {exc}")
     Path(a.out).write_text(json.dumps(doc, indent=1))
     key = next(iter(doc["table"]))
     print(f"{a.out}: {key}: " + ", ".join(f"<={n}:{c}" for n, c in doc["table"][key]))

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from integration.proof.evidence import mean_kernel_hist
 from kernels.resultfile import ResultFileError, read_json
+from traces.cliargs import fail
 
 
 def step_kernels(path: Path, arm: str, batch_tokens: int) -> dict[str, tuple[float, float]]:
@@ -65,8 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ka, kb = (step_kernels(p, arm, args.batch_tokens) for p, arm in (args.a, args.b))
     except (OSError, ValueError, ResultFileError) as exc:
-        print(f"kerneldiff: {exc}", file=sys.stderr)
-        return 2
+        return fail(ap.prog, str(exc))
     rows = diff(ka, kb)
     total_a, total_b = sum(u for _, u in ka.values()), sum(u for _, u in kb.values())
     print(f"{args.batch_tokens} tokens: kernel time per step {total_a:.1f} us (a), {total_b:.1f} us (b), "

@@ -30,6 +30,8 @@ from typing import Callable
 
 import torch
 
+from traces.cliargs import fail
+
 
 def _layers(x: torch.Tensor, res: torch.Tensor, w: torch.Tensor,
             eps: float) -> dict[str, Callable[[], object]]:
@@ -111,8 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", type=int, default=15, help="timed batches per layer (default 15)")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
-        print("launchcost needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
-        return 2
+        return fail(p.prog, "needs a CUDA GPU (torch.cuda.is_available() is False)")
     from kernels import environment as kernel_env
 
     shapes = [measure(int(r), a.hidden, a.calls, a.batches) for r in a.rows.split(",") if r]

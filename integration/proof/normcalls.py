@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Self
 
 from integration.arms import IR_OPS, QK_NORM_ARCHITECTURES, head_layout
+from traces.cliargs import fail
 TAG_PREFIX = "norm:"  # profiler annotation around one eager IR-op call: norm:<op>:<width>
 
 
@@ -247,8 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         shape = norm_shape(a.model)
     except ValueError as exc:
-        print(f"normcalls: {exc}", file=sys.stderr)
-        return 2
+        return fail(p.prog, str(exc))
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM
 

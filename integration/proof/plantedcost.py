@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kernels.resultfile import ResultFileError, read_json, write_json
+from traces.cliargs import fail
 
 SCHEMA_VERSION = 2  # 1 measured a separate spin kernel after each stock norm (no longer the arm)
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
@@ -111,9 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("error: python -m integration.proof.plantedcost needs a CUDA GPU (torch sees none)",
-              file=sys.stderr)
-        return 2
+        return fail(p.prog, "needs a CUDA GPU (torch sees none)")
     result = measure(ns_list, rows=args.rows, hidden=args.hidden, samples=args.samples)
     result["command"] = ["python", "-m", "integration.proof.plantedcost", *(argv or sys.argv[1:])]
     write_json(args.out, result)

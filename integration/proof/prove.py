@@ -42,7 +42,9 @@ from integration.launcher import MODELS_DIR
 from integration.proof import evidence, graphtime, normcalls
 from kernels import environment as kernel_env
 from kernels.resultfile import write_json
+from traces.cliargs import fail
 
+PROG = "python -m integration.proof.prove"
 ARMS = [("stock", "compiled"), ("patched", "compiled"), ("stock", "eager"), ("patched", "eager")]
 LOG_MARKERS = ("rmsnorm_fused", "cupy_fused", "Final IR op priority")
 ENGINE_GPU_SHARE = 0.2  # each engine's --gpu-memory-utilization (its KV cache is set apart: 4 GiB)
@@ -50,7 +52,7 @@ ENGINE_GPU_SHARE = 0.2  # each engine's --gpu-memory-utilization (its KV cache i
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m integration.proof.prove", description=__doc__,
+        prog=PROG, description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True,
                    help="directory for <gpu>.json, <gpu>-profile.json, logs.tar.gz (<gpu>: e.g. h200)")
@@ -282,8 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         _, _, shape = check_model(a)
         check_replicas(a)
     except ValueError as exc:
-        print(f"prove: {exc}", file=sys.stderr)
-        return 2
+        return fail(PROG, str(exc))
     if a.dry_run:
         print(json.dumps(dry_run(a, shape), indent=1))
         return 0

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from integration.proof.profiles import PROJECT_ROOT, load_profile
 from kernels.resultfile import ResultFileError, read_json
+from traces.cliargs import fail
 
 TOLERANCE = 0.10
 
@@ -79,8 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         results = json.loads(path.read_text())
         sizes = [e for p in a.profiles for e in check(results, Path(p))]
     except (OSError, ValueError, KeyError, ResultFileError) as exc:
-        print(f"stockcheck: {exc}", file=sys.stderr)
-        return 2
+        return fail(ap.prog, str(exc))
     command = "python -m integration.proof.stockcheck " + " ".join(argv or sys.argv[1:])
     results["in_vllm_check"] = {"command": command, "l2_mode": results.get("l2_mode", "cold"),
                                 "tolerance": TOLERANCE, "sizes": sizes}

@@ -53,7 +53,7 @@ def test_gpus_belong_to_the_duet_and_bad_input_is_one_line(capsys: pytest.Captur
         _parse("--device", "cpu", "--gpus", "0,1")
     assert run_cli.main(["--trace", str(TRACE), "--device", "cpu", "--layout", "duet", "--gpus", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: --layout duet: 2 arms")
+    assert len(err) == 1 and err[0].startswith("python experiments/run.py: error: --layout duet: 2 arms")
     with pytest.raises(SystemExit) as exc:
         _parse("--device", "cpu", "--layout", "duet", "--gpus", "zero,one")
     assert exc.value.code == 2 and "expected comma-separated device indices" in capsys.readouterr().err

@@ -49,7 +49,7 @@ def test_a_flat_cost_has_a_slope_near_zero() -> None:
 
 def test_the_cli_names_an_unknown_arm(tmp_path, capsys) -> None:  # noqa: ANN001
     assert exposure.main([str(tmp_path), "--arm", "x"]) == 2
-    assert "error:" in capsys.readouterr().err
+    assert "python -m experiments.exposure: error: " in capsys.readouterr().err
 
 
 def test_the_cli_reads_a_committed_run(capsys) -> None:  # noqa: ANN001

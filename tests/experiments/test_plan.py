@@ -124,7 +124,8 @@ def test_results_dir_that_cannot_hold_a_run_is_one_line_naming_the_flag(
                          "--window-s", "10", "--warmup-s", "5"])
     assert code == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(f"error: --results-dir {results}: ")
+    assert err.count("\n") == 1
+    assert err.startswith(f"python experiments/run.py: error: --results-dir {results}: ")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "t.jsonl"]  # nothing left behind
 
 

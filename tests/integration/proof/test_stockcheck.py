@@ -52,4 +52,4 @@ def test_cli_writes_the_check_with_the_l2_mode_and_names_a_bad_file(tmp_path: Pa
     assert one["ratio"] == pytest.approx(2.1 / one["in_vllm_stock_us_per_call"])
     (tmp_path / "bad.json").write_text("{")
     assert stockcheck.main(["--results", str(tmp_path / "bad.json"), profile]) == 2
-    assert capsys.readouterr().err.startswith("stockcheck: ")
+    assert capsys.readouterr().err.startswith("python -m integration.proof.stockcheck: error: ")

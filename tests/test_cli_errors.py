@@ -1,0 +1,40 @@
+"""A CLI given an input file that is not there says so in one line, ``PROG: error: MESSAGE``, never a
+traceback (each run as a user types it, in a fresh Python; none needs a GPU or a server for this)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_layout import ROOT
+
+# module -> its arguments; {gone} is a path that does not exist
+CASES = {
+    "experiments.run": ["--trace", "{gone}/t.jsonl", "--device", "cpu", "--dry-run"],
+    "experiments.kneewindows": ["{gone}"],
+    "experiments.cellnoise": ["{gone}"],
+    "experiments.exposure": ["{gone}", "--arm", "patched"],
+    "kernels.report": ["--from", "{gone}/h200.json"],
+    "kernels.policy": ["--from", "{gone}/h200.json", "--out", "{gone}/policy.json"],
+    "integration.proof.normcalls": ["--model", "{gone}", "--out", "{gone}/calls.json"],
+    "integration.proof.stockcheck": ["--results", "{gone}/h200.json", "{gone}/profile.json"],
+    "integration.proof.prove": ["--out", "{gone}/out", "--model", "{gone}", "--dry-run"],
+    "integration.proof.enginepairs": ["{gone}/graph-steps.json"],
+    "integration.proof.kerneldiff": ["{gone}/raw.json.gz:stock", "{gone}/raw.json.gz:patched"],
+    "integration.proof.ingraph": ["--profile", "{gone}/profile.json", "--out", "{gone}/policy.json"],
+}
+
+
+@pytest.mark.parametrize("module", sorted(CASES))
+def test_a_missing_input_is_one_error_line(module: str, tmp_path: Path) -> None:
+    gone = tmp_path / "gone"
+    argv = [a.format(gone=gone) for a in CASES[module]]
+    out = subprocess.run([sys.executable, "-m", module, *argv], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert out.returncode != 0 and len(lines) == 1, out.stderr
+    assert ": error: " in lines[0] and "Traceback" not in out.stderr
+    assert not gone.exists()
