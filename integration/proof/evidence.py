@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import json
 
-    from kernels.resultfile import ResultFileError, read_json
+    from kernels.resultfile import ResultFileError, read_json, write_json
 
     ap = argparse.ArgumentParser(
         prog="python -m integration.proof.evidence", description=main.__doc__)
@@ -373,13 +373,11 @@ def main(argv: list[str] | None = None) -> int:
         except ResultFileError as exc:
             ap.error(f"--raw: {exc}")
         prof = profile_from_raw(raw, args.mode)
-        with open(args.out, "w") as f:
-            json.dump(prof, f, indent=1)
+        write_json(args.out, prof, allow_nan=True)
     if args.evidence:
         with open(args.evidence) as f:
             ev = regreedy(json.load(f))
-        with open(args.evidence, "w") as f:
-            json.dump(ev, f, indent=1)
+        write_json(args.evidence, ev, allow_nan=True)
     return 0
 
 

@@ -21,17 +21,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import statistics
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
 
 import numpy as np
 from scipy import stats
 
 from integration.proof import normcalls
-from kernels.resultfile import ResultFileError, read_json
+from kernels.resultfile import ResultFileError, read_json, write_json
 
 WARM_REPLAYS = 10  # replays before the timed ones (clocks up, caches warm)
 BOOTSTRAP_RESAMPLES = 2000  # for the prefill steps' difference of medians
@@ -223,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         raw = read_json(a.raw, None, "raw-steps")
     except ResultFileError as exc:
         ap.error(f"--raw: {exc}")
-    Path(a.out).write_text(json.dumps(document(raw), indent=1))
+    write_json(a.out, document(raw), allow_nan=True)
     return 0
 
 

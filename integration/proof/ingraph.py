@@ -36,14 +36,12 @@ the norm time of a whole step (1 rms_norm and 64 fused_add_rms_norm calls on the
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
 from integration import arms, choice
 from integration.launcher import MODELS_DIR
 from kernels import policy as kernel_policy
-from kernels.resultfile import ResultFileError, read_json
+from kernels.resultfile import ResultFileError, read_json, write_json
 from traces.cliargs import fail
 
 PROG = "python -m integration.proof.ingraph"
@@ -170,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         doc = document(profile, dtype, hidden, source=source, graph=graph, launch=launch)
     except ProfileError as exc:
         return fail(PROG, f"{a.profile}: {exc}")
-    Path(a.out).write_text(json.dumps(doc, indent=1))
+    write_json(a.out, doc, allow_nan=True)
     key = next(iter(doc["table"]))
     print(f"{a.out}: {key}: " + ", ".join(f"<={n}:{c}" for n, c in doc["table"][key]))
     return 0

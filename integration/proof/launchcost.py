@@ -21,15 +21,14 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import json
 import pstats
 import sys
 import time
-from pathlib import Path
 from typing import Callable
 
 import torch
 
+from kernels.resultfile import write_json
 from traces.cliargs import fail
 
 
@@ -122,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"schema_version": 3, "launch_route": launch.route(), "goal_us_per_fused_call": 12.0,
            "command": "python -m integration.proof.launchcost " + " ".join(argv or sys.argv[1:]),
            "torch": torch.__version__, "gpu": kernel_env.smi("name,driver_version"), "shapes": shapes}
-    Path(a.out).write_text(json.dumps(doc, indent=1))
+    write_json(a.out, doc, allow_nan=True)
     for s in shapes:
         print(f"rows={s['rows']}: "
               + ", ".join(f"{k} {v:.1f} us" for k, v in s["median_per_call_us"].items()))

@@ -28,6 +28,7 @@ from typing import Self
 
 from integration.arms import IR_OPS, QK_NORM_ARCHITECTURES, head_layout
 from traces.cliargs import fail
+
 TAG_PREFIX = "norm:"  # profiler annotation around one eager IR-op call: norm:<op>:<width>
 
 
