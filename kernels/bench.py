@@ -15,7 +15,6 @@ run-to-run spread of an arm is the gap between its two rounds' medians.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import statistics
@@ -28,6 +27,7 @@ import torch
 from kernels import rmsnorm, stock
 from kernels.cases import TORCH_DTYPES
 from kernels.environment import gpu_missing, width_list
+from kernels.resultfile import write_json
 from kernels.shapes import LaunchShape, auto_shape, candidates, vector_width
 from kernels.timing import capture, copy_bandwidth, replay_us
 
@@ -230,8 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args.quick, args.seed, vllm, widths=widths, l2_mode=args.l2)
     result.update(command="python -m kernels.bench " + " ".join(argv or sys.argv[1:]), vllm_c_error=vllm[2],
                   grid_widths=sorted(widths) if widths else "all")
-    with open(args.out, "w") as f:
-        json.dump(result, f)
+    write_json(args.out, result, allow_nan=True, indent=None)
     return 0
 
 

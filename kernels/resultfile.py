@@ -30,12 +30,13 @@ def project_relative(path: str | Path, root: Path) -> str:
         return str(path)
 
 
-def write_json(path: str | Path, data: Any, allow_nan: bool = False) -> None:
+def write_json(path: str | Path, data: Any, allow_nan: bool = False, indent: int | None = 1) -> None:
     """Write JSON atomically: a temporary file in the same directory, then os.replace (a crash leaves
     the old file or the new one, never half of one); gzip where the name ends in `.gz`. NaN and
-    infinities are refused unless `allow_nan` (a raw file that keeps every sample as it came)."""
+    infinities are refused unless `allow_nan` (a raw file that keeps every sample as it came);
+    `indent=None` writes one line (the kernel benchmark's large raw-sample files keep that layout)."""
     path = Path(path)
-    body = (json.dumps(data, indent=1, allow_nan=allow_nan) + "\n").encode("utf-8")
+    body = (json.dumps(data, indent=indent, allow_nan=allow_nan) + "\n").encode("utf-8")
     if path.suffix == ".gz":
         body = gzip.compress(body, mtime=0)  # no timestamp: the same data gives the same bytes
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

@@ -21,6 +21,7 @@ from pathlib import Path
 from kernels import bench, launch, policy, report, stock, validate
 from kernels.cases import full_cases, negative_control_cases, reduced_cases
 from kernels.environment import clocks, describe, gpu_missing, width_list
+from kernels.resultfile import write_json
 
 SCHEMA_VERSION = 2  # 2: launch-shape candidates per row, faithful Inductor arm, issue-10 targets, initcheck
 SANITIZER_TOOLS = ("memcheck", "racecheck", "initcheck")
@@ -168,12 +169,11 @@ def main(argv: list[str] | None = None) -> int:
                       "environment": env, "validation": val,
                       "bench": measured["bench"], "inductor_graphs": measured["inductor_graphs"],
                       "seconds": round(time.perf_counter() - t0, 1)})
-    out.write_text(json.dumps(results) + "\n")
+    write_json(out, results, allow_nan=True, indent=None)
     pol_path = Path(args.policy_out) if args.policy_out else out.with_name("policy-" + out.name)
     print(json.dumps(results["targets"], indent=1))
     try:
-        pol_path.write_text(json.dumps(policy.table_document(results, "kernels/results/" + out.name),
-                                       indent=1) + "\n")
+        write_json(pol_path, policy.table_document(results, "kernels/results/" + out.name), allow_nan=True)
     except ValueError as exc:
         print(f"suite: wrote {out}, no policy table: {exc}", file=sys.stderr)
         return 1

@@ -21,6 +21,7 @@ from kernels.cases import (EPS, INT_VIEW, TOLERANCES, TORCH_DTYPES, Case, full_c
 from kernels.checks import UnsupportedInput
 from kernels.environment import gpu_missing
 from kernels.reference import fused_add_rms_norm_ref, rms_norm_ref
+from kernels.resultfile import write_json
 from kernels.shapes import LaunchShape
 
 
@@ -158,8 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         summary["negative_control"] = args.negative_control
         summary["failed_as_it_must"] = control_caught(summary)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=1)
+        write_json(args.json, summary, allow_nan=True)
     print(json.dumps({k: v for k, v in summary.items() if k != "failures"}, indent=1))
     for line in summary["failures"][:5]:
         print("FAIL", line)

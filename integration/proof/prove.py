@@ -121,8 +121,7 @@ def select_policy(a: argparse.Namespace, scratch: Path) -> dict:
         widths = {hidden, shape.head_dim} if heads else {hidden}  # Qwen3: the head norms too, unless "hidden"
         table = {f"{op}/{dtype}/{w}": [[1 << 30, "fused:auto"]] for op in choice.OPS for w in sorted(widths)}
         path = str(scratch / "policy-all-fused.json")
-        Path(path).write_text(json.dumps({"schema_version": 1, "source": f"--all-fused {a.all_fused}",
-                                          "table": table}))
+        write_json(path, {"schema_version": 1, "source": f"--all-fused {a.all_fused}", "table": table})
     if path:
         os.environ[choice.POLICY_ENV] = str(Path(path).resolve())
     choice.policy.cache_clear()

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from integration.proof.profiles import PROJECT_ROOT, load_profile
-from kernels.resultfile import ResultFileError, read_json
+from kernels.resultfile import ResultFileError, read_json, write_json
 from traces.cliargs import fail
 
 TOLERANCE = 0.10
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m integration.proof.stockcheck " + " ".join(argv or sys.argv[1:])
     results["in_vllm_check"] = {"command": command, "l2_mode": results.get("l2_mode", "cold"),
                                 "tolerance": TOLERANCE, "sizes": sizes}
-    path.write_text(json.dumps(results) + "\n")
+    write_json(path, results, allow_nan=True, indent=None)
     for e in sizes:
         iso = e["isolated_inductor_us_per_call"]
         print(f"{e['profile']}: rows {e['rows']}: in vLLM {e['in_vllm_stock_us_per_call']:.2f} us/call, "

@@ -65,3 +65,11 @@ def test_a_raw_file_may_keep_nan_when_asked(tmp_path: Path) -> None:
     path = tmp_path / "raw.json.gz"
     write_json(path, {"x": math.nan}, allow_nan=True)
     assert math.isnan(read_json(path, None, "raw-steps")["x"])
+
+
+def test_one_line_layout_for_the_large_raw_files(tmp_path: Path) -> None:
+    """indent=None keeps the layout the kernel benchmark's files had before they were written atomically."""
+    path = tmp_path / "bench.json"
+    write_json(path, DOC, indent=None)
+    assert path.read_text() == '{"schema_version": 2, "samples": [1.5, 2.5], "name": "x"}\n'
+    assert read_json(path, 2, "result") == DOC
