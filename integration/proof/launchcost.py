@@ -29,7 +29,6 @@ from typing import Callable
 import torch
 
 from kernels.resultfile import write_json
-from traces.cliargs import fail
 
 
 def _layers(x: torch.Tensor, res: torch.Tensor, w: torch.Tensor,
@@ -111,9 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=200, help="calls per timed batch (default 200)")
     p.add_argument("--batches", type=int, default=15, help="timed batches per layer (default 15)")
     a = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        return fail(p.prog, "needs a CUDA GPU (torch.cuda.is_available() is False)")
     from kernels import environment as kernel_env
+
+    if kernel_env.gpu_missing(p.prog):
+        return 2
 
     shapes = [measure(int(r), a.hidden, a.calls, a.batches) for r in a.rows.split(",") if r]
     from kernels import launch

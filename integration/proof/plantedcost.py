@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kernels.resultfile import ResultFileError, read_json, write_json
-from traces.cliargs import fail
 
 SCHEMA_VERSION = 2  # 1 measured a separate spin kernel after each stock norm (no longer the arm)
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
@@ -109,10 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         ns_list = [int(v) for v in args.ns.split(",") if v.strip()]
     except ValueError:
         p.error(f"--ns {args.ns!r}: expected comma-separated integers")
-    import torch
+    from kernels.environment import gpu_missing
 
-    if not torch.cuda.is_available():
-        return fail(p.prog, "needs a CUDA GPU (torch sees none)")
+    if gpu_missing(p.prog):
+        return 2
     result = measure(ns_list, rows=args.rows, hidden=args.hidden, samples=args.samples)
     result["command"] = ["python", "-m", "integration.proof.plantedcost", *(argv or sys.argv[1:])]
     write_json(args.out, result)

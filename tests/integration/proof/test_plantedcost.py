@@ -41,7 +41,7 @@ def test_cli_without_a_gpu_says_so(capsys: pytest.CaptureFixture[str], tmp_path:
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     assert plantedcost.main(["--ns", "200", "--out", str(tmp_path / "o.json")]) == 2
-    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert "plantedcost: error: no CUDA GPU visible" in capsys.readouterr().err
     with pytest.raises(SystemExit) as got:
         plantedcost.main(["--ns", "2x", "--out", str(tmp_path / "o.json")])
     assert got.value.code == 2
