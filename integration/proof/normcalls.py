@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Self
 
 from integration.arms import IR_OPS, QK_NORM_ARCHITECTURES, head_layout
+from kernels.resultfile import write_json
 from traces.cliargs import fail
 
 TAG_PREFIX = "norm:"  # profiler annotation around one eager IR-op call: norm:<op>:<width>
@@ -260,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     doc["lowered_at_build"] = build.lowered(shape)
     doc["command"] = ("python -m integration.proof.normcalls "
                       + " ".join(argv if argv is not None else sys.argv[1:]))
-    Path(a.out).write_text(json.dumps(doc, indent=1, default=str))
+    write_json(a.out, doc)
     ok = all(c["matches"] for c in doc["checks"].values())
     print(json.dumps({"checks": doc["checks"], "lowered_at_build": doc["lowered_at_build"]}, indent=1))
     return 0 if ok else 1
