@@ -22,6 +22,7 @@ from kernels import bench, launch, policy, report, stock, validate
 from kernels.cases import full_cases, negative_control_cases, reduced_cases
 from kernels.environment import clocks, describe, gpu_missing, width_list
 from kernels.resultfile import write_json
+from traces.cliargs import command_line
 
 SCHEMA_VERSION = 2  # 2: launch-shape candidates per row, faithful Inductor arm, issue-10 targets, initcheck
 SANITIZER_TOOLS = ("memcheck", "racecheck", "initcheck")
@@ -164,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     env["copy_bandwidth_bytes_per_s"] = measured["copy_bandwidth"]["before"]["bytes_per_s"]
     env["copy_bandwidth"] = measured["copy_bandwidth"]
     results = finish({"schema_version": SCHEMA_VERSION,
-                      "command": " ".join(["python -m kernels.suite"] + (argv or sys.argv[1:])),
+                      "command": command_line("python -m kernels.suite", argv),
                       "quick": args.quick, "grid_widths": sorted(widths) if widths else "all",
                       "environment": env, "validation": val,
                       "bench": measured["bench"], "inductor_graphs": measured["inductor_graphs"],

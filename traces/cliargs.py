@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import shlex
 import sys
+from collections.abc import Sequence
 from typing import NoReturn
 
 USAGE_ERROR = 2  # exit status of a bad flag, file or trace line
@@ -31,6 +34,18 @@ def fail(prog: str, message: str, code: int = USAGE_ERROR) -> int:
     """Print ``prog: error: message`` on stderr and return `code` (for ``return fail(...)``)."""
     print(f"{prog}: error: {message}", file=sys.stderr)
     return code
+
+
+def command_line(prog: str, argv: Sequence[str] | None = None) -> str:
+    """The command that made a results file, for its `command` field: `prog`, then the arguments
+    (``sys.argv[1:]`` when `argv` is None) quoted for a shell, so the line runs as written. A path
+    under ``$OUT`` (the GPU machine's output folder) is written ``$OUT/...``, true on every machine."""
+    out = os.environ.get("OUT", "").rstrip("/")
+    words = []
+    for arg in sys.argv[1:] if argv is None else argv:
+        rest = arg[len(out):] if out and arg.startswith(out + "/") else None
+        words.append("$OUT" + rest if rest is not None and shlex.quote(rest) == rest else shlex.quote(arg))
+    return " ".join([prog, *words])
 
 
 def _number(text: str) -> float:

@@ -28,7 +28,7 @@ from typing import Self
 
 from integration.arms import IR_OPS, QK_NORM_ARCHITECTURES, head_layout
 from kernels.resultfile import write_json
-from traces.cliargs import fail
+from traces.cliargs import command_line, fail
 
 TAG_PREFIX = "norm:"  # profiler annotation around one eager IR-op call: norm:<op>:<width>
 
@@ -259,8 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                   enforce_eager=a.eager, max_model_len=512, max_num_seqs=4, max_num_batched_tokens=512)
     doc = census_run(llm, shape, a.steps)
     doc["lowered_at_build"] = build.lowered(shape)
-    doc["command"] = ("python -m integration.proof.normcalls "
-                      + " ".join(argv if argv is not None else sys.argv[1:]))
+    doc["command"] = command_line("python -m integration.proof.normcalls", argv)
     write_json(a.out, doc)
     ok = all(c["matches"] for c in doc["checks"].values())
     print(json.dumps({"checks": doc["checks"], "lowered_at_build": doc["lowered_at_build"]}, indent=1))

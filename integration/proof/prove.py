@@ -42,7 +42,7 @@ from integration.launcher import MODELS_DIR
 from integration.proof import evidence, graphtime, normcalls
 from kernels import environment as kernel_env
 from kernels.resultfile import write_json
-from traces.cliargs import fail
+from traces.cliargs import command_line, fail
 
 PROG = "python -m integration.proof.prove"
 ARMS = [("stock", "compiled"), ("patched", "compiled"), ("stock", "eager"), ("patched", "eager")]
@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
             for n in procs:
                 tar.add(scratch / f"{n}.log", arcname=f"{n}.log")
-    command = "python -m integration.proof.prove " + shlex.join(argv if argv is not None else sys.argv[1:])
+    command = command_line("python -m integration.proof.prove", argv)
     doc = evidence.build(results, codes, logs, cmds, ranges, machine_record(), command, a)
     doc["policy"] = policy_source
     gpu = choice.current_gpu() or "no-gpu"  # results are named by the GPU they were measured on

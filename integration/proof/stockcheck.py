@@ -21,7 +21,7 @@ from pathlib import Path
 
 from integration.proof.profiles import PROJECT_ROOT, load_profile
 from kernels.resultfile import ResultFileError, read_json, write_json
-from traces.cliargs import fail
+from traces.cliargs import command_line, fail
 
 TOLERANCE = 0.10
 
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes = [e for p in a.profiles for e in check(results, Path(p))]
     except (OSError, ValueError, KeyError, ResultFileError) as exc:
         return fail(ap.prog, str(exc))
-    command = "python -m integration.proof.stockcheck " + " ".join(argv or sys.argv[1:])
+    command = command_line("python -m integration.proof.stockcheck", argv)
     results["in_vllm_check"] = {"command": command, "l2_mode": results.get("l2_mode", "cold"),
                                 "tolerance": TOLERANCE, "sizes": sizes}
     write_json(path, results, allow_nan=True, indent=None)
