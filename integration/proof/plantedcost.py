@@ -113,7 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if gpu_missing(p.prog):
         return 2
     result = measure(ns_list, rows=args.rows, hidden=args.hidden, samples=args.samples)
-    result["command"] = ["python", "-m", "integration.proof.plantedcost", *(argv or sys.argv[1:])]
+    words = sys.argv[1:] if argv is None else argv
+    result["command"] = ["python", "-m", "integration.proof.plantedcost", *words]
     write_json(args.out, result)
     for d in result["delays"]:
         print(f"planted {d['ns']} ns: +{d['added_us_per_call']:.3f} us per call in a graph "
