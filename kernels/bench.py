@@ -28,9 +28,9 @@ from kernels import rmsnorm, stock
 from kernels.cases import TORCH_DTYPES
 from kernels.environment import gpu_missing, width_list
 from kernels.resultfile import write_json
-from traces.cliargs import command_line
 from kernels.shapes import LaunchShape, auto_shape, candidates, vector_width
 from kernels.timing import capture, copy_bandwidth, replay_us
+from traces.cliargs import command_line
 
 EPS = 1e-6
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     vllm = (None, None, "left out (--no-vllm)") if args.no_vllm else stock.vllm_ops()
     widths = args.hidden
     result = run(args.quick, args.seed, vllm, widths=widths, l2_mode=args.l2)
-    result.update(command=command_line("python -m kernels.bench", argv), vllm_c_error=vllm[2],
+    result.update(command=command_line(ap.prog, argv), vllm_c_error=vllm[2],
                   grid_widths=sorted(widths) if widths else "all")
     write_json(args.out, result, allow_nan=True, indent=None)
     return 0

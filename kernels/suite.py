@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     env["copy_bandwidth_bytes_per_s"] = measured["copy_bandwidth"]["before"]["bytes_per_s"]
     env["copy_bandwidth"] = measured["copy_bandwidth"]
     results = finish({"schema_version": SCHEMA_VERSION,
-                      "command": command_line("python -m kernels.suite", argv),
+                      "command": command_line(ap.prog, argv),
                       "quick": args.quick, "grid_widths": sorted(widths) if widths else "all",
                       "environment": env, "validation": val,
                       "bench": measured["bench"], "inductor_graphs": measured["inductor_graphs"],

@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     from kernels import launch
 
     doc = {"schema_version": 3, "launch_route": launch.route(), "goal_us_per_fused_call": 12.0,
-           "command": command_line("python -m integration.proof.launchcost", argv),
+           "command": command_line(p.prog, argv),
            "torch": torch.__version__, "gpu": kernel_env.smi("name,driver_version"), "shapes": shapes}
     write_json(a.out, doc, allow_nan=True)
     for s in shapes:

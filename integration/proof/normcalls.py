@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                   enforce_eager=a.eager, max_model_len=512, max_num_seqs=4, max_num_batched_tokens=512)
     doc = census_run(llm, shape, a.steps)
     doc["lowered_at_build"] = build.lowered(shape)
-    doc["command"] = command_line("python -m integration.proof.normcalls", argv)
+    doc["command"] = command_line(p.prog, argv)
     write_json(a.out, doc)
     ok = all(c["matches"] for c in doc["checks"].values())
     print(json.dumps({"checks": doc["checks"], "lowered_at_build": doc["lowered_at_build"]}, indent=1))

@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
             for n in procs:
                 tar.add(scratch / f"{n}.log", arcname=f"{n}.log")
-    command = command_line("python -m integration.proof.prove", argv)
+    command = command_line(PROG, argv)
     doc = evidence.build(results, codes, logs, cmds, ranges, machine_record(), command, a)
     doc["policy"] = policy_source
     gpu = choice.current_gpu() or "no-gpu"  # results are named by the GPU they were measured on
