@@ -77,11 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     path = Path(a.results)
     try:
-        results = json.loads(path.read_text())
+        results = read_json(path, None, "kernel results")
         sizes = [e for p in a.profiles for e in check(results, Path(p))]
     except (OSError, ValueError, KeyError, ResultFileError) as exc:
         return fail(ap.prog, str(exc))
-    command = command_line("python -m integration.proof.stockcheck", argv)
+    command = command_line(ap.prog, argv)
     results["in_vllm_check"] = {"command": command, "l2_mode": results.get("l2_mode", "cold"),
                                 "tolerance": TOLERANCE, "sizes": sizes}
     write_json(path, results, allow_nan=True, indent=None)
