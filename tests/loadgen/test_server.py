@@ -50,13 +50,14 @@ def test_server_killed_mid_run_every_request_gets_one_record(tmp_path: Path) -> 
     server = start_server(tiny_server_config("stock", extra_env=env, max_model_len=16384),
                           tmp_path / "server.log")
     out = tmp_path / "records.jsonl"
-    # 90 requests over 30 s: the first 10 short (done before the kill), the rest 10000 tokens (half a
+    # 300 requests over 99 s: the first 10 short (done before the kill), the rest 10000 tokens (half a
     # minute each here), so the ones sent before the kill at 4 s are still streaming and requests are
-    # due after it even when a stall of the whole machine delays it by up to about 25 s (10 s was
-    # seen with one extra busy process on the 2 cores; with two, the machine froze for 36 s).
+    # due after it even when a stall of the whole machine delays it by up to about 90 s (10 s was
+    # seen with one extra busy process on the 2 cores; with two, the machine froze for 36 s; with
+    # none, client and killer alike once stalled for 37 s, a kill at 41.5 s past a 30 s trace).
     # Once the server is gone the rest fail at once, so the replay ends soon after the kill.
     reqs = [TraceRequest(0.33 * i, q.input_tokens, 16 if i < 10 else 10000)
-            for i, q in enumerate(chat_slice(90))]
+            for i, q in enumerate(chat_slice(300))]
     kill_at_s = 4.0
     stamp = tmp_path / "killed_ns"
 
