@@ -51,12 +51,12 @@ def write_json(path: str | Path, data: Any, allow_nan: bool = False, indent: int
 
 
 def write_text(path: str | Path, text: str) -> None:
-    """Write a text file atomically (same rule as write_json), UTF-8 with '\\n' line endings."""
+    """Write a text file atomically (same rule as write_json)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)
     except BaseException:

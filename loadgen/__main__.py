@@ -10,7 +10,6 @@ import json
 import sys
 from pathlib import Path
 
-from kernels.resultfile import write_text
 from loadgen.records import RequestRecord, read_records
 from loadgen.replay import DEAD_AFTER, EVENT_LOOPS, ReplayStopped, base_url, replay_sync
 from loadgen.summary import format_summary, summarize_records
@@ -142,7 +141,7 @@ def _run(args: argparse.Namespace) -> int:
     summary = summarize_records(records)
     print(format_summary(summary))
     if args.summary_json is not None:
-        write_text(args.summary_json, json.dumps(summary, indent=2) + "\n")
+        args.summary_json.write_text(json.dumps(summary, indent=2) + "\n")
     on_disk = len(read_records(args.out))
     print(f"records: {args.out} ({on_disk} lines)")
     if stopped is not None:

@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kernels.resultfile import write_text
 from traces.cliargs import OneLineParser, add_debug_flag, fail
 from traces.formats import FORMATS, order_rows, to_requests
 from traces.trace import TraceError, file_sha256, write_trace
@@ -161,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = convert(args.format, args.input, args.output, sort=args.sort)
         print("\n".join(report.lines()))
         if args.report is not None:
-            write_text(args.report, json.dumps(asdict(report), indent=2) + "\n")
+            args.report.write_text(json.dumps(asdict(report), indent=2) + "\n", encoding="utf-8")
     except (ValueError, OSError) as exc:  # TraceError is a ValueError
         if args.debug:
             raise

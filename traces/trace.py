@@ -23,8 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from kernels.resultfile import write_text
-
 REQUIRED_KEYS = ("timestamp", "input_tokens", "output_tokens")
 OPTIONAL_KEYS = ("hash_ids",)
 PERCENTILES = (50, 90, 99)
@@ -149,9 +147,10 @@ def request_to_json(req: TraceRequest) -> dict:
 
 
 def write_trace(reqs: Sequence[TraceRequest], path: str | Path) -> None:
-    """Write requests as JSONL (one object per line, '\\n' endings, UTF-8), deterministically and
-    atomically (kernels.resultfile.write_text)."""
-    write_text(path, "".join(json.dumps(request_to_json(req)) + "\n" for req in reqs))
+    """Write requests as JSONL (one object per line, '\\n' endings, UTF-8), deterministically."""
+    with Path(path).open("w", encoding="utf-8", newline="\n") as f:
+        for req in reqs:
+            f.write(json.dumps(request_to_json(req)) + "\n")
 
 
 def time_window(reqs: Sequence[TraceRequest], start_s: float, duration_s: float) -> list[TraceRequest]:

@@ -103,22 +103,6 @@ def test_write_then_load_round_trips(tmp_path: Path) -> None:
     assert load_trace(path) == reqs
 
 
-def test_a_write_that_fails_keeps_the_old_trace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The trace is written whole or not at all: a failure before the rename leaves the old file."""
-    path = tmp_path / "out.jsonl"
-    write_trace([TraceRequest(0.0, 3, 4)], path)
-    before = path.read_bytes()
-
-    def refuse(src: str, dst: str) -> None:
-        raise OSError("disk full")
-
-    monkeypatch.setattr("kernels.resultfile.os.replace", refuse)
-    with pytest.raises(OSError, match="disk full"):
-        write_trace([TraceRequest(0.0, 5, 6), TraceRequest(1.0, 7, 8)], path)
-    assert path.read_bytes() == before
-    assert [p.name for p in tmp_path.iterdir()] == ["out.jsonl"]  # no temporary file left behind
-
-
 REQS = [TraceRequest(t, i, o) for t, i, o in [(0.0, 10, 1), (10.0, 20, 2), (10.1, 30, 3), (12.5, 40, 4)]]
 
 
