@@ -5,12 +5,11 @@ may move (a different summation order changes a float by an ulp or two, never a 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
 
-from experiments.analyze import main, recorded_inputs
+from experiments.analyze import main, recorded_inputs, same_figures
 from integration.proof import profiles
 from kernels.environment import gpu_slug
 
@@ -20,24 +19,9 @@ RUNS = sorted(p.parent for p in RESULTS.glob("*/run.json"))
 NEW_IN_EACH_ANALYSIS: tuple[str, ...] = ()
 
 
-REL_TOL = 1e-9  # an ulp is 2e-16 of a float; a figure printed in the report moves at 1e-4 and more
-
-
-def _same(a: object, b: object) -> bool:
-    """Equal JSON values, numbers within REL_TOL of each other."""
-    if isinstance(a, float) or isinstance(b, float):
-        return (isinstance(a, (int, float)) and isinstance(b, (int, float))
-                and math.isclose(a, b, rel_tol=REL_TOL, abs_tol=1e-12))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(map(_same, a, b))
-    return type(a) is type(b) and a == b
-
-
 def _differing_keys(a: dict, b: dict) -> list[str]:
     return [k for k in sorted(set(a) | set(b))
-            if not _same(a.get(k), b.get(k)) and k not in NEW_IN_EACH_ANALYSIS]
+            if not same_figures(a.get(k), b.get(k)) and k not in NEW_IN_EACH_ANALYSIS]
 
 
 def test_the_comparison_tolerates_an_ulp_and_nothing_more() -> None:

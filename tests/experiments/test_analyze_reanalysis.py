@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.analyze import REANALYSIS, analyze_run, main, recorded_inputs
+from experiments.analyze import REANALYSIS, analyze_run, main, recorded_inputs, report_change
 from experiments.slo import SLO
 from tests.experiments.synthetic_run import write_run
 
@@ -46,6 +46,21 @@ def test_reanalysis_writes_beside_the_report_and_reproduces_it(analysed: Path,
     assert (again / "report.md").read_bytes() == before["report.md"]
     assert f"inputs as recorded in {analysed / 'report.json'}" in out
     assert f"report.json identical to {analysed / 'report.json'}" in out
+
+
+def test_a_report_whose_floats_moved_by_an_ulp_has_the_same_figures(analysed: Path, tmp_path: Path) -> None:
+    doc = json.loads((analysed / "report.json").read_text())
+    moved = tmp_path / "moved.json"
+    doc["ulp"] = 165.26186242087695
+    moved.write_text(json.dumps(doc))
+    doc["ulp"] = 165.26186242087692
+    (tmp_path / "before.json").write_text(json.dumps(doc))
+    assert report_change(tmp_path / "before.json", moved).startswith("has the same figures as")
+    doc["ulp"] = 165.2619  # a figure the report would print differently
+    before = tmp_path / "before.json"
+    before.write_text(json.dumps(doc))
+    assert report_change(before, moved) == f"differs from {before} in: ulp"
+    assert report_change(moved, moved) == f"identical to {moved}"
 
 
 def test_out_and_in_place(analysed: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
