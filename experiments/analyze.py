@@ -336,11 +336,16 @@ def same_figures(a: object, b: object) -> bool:
     return type(a) is type(b) and a == b
 
 
+def differing_entries(old: dict, new: dict) -> list[str]:
+    """The top-level entries of two reports whose figures differ (same_figures), sorted."""
+    return [k for k in sorted(set(old) | set(new)) if not same_figures(old.get(k), new.get(k))]
+
+
 def report_change(before: Path, after: Path) -> str:
     """Whether the report at `after` is identical to the one at `before`, has the same figures, or
     which top-level entries differ."""
     old, new = read_json(before, None, "report"), read_json(after, None, "report")
-    keys = [k for k in sorted(set(old) | set(new)) if not same_figures(old.get(k), new.get(k))]
+    keys = differing_entries(old, new)
     if keys:
         return f"differs from {before} in: {', '.join(keys)}"
     if old != new:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.analyze import main, recorded_inputs, same_figures
+from experiments.analyze import differing_entries, main, recorded_inputs
 from integration.proof import profiles
 from kernels.environment import gpu_slug
 
@@ -20,8 +20,7 @@ NEW_IN_EACH_ANALYSIS: tuple[str, ...] = ()
 
 
 def _differing_keys(a: dict, b: dict) -> list[str]:
-    return [k for k in sorted(set(a) | set(b))
-            if not same_figures(a.get(k), b.get(k)) and k not in NEW_IN_EACH_ANALYSIS]
+    return [k for k in differing_entries(a, b) if k not in NEW_IN_EACH_ANALYSIS]
 
 
 def test_the_comparison_tolerates_an_ulp_and_nothing_more() -> None:

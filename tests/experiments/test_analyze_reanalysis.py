@@ -50,15 +50,11 @@ def test_reanalysis_writes_beside_the_report_and_reproduces_it(analysed: Path,
 
 def test_a_report_whose_floats_moved_by_an_ulp_has_the_same_figures(analysed: Path, tmp_path: Path) -> None:
     doc = json.loads((analysed / "report.json").read_text())
-    moved = tmp_path / "moved.json"
-    doc["ulp"] = 165.26186242087695
-    moved.write_text(json.dumps(doc))
-    doc["ulp"] = 165.26186242087692
-    (tmp_path / "before.json").write_text(json.dumps(doc))
-    assert report_change(tmp_path / "before.json", moved).startswith("has the same figures as")
-    doc["ulp"] = 165.2619  # a figure the report would print differently
-    before = tmp_path / "before.json"
-    before.write_text(json.dumps(doc))
+    before, moved = tmp_path / "before.json", tmp_path / "moved.json"
+    moved.write_text(json.dumps({**doc, "ulp": 165.26186242087695}))
+    before.write_text(json.dumps({**doc, "ulp": 165.26186242087692}))
+    assert report_change(before, moved).startswith("has the same figures as")
+    before.write_text(json.dumps({**doc, "ulp": 165.2619}))  # a figure the report would print differently
     assert report_change(before, moved) == f"differs from {before} in: ulp"
     assert report_change(moved, moved) == f"identical to {moved}"
 
