@@ -11,7 +11,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from kernels.resultfile import ResultFileError, read_json
+from kernels.resultfile import ResultFileError, read_json, write_text
 from kernels.shapes import LaunchShape
 from traces.cliargs import fail
 
@@ -189,7 +189,7 @@ def update_readme(readme: Path, section: str) -> None:
         raise ValueError(f"{readme}: markers {BEGIN!r} and {END!r} not found")
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    readme.write_text(f"{head}{BEGIN}\n{section}\n{END}{tail}")
+    write_text(readme, f"{head}{BEGIN}\n{section}\n{END}{tail}")
 
 
 def main(argv: list[str] | None = None) -> int:

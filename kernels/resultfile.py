@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import tempfile
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
+
+from traces.atomicfile import write_atomic
 
 
 class ResultFileError(ValueError):
@@ -39,29 +39,12 @@ def write_json(path: str | Path, data: Any, allow_nan: bool = False, indent: int
     body = (json.dumps(data, indent=indent, allow_nan=allow_nan) + "\n").encode("utf-8")
     if path.suffix == ".gz":
         body = gzip.compress(body, mtime=0)  # no timestamp: the same data gives the same bytes
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp makes it private; results are for everyone to read
-        with os.fdopen(fd, "wb") as f:
-            f.write(body)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, body)
 
 
 def write_text(path: str | Path, text: str) -> None:
     """Write a text file atomically (same rule as write_json)."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, text)
 
 
 def read_json(path: str | Path, schema_version: int | Collection[int] | None, what: str) -> dict:

@@ -13,6 +13,7 @@ from pathlib import Path
 from loadgen.records import RequestRecord, read_records
 from loadgen.replay import DEAD_AFTER, EVENT_LOOPS, ReplayStopped, base_url, replay_sync
 from loadgen.summary import format_summary, summarize_records
+from traces.atomicfile import write_atomic
 from traces.cliargs import (
     OneLineParser,
     add_debug_flag,
@@ -141,7 +142,7 @@ def _run(args: argparse.Namespace) -> int:
     summary = summarize_records(records)
     print(format_summary(summary))
     if args.summary_json is not None:
-        args.summary_json.write_text(json.dumps(summary, indent=2) + "\n")
+        write_atomic(args.summary_json, json.dumps(summary, indent=2) + "\n")
     on_disk = len(read_records(args.out))
     print(f"records: {args.out} ({on_disk} lines)")
     if stopped is not None:

@@ -36,6 +36,7 @@ from loadgen.records import lateness_ms, ttft_ms
 from loadgen.replay import EVENT_LOOPS, replay_sync
 from loadgen.together import Stream, replay_together_sync
 from loadgen.summary import percentiles, summarize_records
+from traces.atomicfile import write_atomic
 from traces.trace import TraceRequest, scale_rate
 
 SCHEMA_VERSION = 1
@@ -271,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().error("--streams/--threads run on the asyncio event loop only")
     doc = run_bench(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    write_atomic(args.out, json.dumps(doc, indent=1) + "\n")
     r = doc["results"]
     la = r["lateness_ms"]
     print(f"{r['requests']} requests, {r['completed']} completed, {r['failed']} failed; "

@@ -9,8 +9,8 @@ ROOT = Path(__file__).resolve().parents[1]
 KIT = ("kernels", "integration", "traces", "loadgen", "experiments")
 # room -> kit modules it may import (a prefix admits its submodules)
 ALLOWED = {
-    "kernels": ("kernels", "traces.cliargs"),
-    "integration": ("integration", "kernels", "traces.cliargs"),
+    "kernels": ("kernels", "traces.cliargs", "traces.atomicfile"),
+    "integration": ("integration", "kernels", "traces.cliargs", "traces.atomicfile"),
     "traces": ("traces",),
     "loadgen": ("loadgen", "traces"),
     "experiments": ("experiments", "traces", "loadgen", "kernels.resultfile", "kernels.environment",

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from traces.atomicfile import write_atomic
 from traces.cliargs import OneLineParser, add_debug_flag, fail
 from traces.formats import FORMATS, order_rows, to_requests
 from traces.trace import TraceError, file_sha256, write_trace
@@ -160,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = convert(args.format, args.input, args.output, sort=args.sort)
         print("\n".join(report.lines()))
         if args.report is not None:
-            args.report.write_text(json.dumps(asdict(report), indent=2) + "\n", encoding="utf-8")
+            write_atomic(args.report, json.dumps(asdict(report), indent=2) + "\n")
     except (ValueError, OSError) as exc:  # TraceError is a ValueError
         if args.debug:
             raise

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from traces.atomicfile import write_atomic
+
 REQUIRED_KEYS = ("timestamp", "input_tokens", "output_tokens")
 OPTIONAL_KEYS = ("hash_ids",)
 PERCENTILES = (50, 90, 99)
@@ -147,10 +149,9 @@ def request_to_json(req: TraceRequest) -> dict:
 
 
 def write_trace(reqs: Sequence[TraceRequest], path: str | Path) -> None:
-    """Write requests as JSONL (one object per line, '\\n' endings, UTF-8), deterministically."""
-    with Path(path).open("w", encoding="utf-8", newline="\n") as f:
-        for req in reqs:
-            f.write(json.dumps(request_to_json(req)) + "\n")
+    """Write requests as JSONL (one object per line, '\\n' endings, UTF-8), deterministically and
+    atomically (an interrupted write leaves no half trace)."""
+    write_atomic(path, "".join(json.dumps(request_to_json(req)) + "\n" for req in reqs))
 
 
 def time_window(reqs: Sequence[TraceRequest], start_s: float, duration_s: float) -> list[TraceRequest]:
