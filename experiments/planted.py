@@ -248,6 +248,25 @@ def _per_call(sizes: list[tuple[int, int]] | None, ns: int, ref_name: str | None
     return [], ns / 1000.0, "the delay alone"
 
 
+def call_cost(run: Mapping, label: str, attribution: Mapping, graph_steps: tuple[str, Mapping] | None
+              ) -> tuple[Callable[[float], float], float, str]:
+    """(us the planted arm `label` adds per norm call at a step of n tokens, the flat cost per call
+    where no curve was measured, where the cost comes from): zero at the step sizes its policy leaves
+    to stock (planted and reference run the same code there)."""
+    labels, names = list(run["arm_labels"]), list(run["arms"])
+    ref = reference_label(run, label)
+    ref_name = names[labels.index(ref)] if ref != labels[0] else None
+    sizes = fused_sizes(run, label)
+    curve, flat, source = _per_call(sizes, planted_ns(arm_definition(run, label, names[labels.index(label)])),
+                                    ref_name, attribution, graph_steps)
+
+    def cost(tokens: float) -> float:
+        if sizes is not None and not any(lo <= tokens <= hi for lo, hi in sizes):
+            return 0.0
+        return cost_at(curve, tokens) if curve else flat
+    return cost, flat, source
+
+
 def planted_lines(run: Mapping, latency: Sequence[Mapping], paired_latency: Mapping,
                   attribution: Mapping, graph_steps: tuple[str, Mapping] | None = None,
                   reference: Mapping[str, Mapping] | None = None,
@@ -272,15 +291,8 @@ def planted_lines(run: Mapping, latency: Sequence[Mapping], paired_latency: Mapp
             out.append({**entry, "status": "no prediction", "reason": str(exc)})
             continue
         calls = sum(shape.expected().values())
-        ref_name = names[labels.index(ref)] if ref != labels[0] else None
         sizes = fused_sizes(run, label)
-        curve, flat, source = _per_call(sizes, ns, ref_name, attribution, graph_steps)
-
-        def cost(tokens: float) -> float:
-            if sizes is not None and not any(lo <= tokens <= hi for lo, hi in sizes):
-                return 0.0  # the policy leaves this size to stock: planted and reference run the same code
-            return cost_at(curve, tokens) if curve else flat
-
+        cost, flat, source = call_cost(run, label, attribution, graph_steps)
         top = max((float(r["batch_tokens"]) for r in graph_steps[1].get("sizes", [])), default=DECODE_TOP) \
             if graph_steps else DECODE_TOP
         hists = (run.get("step_histograms") or {})
