@@ -18,8 +18,10 @@ per token to a request whose steps all carry it (a planted arm delays only the s
 fuses), so more than that says the server passed on more than the step's delay. A slower step
 also keeps a request decoding longer, so more prefills join its steps: the prefill feedback splits
 the added time into that part (the extra arrivals times what an arrival costs a request in the
-baseline) and the remainder, the one the calls x d bound applies to. Pure functions; `main` reads
-the run with experiments.load_run.
+baseline) and the remainder, the one the calls x d bound applies to; that split is fitted across
+requests, and experiments.plantedsim models the same feedback through the scheduler instead (on the
+committed runs it finds much less of it). Pure functions; `main` reads the run with
+experiments.load_run.
 """
 
 from __future__ import annotations

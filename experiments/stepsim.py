@@ -1,25 +1,23 @@
-"""A step-level simulation of vLLM's chunked-prefill scheduler, to predict what a per-step delay does
-to TPOT with the prefill feedback included. Pure functions.
+"""A step-level model of vLLM's chunked-prefill scheduler: what a per-step delay does to a replay's
+token times, the prefill feedback included. Pure functions; experiments.plantedsim applies it to
+a run's planted control.
 
 The planted control's prediction (experiments.planted) divides the decode time a delay adds by the
 reference's decode time: it holds the steps fixed. A slower decode step also keeps every request
-decoding longer, so more requests arrive meanwhile and their prefills join its steps (the feedback
-that experiments.exposure measures after the fact). Here the same requests (due time, prompt and
-output tokens, as the reference arm's replay sent them) are replayed through a model of the server,
-once with the reference's step times and once with the delay added, and the paired per-request TPOT
-change is read off as the run reads it (median per cell, mean over cells). Every step:
+decoding longer, so more requests arrive meanwhile and their prefills join its steps. `simulate`
+replays requests (due time, prompt and output tokens) through this model of the server, step by
+step:
 
 - running requests in admission order: one token each when decoding, the rest of their prompt (up
   to the budget left) when still in prefill; then waiting requests in arrival order while the
   budget, `max_seqs` and the KV cache (prompt + output tokens of the running ones) allow;
-- it lasts `StepTime(tokens)`: the model's forward time at that many tokens (measured CUDA-graph
-  decode steps and wall-clock prefill steps of the same model and GPU, linear between them and
-  beyond the last) plus a fixed host overhead per step, plus the delay's cost at that size;
+- it lasts `step_us(tokens)`: for the server, `StepTime`, the model's forward time at that many
+  tokens (measured decode and prefill steps of the same model and GPU, linear between them and
+  beyond the last) plus a fixed host overhead per step; a delay adds its cost at that size;
 - every request in it gets a token at its end (a prefill's last chunk gives the first token).
 
-The overhead is the one free figure: it is set so that the simulated reference's median inter-token
-time (median over requests of each one's median gap) matches the measured one at the run's lowest
-load; the other loads' medians are then a check of the model, shown beside the prediction.
+The overhead is the one free figure: `fit_overhead` sets it so that a measured median (inter-token
+gap, or TPOT) of a set of replays is met.
 """
 
 from __future__ import annotations
