@@ -21,7 +21,9 @@ a verdict: the model's host overhead is fitted on the run it explains.
 from __future__ import annotations
 
 import argparse
+import gzip
 import math
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -41,6 +43,23 @@ STEP_TIMES = Path("integration/results/h200-llama8b-graph/h200-graph-steps.json"
 SCHEMA_VERSION = 1
 LONG_GAP = 2.0  # a gap longer than this many times the reference's median gap carried a prefill
 Cells = dict[tuple[float, int], list[RequestRecord]]
+
+
+KV_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+
+
+def logged_kv_tokens(run_dir: Path, run: Mapping, label: str) -> int | None:
+    """The KV cache size (tokens) the server of `label` logged (vLLM's 'GPU KV cache size: N tokens'),
+    from its log as run.json names it, or gzipped beside it; None where neither holds that line."""
+    name = ((run.get("servers") or {}).get(label) or {}).get("log")
+    for path in ([run_dir / name, run_dir / f"{name}.gz"] if name else []):
+        if path.is_file():
+            with (gzip.open(path, "rt", errors="replace") if path.suffix == ".gz"
+                  else path.open(errors="replace")) as f:
+                found = next((m for m in map(KV_LINE.search, f) if m), None)
+            if found:
+                return int(found.group(1).replace(",", ""))
+    return None
 
 
 def reference_cells(records: Sequence[RequestRecord], arm: str) -> Cells:
@@ -173,6 +192,10 @@ def simulate_run(run_dir: Path, label: str, step_times: Path, kv_tokens: int | N
         raise ValueError(f"--step-times {step_times} times model {doc.get('model')!r}, "
                          f"the run's is {model!r}")
     ref = entry["reference"]
+    kv_source = "--kv-tokens"
+    if kv_tokens is None:
+        kv_tokens = logged_kv_tokens(run_dir, run, ref)
+        kv_source = f"{ref}'s server log" if kv_tokens is not None else "none: unlimited"
     names = dict(zip(run["arm_labels"], run["arms"]))
     steps_path = (rep.get("inputs") or {}).get("planted_steps")
     graph = (steps_path, read_json(ROOT / steps_path, None, "graph-steps file")) if steps_path else None
@@ -203,6 +226,7 @@ def simulate_run(run_dir: Path, label: str, step_times: Path, kv_tokens: int | N
     return {"schema_version": SCHEMA_VERSION, "run": project_relative(run_dir, ROOT), "arm": label,
             "reference": ref, "step_times": project_relative(step_times, ROOT), "cost_source": source,
             "norm_calls_per_step": calls, "budget": stepsim.BUDGET, "kv_tokens": kv_tokens,
+            "kv_tokens_from": kv_source,
             "calibration": {"target": target[0], "load": loads[0], "measured_us": target[1],
                             "overhead_us": overhead},
             "loads": rows}
@@ -211,9 +235,10 @@ def simulate_run(run_dir: Path, label: str, step_times: Path, kv_tokens: int | N
 def print_summary(doc: Mapping) -> None:
     """The console lines of a document."""
     cal = doc["calibration"]
+    kv = "unlimited" if doc["kv_tokens"] is None else f"{doc['kv_tokens']:,} tokens ({doc['kv_tokens_from']})"
     print(f"{doc['arm']} vs {doc['reference']} in {doc['run']}: step simulation, host overhead "
           f"{cal['overhead_us']:.0f} us per step (fitted to the {cal['target']} at {cal['load']:g}x, "
-          f"{cal['measured_us']:.0f} us)")
+          f"{cal['measured_us']:.0f} us), KV cache {kv}")
     for r in doc["loads"]:
         ci = r["ci95_pct"]
         meas = "no interval" if ci is None else f"{r['measured_pct']:+.2f}% [{ci[0]:+.2f}, {ci[1]:+.2f}]%"
@@ -247,7 +272,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help=f"graph-steps file with decode and prefill forward times of the run's model on its "
                          f"GPU (default: {STEP_TIMES}, Llama 3.1 8B on the H200)")
     ap.add_argument("--kv-tokens", type=int, default=None,
-                    help="KV cache size in tokens (the server log's 'GPU KV cache size'); default: unlimited")
+                    help="KV cache size in tokens (default: the 'GPU KV cache size' the reference arm's "
+                         "server logged, where the run keeps its log; else unlimited)")
     ap.add_argument("--out", type=Path, default=None, help="also write the document (JSON) here")
     a = ap.parse_args(argv)
     if a.kv_tokens is not None and a.kv_tokens < 1:

@@ -61,3 +61,15 @@ def test_bad_input_gets_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "--kv-tokens must be >= 1" in capsys.readouterr().err
     assert plantedsim.main([str(tmp_path / "none"), "--arm", "planted:3us"]) == 2
     assert "run.json" in capsys.readouterr().err
+
+
+def test_the_kv_cache_size_comes_from_the_reference_servers_log(tmp_path: Path) -> None:
+    run = {"servers": {"patched": {"log": "server-patched.log"}, "stock": {"log": "server-stock.log"}}}
+    (tmp_path / "server-patched.log").write_text("INFO x\n"
+                                                 "INFO [kv] GPU KV cache size: 1,234 tokens\n")
+    assert plantedsim.logged_kv_tokens(tmp_path, run, "patched") == 1234
+    assert plantedsim.logged_kv_tokens(tmp_path, run, "stock") is None  # no log kept
+    assert plantedsim.logged_kv_tokens(tmp_path, {}, "patched") is None  # no servers recorded
+    committed = ROOT / "experiments" / "results" / "h200-llama8b-confirm3"  # gzipped beside the name
+    assert plantedsim.logged_kv_tokens(committed, json.loads((committed / "run.json").read_text()),
+                                       "patched") == 81920
