@@ -31,14 +31,14 @@ from pathlib import Path
 import numpy as np
 
 from experiments import planted, stepsim
+from experiments.analyze import PROJECT_ROOT as ROOT
 from experiments.rundir import load_records, read_run_record
 from integration.proof.normcalls import norm_shape
 from kernels.resultfile import ResultFileError, project_relative, read_json, write_json
 from loadgen.records import RequestRecord
-from traces.cliargs import command_line, fail
+from traces.cliargs import OneLineParser, command_line, fail
 
 PROG = "python -m experiments.plantedsim"
-ROOT = Path(__file__).resolve().parents[1]
 STEP_TIMES = Path("integration/results/h200-llama8b-graph/h200-graph-steps.json")
 SCHEMA_VERSION = 1
 LONG_GAP = 2.0  # a gap longer than this many times the reference's median gap carried a prefill
@@ -264,8 +264,8 @@ def print_summary(doc: Mapping) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog=PROG, description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run", type=Path, help="a run directory with run.json, its records and report.json")
     ap.add_argument("--arm", required=True, help="the planted arm's label, as the report names it")
     ap.add_argument("--step-times", type=Path, default=ROOT / STEP_TIMES,
