@@ -98,8 +98,7 @@ def measured_medians(cells: Cells) -> tuple[float, float | None]:
     """(median TPOT, median of each request's median inter-token gap; None without gap samples), us."""
     tpot = [(r.last_token_ns - r.first_token_ns) / 1000.0 / ((r.completion_tokens or r.output_tokens) - 1)
             for recs in cells.values() for r in recs if (r.completion_tokens or r.output_tokens) > 1]
-    gaps = [float(np.median(r.itl_us[1:])) for recs in cells.values() for r in recs
-            if len(r.itl_us or ()) > 2]
+    gaps = [float(np.median(r.itl_us)) for recs in cells.values() for r in recs if r.itl_us]
     return float(np.median(tpot)), (float(np.median(gaps)) if gaps else None)
 
 
@@ -121,8 +120,9 @@ def _pct(new: float, old: float) -> float | None:
 
 
 def measured_gaps(records: Sequence[RequestRecord], arm: str, load: float) -> np.ndarray:
-    """Every measured inter-token gap (us, the first token's wait left out) of `arm` at `load`."""
-    return np.concatenate([np.asarray((r.itl_us or ())[1:], dtype=float) for r in records
+    """Every measured inter-token gap (us; loadgen's itl_us, as vLLM's benchmark counts them) of `arm`
+    at `load`."""
+    return np.concatenate([np.asarray(r.itl_us or (), dtype=float) for r in records
                            if r.tags.get("phase") == "measure" and r.tags.get("arm") == arm
                            and float(r.tags.get("load", -1)) == load and r.error is None] or [np.array([])])
 
