@@ -35,14 +35,15 @@ from experiments.analyze import PROJECT_ROOT as ROOT
 from experiments.rundir import load_records, read_run_record
 from integration.proof.normcalls import norm_shape
 from kernels.resultfile import ResultFileError, project_relative, read_json, write_json
-from loadgen.records import RequestRecord
+from loadgen.records import RequestRecord, succeeded, tpot_ms
 from traces.cliargs import OneLineParser, command_line, fail
 
 PROG = "python -m experiments.plantedsim"
 STEP_TIMES = Path("integration/results/h200-llama8b-graph/h200-graph-steps.json")
 SCHEMA_VERSION = 1
 LONG_GAP = 2.0  # a gap longer than this many times the reference's median gap carried a prefill
-Cells = dict[tuple[float, int], list[RequestRecord]]
+RecordCells = dict[tuple[float, int], list[RequestRecord]]  # (load, window) -> records
+Gaps = dict[tuple[str, float], np.ndarray]  # (arm, load) -> every inter-token gap (us)
 
 
 KV_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
@@ -62,13 +63,17 @@ def logged_kv_tokens(run_dir: Path, run: Mapping, label: str) -> int | None:
     return None
 
 
-def reference_cells(records: Sequence[RequestRecord], arm: str) -> Cells:
+def _measured(records: Sequence[RequestRecord]) -> list[RequestRecord]:
+    """The succeeded requests of the measured replays (loadgen.records.succeeded)."""
+    return [r for r in records if r.tags.get("phase") == "measure" and succeeded(r)]
+
+
+def reference_cells(records: Sequence[RequestRecord], arm: str) -> RecordCells:
     """(load, window) -> the succeeded measured records of `arm`, in due order."""
-    cells: Cells = {}
-    for r in records:
-        t = r.tags
-        if t.get("phase") == "measure" and t.get("arm") == arm and r.error is None and r.last_token_ns:
-            cells.setdefault((float(t["load"]), int(t["window"])), []).append(r)
+    cells: RecordCells = {}
+    for r in _measured(records):
+        if r.tags.get("arm") == arm:
+            cells.setdefault((float(r.tags["load"]), int(r.tags["window"])), []).append(r)
     return {k: sorted(v, key=lambda r: r.due_ns) for k, v in sorted(cells.items())}
 
 
@@ -94,10 +99,10 @@ def forward_points(doc: Mapping, arm: str | None) -> list[tuple[float, float]]:
     return sorted(points.items())
 
 
-def measured_medians(cells: Cells) -> tuple[float, float | None]:
-    """(median TPOT, median of each request's median inter-token gap; None without gap samples), us."""
-    tpot = [(r.last_token_ns - r.first_token_ns) / 1000.0 / ((r.completion_tokens or r.output_tokens) - 1)
-            for recs in cells.values() for r in recs if (r.completion_tokens or r.output_tokens) > 1]
+def measured_medians(cells: RecordCells) -> tuple[float, float | None]:
+    """(median TPOT (loadgen.records.tpot_ms), median of each request's median inter-token gap; None
+    without gap samples), us."""
+    tpot = [1000.0 * t for recs in cells.values() for r in recs if (t := tpot_ms(r)) is not None]
     gaps = [float(np.median(r.itl_us)) for recs in cells.values() for r in recs if r.itl_us]
     return float(np.median(tpot)), (float(np.median(gaps)) if gaps else None)
 
@@ -119,33 +124,33 @@ def _pct(new: float, old: float) -> float | None:
     return 100.0 * (new / old - 1.0) if old else None
 
 
-def measured_gaps(records: Sequence[RequestRecord], arm: str, load: float) -> np.ndarray:
-    """Every measured inter-token gap (us; loadgen's itl_us, as vLLM's benchmark counts them) of `arm`
-    at `load`."""
-    return np.concatenate([np.asarray(r.itl_us or (), dtype=float) for r in records
-                           if r.tags.get("phase") == "measure" and r.tags.get("arm") == arm
-                           and float(r.tags.get("load", -1)) == load and r.error is None] or [np.array([])])
+def measured_gaps(records: Sequence[RequestRecord]) -> Gaps:
+    """(arm, load) -> every inter-token gap (us; loadgen's itl_us, as vLLM's benchmark counts them) of
+    the succeeded measured requests."""
+    parts: dict[tuple[str, float], list] = {}
+    for r in _measured(records):
+        parts.setdefault((r.tags["arm"], float(r.tags["load"])), []).append(np.asarray(r.itl_us or (), float))
+    return {k: np.concatenate(v) for k, v in parts.items()}
 
 
-def measured_gap_change(records: Sequence[RequestRecord], pair: tuple[str, str], load: float,
-                        threshold_us: float) -> dict | None:
+def measured_gap_change(gaps: Gaps, pair: tuple[str, str], load: float, threshold_us: float) -> dict | None:
     """The change (%) of the time the requests of pair[1] spent in short and in long gaps (longer
     than `threshold_us`) against pair[0]'s at `load`; None where either holds no gap samples."""
-    a, b = (measured_gaps(records, arm, load) for arm in pair)
+    a, b = (gaps.get((arm, load), np.array([])) for arm in pair)
     if not (a.size and b.size):
         return None
     return {"pair": list(pair), **gap_change(a, b, threshold_us)}
 
 
 def _load_row(load: float, sims: Sequence[stepsim.Outcome], treats: Sequence[stepsim.Outcome],
-              reqs: Sequence[Sequence[stepsim.Request]], cells: Cells, records: Sequence[RequestRecord],
+              reqs: Sequence[Sequence[stepsim.Request]], medians: tuple[float, float | None], gaps: Gaps,
               ref: str, label: str, entry: Mapping, aa: tuple[str, str] | None) -> dict:
     logs = []
     for base, treat, rq in zip(sims, treats, reqs):
         a, b = base.tpot_us(rq), treat.tpot_us(rq)
         ok = np.isfinite(a) & np.isfinite(b) & (a > 0)
         logs.append(float(np.median(np.log(b[ok] / a[ok]))) if ok.any() else math.nan)
-    tpot, gap = measured_medians({k: v for k, v in cells.items() if k[0] == load})
+    tpot, gap = medians
     sim_gaps = np.concatenate([s.gaps_us() for s in sims])
     threshold = LONG_GAP * (gap if gap is not None else float(np.median(sim_gaps)))
     row: dict = {"load": load, "cells": len(logs), "cell_log_ratios": logs,
@@ -158,7 +163,7 @@ def _load_row(load: float, sims: Sequence[stepsim.Outcome], treats: Sequence[ste
     treated_gaps = np.concatenate([t.gaps_us() for t in treats])
     row["gap_time_change_pct"] = {"simulated": gap_change(sim_gaps, treated_gaps, threshold)}
     for key, pair in (("measured", (ref, label)), ("aa_measured", aa)):
-        change = measured_gap_change(records, pair, load, threshold) if pair else None
+        change = measured_gap_change(gaps, pair, load, threshold) if pair else None
         if change is not None:
             row["gap_time_change_pct"][key] = change
     by_load = (entry.get("by_load") or {}).get(f"{load:g}") or {}
@@ -207,7 +212,8 @@ def simulate_run(run_dir: Path, label: str, step_times: Path, kv_tokens: int | N
     reqs = {k: requests_of(v) for k, v in cells.items()}
     loads = sorted({k[0] for k in cells})
     lowest = {k: v for k, v in reqs.items() if k[0] == loads[0]}
-    tpot, gap = measured_medians({k: v for k, v in cells.items() if k[0] == loads[0]})
+    medians = {load: measured_medians({k: v for k, v in cells.items() if k[0] == load}) for load in loads}
+    tpot, gap = medians[loads[0]]
     target = ("median inter-token gap", gap, stepsim.median_gap) if gap is not None else \
         ("median TPOT", tpot, stepsim.median_tpot)
     overhead = stepsim.fit_overhead(lowest, points, target[1], target[2], kv_tokens=kv_tokens)
@@ -216,13 +222,14 @@ def simulate_run(run_dir: Path, label: str, step_times: Path, kv_tokens: int | N
     def treated(tokens: int) -> float:
         return base(tokens) + calls * cost(tokens)
 
+    gaps, aa = measured_gaps(records), aa_pair(run)
     rows = []
     for load in loads:
         keys = [k for k in reqs if k[0] == load]
         sims = [stepsim.simulate(reqs[k], base, kv_tokens=kv_tokens) for k in keys]
         treats = [stepsim.simulate(reqs[k], treated, kv_tokens=kv_tokens) for k in keys]
-        rows.append(_load_row(load, sims, treats, [reqs[k] for k in keys], cells, records, ref, label, entry,
-                              aa_pair(run)))
+        rows.append(_load_row(load, sims, treats, [reqs[k] for k in keys], medians[load], gaps, ref, label,
+                              entry, aa))
     return {"schema_version": SCHEMA_VERSION, "run": project_relative(run_dir, ROOT), "arm": label,
             "reference": ref, "step_times": project_relative(step_times, ROOT), "cost_source": source,
             "norm_calls_per_step": calls, "budget": stepsim.BUDGET, "kv_tokens": kv_tokens,
@@ -230,6 +237,11 @@ def simulate_run(run_dir: Path, label: str, step_times: Path, kv_tokens: int | N
             "calibration": {"target": target[0], "load": loads[0], "measured_us": target[1],
                             "overhead_us": overhead},
             "loads": rows}
+
+
+def _gap_change_text(change: Mapping) -> str:
+    return (f"{change['short']:+.2f}% / {change['long']:+.2f}% "
+            f"(long ones {change['long_count']:+.2f}% in number)")
 
 
 def print_summary(doc: Mapping) -> None:
@@ -245,21 +257,18 @@ def print_summary(doc: Mapping) -> None:
         ref = r["reference"]
         gap_m = ref["gap_p50_us"]["measured"]
         g = r["gap_time_change_pct"]
-        def split(c: Mapping) -> str:
-            return f"{c['short']:+.2f}% / {c['long']:+.2f}% (long ones {c['long_count']:+.2f}% in number)"
-
         line = (f"  {r['load']:g}x: simulated {r['simulated_pct']:+.2f}%, report's prediction "
                 f"{r['report_predicted_pct']:+.2f}%, measured {meas}; reference TPOT p50 simulated "
                 f"{ref['tpot_p50_us']['simulated'] / 1000:.2f} / measured "
                 f"{ref['tpot_p50_us']['measured'] / 1000:.2f} ms, gap p50 "
                 f"{ref['gap_p50_us']['simulated'] / 1000:.2f} / "
                 + ("n/a" if gap_m is None else f"{gap_m / 1000:.2f}") + " ms; time in short / long gaps "
-                f"simulated {split(g['simulated'])}")
+                f"simulated {_gap_change_text(g['simulated'])}")
         if "measured" in g:
-            line += f", measured {split(g['measured'])}"
+            line += f", measured {_gap_change_text(g['measured'])}"
         if "aa_measured" in g:
             b, t = g["aa_measured"]["pair"]
-            line += f"; {t} vs {b}, the same code on two servers: {split(g['aa_measured'])}"
+            line += f"; {t} vs {b}, the same code on two servers: {_gap_change_text(g['aa_measured'])}"
         print(line)
 
 
