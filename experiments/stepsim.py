@@ -26,6 +26,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from scipy import optimize
@@ -52,8 +53,13 @@ class StepTime:
     points: tuple[tuple[float, float], ...]
     overhead_us: float = 0.0
 
-    def __call__(self, tokens: float) -> float:
+    @cached_property
+    def _xy(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
         xs, ys = zip(*self.points)
+        return xs, ys
+
+    def __call__(self, tokens: float) -> float:
+        xs, ys = self._xy  # called once per simulated step: split the points once
         if tokens <= xs[-1] or len(xs) < 2:
             return float(np.interp(tokens, xs, ys)) + self.overhead_us
         slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
@@ -151,8 +157,8 @@ def fit_overhead(cells: Cells, points: Sequence[tuple[float, float]], target_us:
                  metric: Metric = median_gap, **limits) -> float:
     """The per-step overhead (us, >= 0, to 1 us) at which `metric` of the simulated `cells` reaches
     `target_us` (Brent's method between 0 and an overhead that overshoots, found by doubling; the
-    metric rises with the overhead, in steps where a median moves to another request); 0 where no
-    overhead is already at or above the target."""
+    metric rises with the overhead, in steps where a median moves to another request); 0 where the
+    metric without any overhead already reaches the target."""
     def excess(overhead: float) -> float:
         return metric(cells, StepTime(tuple(points), overhead), limits) - target_us
 
