@@ -22,14 +22,23 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments import (attribution, comparisons, duetreport, goodput, knee, noisefloor, planted, plots,
-                         report)
+from common.cliargs import OneLineParser, add_debug_flag, fail
+from common.jsonfile import ResultFileError, project_relative, read_json
+from experiments import (
+    attribution,
+    comparisons,
+    duetreport,
+    goodput,
+    knee,
+    noisefloor,
+    planted,
+    plots,
+    report,
+)
 from experiments.rundir import load_records, read_run_record
 from experiments.slo import DEFAULT_SLO_FILE, SLO, load_slo_file, parse_slo
 from integration.proof import profiles
 from kernels.environment import gpu_slug
-from kernels.resultfile import ResultFileError, project_relative, read_json
-from traces.cliargs import OneLineParser, add_debug_flag, fail
 
 PROG = "python -m experiments.analyze"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
+from common.jsonfile import ResultFileError, project_relative, read_json
 from integration import arms
 from integration.proof import profiles
-from kernels.resultfile import ResultFileError, project_relative, read_json
 
 POLICY_OP = "fused_add_rms_norm"  # 64 of the 65 norm calls of a Llama step: its answer stands for the step
 # kernels/results/<gpu>.json (kernels.suite): version 2 added launch-shape candidates, the faithful

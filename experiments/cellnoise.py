@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from common.cliargs import fail
 from experiments import goodput, paired
 from experiments.rundir import load_records
-from traces.cliargs import fail
 
 MEDIAN_FACTOR = math.sqrt(math.pi / 2)  # sd of a sample median / sd of a sample mean, normal data
 OUTPUT_BINS = (1, 8, 32, 64, 128, 1 << 20)  # output tokens: (1, 8], (8, 32], ...

@@ -13,19 +13,19 @@ Exit status: 0 complete, 1 partial (a server died, a replay failed, Ctrl-C), 2 b
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 import argparse
 import dataclasses
 import json
 import logging
 import re
+import sys
 import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
+from common.cliargs import fail
 from experiments.config import DEVICE_DEFAULTS, LAYOUTS, RESULTS_DIR, ConfigError, RunConfig, make_config
 from experiments.slo import DEFAULT_SLO_FILE, load_slo_file, parse_slo
-from traces.cliargs import fail
 from traces.trace import TraceError
 
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|TiB)?\s*$", re.IGNORECASE)

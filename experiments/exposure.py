@@ -35,8 +35,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
+from common.cliargs import fail
 from experiments.paired import PAIR_KEY, pct, request_pairs
-from traces.cliargs import fail
 
 THIRDS = ("least", "middle", "most")
 
@@ -169,9 +169,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--arm", required=True, help="the treatment arm's label, as the report names it")
     ap.add_argument("--baseline", default=None, help="the baseline arm's label (default: the run's first)")
     a = ap.parse_args(argv)
+    from common.jsonfile import ResultFileError
     from experiments.rundir import read_run_record
     from experiments.runframe import load_run
-    from kernels.resultfile import ResultFileError
 
     try:
         run = read_run_record(a.run)

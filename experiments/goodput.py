@@ -18,8 +18,17 @@ import pandas as pd
 
 from experiments import stats
 from experiments.slo import SLO, meets
-from loadgen.records import (RequestRecord, batched, e2e_ms, itl_ms, lateness_ms, succeeded, tpot_ms,
-                             tpot_unobserved, ttft_ms)
+from loadgen.records import (
+    RequestRecord,
+    batched,
+    e2e_ms,
+    itl_ms,
+    lateness_ms,
+    succeeded,
+    tpot_ms,
+    tpot_unobserved,
+    ttft_ms,
+)
 
 CELL = ["arm", "window", "load"]
 REQUIRED_TAGS = ("arm", "window", "load", "phase")

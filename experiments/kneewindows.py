@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from common.cliargs import fail
 from experiments import knee
 from experiments.rundir import read_run_record
 from experiments.runframe import load_run
 from experiments.slo import load_slo_file
-from traces.cliargs import fail
 
 
 def measured_requests(run_dir: Path) -> pd.DataFrame:

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from scipy import stats as sps
 
+from common.jsonfile import read_json
 from experiments import comparisons, stats
 from experiments.report import REPORT_SCHEMA_VERSION
-from kernels.resultfile import read_json
 
 # docs/DESIGN.md: the end-to-end effect to detect is well under 1% of TPOT; an A/A interval of
 # +-0.25% resolves a 0.5% change

@@ -31,10 +31,10 @@ from pathlib import Path
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from common.jsonfile import write_json
 from experiments import knee
 from experiments.config import RunConfig
 from experiments.environment import capture_environment, gpu_clocks, gpus
-from experiments.servers import Server, StartFailed, died, prompt_source, start_servers
 from experiments.goodput import ATTAINMENT_TARGET
 from experiments.metrics_scrape import CumulativeHistogram, difference, scrape
 from experiments.plan import Plan, prepare
@@ -49,8 +49,8 @@ from experiments.schedule import (
     replay_seed,
     segments,
 )
+from experiments.servers import Server, StartFailed, died, prompt_source, start_servers
 from experiments.slo import DEFAULT_SLO_FILE, load_slo_file, meets
-from kernels.resultfile import write_json
 from loadgen.prompts import PromptSource
 from loadgen.records import RequestRecord, succeeded
 from loadgen.replay import ReplayStopped, replay_sync

@@ -30,13 +30,13 @@ from pathlib import Path
 
 import numpy as np
 
+from common.cliargs import OneLineParser, command_line, fail
+from common.jsonfile import ResultFileError, project_relative, read_json, write_json
 from experiments import planted, stepsim
 from experiments.analyze import PROJECT_ROOT as ROOT
 from experiments.rundir import load_records, read_run_record
 from integration.proof.normcalls import norm_shape
-from kernels.resultfile import ResultFileError, project_relative, read_json, write_json
 from loadgen.records import RequestRecord, succeeded, tpot_ms
-from traces.cliargs import OneLineParser, command_line, fail
 
 PROG = "python -m experiments.plantedsim"
 STEP_TIMES = Path("integration/results/h200-llama8b-graph/h200-graph-steps.json")

@@ -7,11 +7,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.jsonfile import write_json, write_text
 from experiments import comparisons, planted, stats
 from experiments.report_latency import aa_floor_text
 from experiments.report_md import render_markdown
 from experiments.slo import SLO
-from kernels.resultfile import write_json, write_text
 
 REPORT_SCHEMA_VERSION = 1
 NEAR_BOUND = 0.1  # a request is near an SLO bound when its TTFT or TPOT is within 10% of it
@@ -250,6 +250,6 @@ def _clean(x):
 
 
 def write_report(run_dir: Path, report: dict) -> None:
-    """Write report.json and report.md atomically (kernels.resultfile)."""
+    """Write report.json and report.md atomically (common.jsonfile)."""
     write_json(run_dir / "report.json", _clean(report))
     write_text(run_dir / "report.md", render_markdown(report))

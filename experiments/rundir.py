@@ -10,8 +10,8 @@ import gzip
 import zlib
 from pathlib import Path
 
+from common.jsonfile import ResultFileError, read_json
 from experiments.runrecord import RUN_SCHEMA_VERSION
-from kernels.resultfile import ResultFileError, read_json
 from loadgen.records import RequestRecord, read_records
 
 RECORD_FILES = ("requests.jsonl.gz", "requests.jsonl")  # what a finished run and a running one write

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from common.jsonfile import write_json
 from experiments.config import ConfigError, RunConfig
 from experiments.metrics_scrape import accumulate
 from experiments.plan import Plan
@@ -18,7 +19,6 @@ from experiments.servers import Server, endpoint_urls
 from integration.arms import PROVIDER, is_planted
 from integration.endpoint import Endpoint
 from integration.launcher import arm_of, server_command
-from kernels.resultfile import write_json
 from loadgen.records import RequestRecord
 
 RUN_SCHEMA_VERSION = 1  # run.json's format; experiments.rundir.read_run_record checks it

@@ -18,8 +18,15 @@ from typing import NoReturn, TypeVar
 from experiments.config import RunConfig
 from integration.arms import Arm
 from integration.endpoint import Endpoint
-from integration.launcher import (ServerConfig, VllmServer, arm_of, compile_cache, free_port, has_tokenizer,
-                                  has_weights)
+from integration.launcher import (
+    ServerConfig,
+    VllmServer,
+    arm_of,
+    compile_cache,
+    free_port,
+    has_tokenizer,
+    has_weights,
+)
 from loadgen.prompts import PromptSource
 
 log = logging.getLogger("experiments")

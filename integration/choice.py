@@ -172,8 +172,8 @@ def policy_record(dtype: str, hidden: int, mode: str = "compiled", max_rows: int
     """What a patched arm's policy picks for one model shape, for a run record: the table's path
     and, per op, the row ranges [lo, hi, fused] over 1..max_rows (read by experiments' attribution).
     `table`: a policy file to describe instead of the mode's own (choice.policy_path)."""
+    from common.jsonfile import project_relative
     from kernels.policy import load_policy
-    from kernels.resultfile import project_relative
 
     pol = load_policy(table) if table is not None else policy(mode)
     segs = {op: [list(r) for r in _runs(lambda rows, op=op: pol.choose(op, dtype, rows, hidden) != "stock",

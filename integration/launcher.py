@@ -6,6 +6,7 @@ about the servers of a run is identical: same model config, same flags, same KV-
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -17,8 +18,6 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-
-import asyncio
 
 import aiohttp
 

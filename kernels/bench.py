@@ -24,13 +24,13 @@ from typing import Callable
 
 import torch
 
+from common.cliargs import command_line
+from common.jsonfile import write_json
 from kernels import rmsnorm, stock
 from kernels.cases import TORCH_DTYPES
 from kernels.environment import gpu_missing, width_list
-from kernels.resultfile import write_json
 from kernels.shapes import LaunchShape, auto_shape, candidates, vector_width
 from kernels.timing import capture, copy_bandwidth, replay_us
-from traces.cliargs import command_line
 
 EPS = 1e-6
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)

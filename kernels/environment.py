@@ -10,7 +10,7 @@ import sys
 
 import torch
 
-from traces.cliargs import fail
+from common.cliargs import fail
 
 _SMI_FIELDS = "clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,temperature.gpu,power.draw,pstate"
 

@@ -11,8 +11,17 @@ from dataclasses import dataclass
 import torch
 
 from kernels.checks import DTYPE_NAMES, UnsupportedInput, common_layouts
-from kernels.shapes import (DTYPE_IDS, SMEM_PER_BLOCK, LaunchShape, auto_shape, iters_needed, persistent_grid,
-                            shape_fits, staged_smem_bytes, vector_width)
+from kernels.shapes import (
+    DTYPE_IDS,
+    SMEM_PER_BLOCK,
+    LaunchShape,
+    auto_shape,
+    iters_needed,
+    persistent_grid,
+    shape_fits,
+    staged_smem_bytes,
+    vector_width,
+)
 
 MAX_PLANS = 1 << 16  # launch plans kept before the cache starts afresh (a few hundred bytes each)
 

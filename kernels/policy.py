@@ -20,10 +20,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.cliargs import fail
+from common.jsonfile import ResultFileError, read_json, write_json
 from kernels.checks import DTYPE_NAMES
 from kernels.checks import unsupported_reason as _input_reason
-from kernels.resultfile import ResultFileError, read_json, write_json
-from traces.cliargs import fail
 
 SCHEMA_VERSION = 1
 MIN_MARGIN = 0.03  # below 3% a win is within what clocks and buffer placement move between runs

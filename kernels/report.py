@@ -11,9 +11,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from kernels.resultfile import ResultFileError, read_json, write_text
+from common.cliargs import fail
+from common.jsonfile import ResultFileError, read_json, write_text
 from kernels.shapes import LaunchShape
-from traces.cliargs import fail
 
 BEGIN, END = "<!-- results:begin (python -m kernels.report) -->", "<!-- results:end -->"
 

@@ -19,9 +19,9 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 from kernels import launch
-from kernels.planted import build_flag
 from kernels.checks import UnsupportedInput, unsupported_reason
 from kernels.plans import BuildKey, LaunchSpec, PlanCache, build_key, launch_shape, plan_spec
+from kernels.planted import build_flag
 
 SOURCE_DIR = Path(__file__).parent
 COMMON_SOURCE = "rmsnorm_common.cuh"  # options, element types, roundings and helpers of both bodies

@@ -18,11 +18,11 @@ import sys
 import time
 from pathlib import Path
 
+from common.cliargs import command_line
+from common.jsonfile import write_json
 from kernels import bench, launch, policy, report, stock, validate
 from kernels.cases import full_cases, negative_control_cases, reduced_cases
 from kernels.environment import clocks, describe, gpu_missing, width_list
-from kernels.resultfile import write_json
-from traces.cliargs import command_line
 
 SCHEMA_VERSION = 2  # 2: launch-shape candidates per row, faithful Inductor arm, issue-10 targets, initcheck
 SANITIZER_TOOLS = ("memcheck", "racecheck", "initcheck")

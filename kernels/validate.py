@@ -15,13 +15,24 @@ from collections import Counter, defaultdict
 
 import torch
 
+from common.jsonfile import write_json
 from kernels import rmsnorm
-from kernels.cases import (EPS, INT_VIEW, TOLERANCES, TORCH_DTYPES, Case, full_cases, guarded,
-                           make_values, make_weight, negative_control_cases, reduced_cases)
+from kernels.cases import (
+    EPS,
+    INT_VIEW,
+    TOLERANCES,
+    TORCH_DTYPES,
+    Case,
+    full_cases,
+    guarded,
+    make_values,
+    make_weight,
+    negative_control_cases,
+    reduced_cases,
+)
 from kernels.checks import UnsupportedInput
 from kernels.environment import gpu_missing
 from kernels.reference import fused_add_rms_norm_ref, rms_norm_ref
-from kernels.resultfile import write_json
 from kernels.shapes import LaunchShape
 
 

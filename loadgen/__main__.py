@@ -10,11 +10,8 @@ import json
 import sys
 from pathlib import Path
 
-from loadgen.records import RequestRecord, read_records
-from loadgen.replay import DEAD_AFTER, EVENT_LOOPS, ReplayStopped, base_url, replay_sync
-from loadgen.summary import format_summary, summarize_records
-from traces.atomicfile import write_atomic
-from traces.cliargs import (
+from common.atomicfile import write_atomic
+from common.cliargs import (
     OneLineParser,
     add_debug_flag,
     fail,
@@ -23,6 +20,9 @@ from traces.cliargs import (
     positive_float,
     positive_int,
 )
+from loadgen.records import RequestRecord, read_records
+from loadgen.replay import DEAD_AFTER, EVENT_LOOPS, ReplayStopped, base_url, replay_sync
+from loadgen.summary import format_summary, summarize_records
 from traces.trace import TraceError, clip_tokens, load_trace, scale_rate, time_window
 
 PROG = "python -m loadgen"

@@ -31,12 +31,12 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
+from common.atomicfile import write_atomic
 from loadgen.fakeserver import FakeServerConfig, serve_forever
 from loadgen.records import lateness_ms, ttft_ms
 from loadgen.replay import EVENT_LOOPS, replay_sync
-from loadgen.together import Stream, replay_together_sync
 from loadgen.summary import percentiles, summarize_records
-from traces.atomicfile import write_atomic
+from loadgen.together import Stream, replay_together_sync
 from traces.trace import TraceRequest, scale_rate
 
 SCHEMA_VERSION = 1

@@ -6,14 +6,15 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-KIT = ("kernels", "integration", "traces", "loadgen", "experiments")
+KIT = ("common", "kernels", "integration", "traces", "loadgen", "experiments")
 # room -> kit modules it may import (a prefix admits its submodules)
 ALLOWED = {
-    "kernels": ("kernels", "traces.cliargs", "traces.atomicfile"),
-    "integration": ("integration", "kernels", "traces.cliargs", "traces.atomicfile"),
-    "traces": ("traces",),
-    "loadgen": ("loadgen", "traces"),
-    "experiments": ("experiments", "traces", "loadgen", "kernels.resultfile", "kernels.environment",
+    "common": ("common",),
+    "kernels": ("kernels", "common"),
+    "integration": ("integration", "kernels", "common"),
+    "traces": ("traces", "common"),
+    "loadgen": ("loadgen", "traces", "common"),
+    "experiments": ("experiments", "traces", "loadgen", "common", "kernels.environment",
                     "integration.arms", "integration.launcher", "integration.endpoint",
                     "integration.proof.profiles", "integration.proof.normcalls",
                     "integration.proof.plantedcost"),

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from traces.atomicfile import write_atomic
-from traces.cliargs import OneLineParser, add_debug_flag, fail
+from common.atomicfile import write_atomic
+from common.cliargs import OneLineParser, add_debug_flag, fail
 from traces.formats import FORMATS, order_rows, to_requests
 from traces.trace import TraceError, file_sha256, write_trace
 

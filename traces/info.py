@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from traces.cliargs import OneLineParser, add_debug_flag, fail, non_negative_float, positive_float
+from common.cliargs import OneLineParser, add_debug_flag, fail, non_negative_float, positive_float
 from traces.gaps import BIN_S, IDLE_S, Span, describe_spans, gap_summary
 from traces.trace import (
     TraceError,
@@ -24,8 +24,8 @@ from traces.trace import (
     file_sha256,
     load_trace,
     scale_rate,
-    trace_summary,
     time_window,
+    trace_summary,
     write_trace,
 )
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from traces.atomicfile import write_atomic
+from common.atomicfile import write_atomic
 
 REQUIRED_KEYS = ("timestamp", "input_tokens", "output_tokens")
 OPTIONAL_KEYS = ("hash_ids",)

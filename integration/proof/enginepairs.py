@@ -26,10 +26,10 @@ from pathlib import Path
 
 from scipy import stats
 
+from common.cliargs import fail
+from common.jsonfile import read_json, write_json
 from integration.arms import replica_base
 from integration.proof.graphtime import pct, t_interval
-from kernels.resultfile import read_json, write_json
-from traces.cliargs import fail
 
 SCHEMA_VERSION = 1
 

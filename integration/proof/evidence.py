@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import json
 
-    from kernels.resultfile import ResultFileError, read_json, write_json
+    from common.jsonfile import ResultFileError, read_json, write_json
 
     ap = argparse.ArgumentParser(
         prog="python -m integration.proof.evidence", description=main.__doc__)

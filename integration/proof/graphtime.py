@@ -28,8 +28,8 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 from scipy import stats
 
+from common.jsonfile import ResultFileError, read_json, write_json
 from integration.proof import normcalls
-from kernels.resultfile import ResultFileError, read_json, write_json
 
 WARM_REPLAYS = 10  # replays before the timed ones (clocks up, caches warm)
 BOOTSTRAP_RESAMPLES = 2000  # for the prefill steps' difference of medians

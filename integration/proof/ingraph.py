@@ -38,11 +38,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from common.cliargs import fail
+from common.jsonfile import ResultFileError, read_json, write_json
 from integration import arms, choice
 from integration.launcher import MODELS_DIR
 from kernels import policy as kernel_policy
-from kernels.resultfile import ResultFileError, read_json, write_json
-from traces.cliargs import fail
 
 PROG = "python -m integration.proof.ingraph"
 FUSED = "fused:auto"  # the launch shape the --all-fused measurement ran (the kernel's own choice)

@@ -17,9 +17,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from common.cliargs import fail
+from common.jsonfile import ResultFileError, read_json
 from integration.proof.evidence import mean_kernel_hist
-from kernels.resultfile import ResultFileError, read_json
-from traces.cliargs import fail
 
 
 def step_kernels(path: Path, arm: str, batch_tokens: int) -> dict[str, tuple[float, float]]:

@@ -28,8 +28,8 @@ from typing import Callable
 
 import torch
 
-from kernels.resultfile import write_json
-from traces.cliargs import command_line
+from common.cliargs import command_line
+from common.jsonfile import write_json
 
 
 def _layers(x: torch.Tensor, res: torch.Tensor, w: torch.Tensor,

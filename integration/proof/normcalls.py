@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
+from common.cliargs import command_line, fail
+from common.jsonfile import write_json
 from integration.arms import IR_OPS, QK_NORM_ARCHITECTURES, head_layout
-from kernels.resultfile import write_json
-from traces.cliargs import command_line, fail
 
 TAG_PREFIX = "norm:"  # profiler annotation around one eager IR-op call: norm:<op>:<width>
 

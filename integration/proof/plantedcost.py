@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from kernels.resultfile import ResultFileError, read_json, write_json
+from common.jsonfile import ResultFileError, read_json, write_json
 
 SCHEMA_VERSION = 2  # 1 measured a separate spin kernel after each stock norm (no longer the arm)
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"

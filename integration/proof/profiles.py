@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kernels.resultfile import ResultFileError, read_json
+from common.jsonfile import ResultFileError, read_json
 
 SCHEMA_VERSION = 1  # written by integration.proof.evidence.profile_from_raw
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"

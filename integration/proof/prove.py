@@ -37,12 +37,12 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+from common.cliargs import command_line, fail
+from common.jsonfile import write_json
 from integration import arms, choice, compilecache
 from integration.launcher import MODELS_DIR
 from integration.proof import evidence, graphtime, normcalls
 from kernels import environment as kernel_env
-from kernels.resultfile import write_json
-from traces.cliargs import command_line, fail
 
 PROG = "python -m integration.proof.prove"
 ARMS = [("stock", "compiled"), ("patched", "compiled"), ("stock", "eager"), ("patched", "eager")]

@@ -28,10 +28,10 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from common.jsonfile import write_json  # noqa: E402
 from integration import arms  # noqa: E402
 from integration.arms import IR_OPS  # noqa: E402
 from integration.proof import graphtime, normcalls, steptrace  # noqa: E402
-from kernels.resultfile import write_json  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -19,9 +19,9 @@ import statistics
 import sys
 from pathlib import Path
 
+from common.cliargs import command_line, fail
+from common.jsonfile import ResultFileError, read_json, write_json
 from integration.proof.profiles import PROJECT_ROOT, load_profile
-from kernels.resultfile import ResultFileError, read_json, write_json
-from traces.cliargs import command_line, fail
 
 TOLERANCE = 0.10
 

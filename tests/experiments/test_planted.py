@@ -8,12 +8,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from common.jsonfile import write_json
 from experiments.config import make_config
-from experiments.planted import (added_fraction, decode_totals, planted_lines, planted_text,
-                                 reference_comparisons, reference_label)
+from experiments.planted import (
+    added_fraction,
+    decode_totals,
+    planted_lines,
+    planted_text,
+    reference_comparisons,
+    reference_label,
+)
 from experiments.runrecord import arm_records
 from integration.proof import plantedcost
-from kernels.resultfile import write_json
 
 TRACE = Path(__file__).resolve().parents[2] / "traces" / "chat.jsonl"
 

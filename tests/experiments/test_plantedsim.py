@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common.jsonfile import read_json, write_json
 from experiments import plantedsim
 from experiments.analyze import same_figures
-from kernels.resultfile import read_json, write_json
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = sorted((ROOT / "experiments" / "results" / "plantedsim").glob("*.json"))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels.resultfile import read_json
+from common.jsonfile import read_json
 
 RESULTS = Path(__file__).resolve().parents[2] / "integration" / "results"
 

@@ -19,8 +19,8 @@ import pytest
 from cuda.bindings import nvrtc
 
 from kernels import bench, cases, shapes
-from kernels.planted import build_flag
 from kernels.plans import BuildKey, build_key
+from kernels.planted import build_flag
 from kernels.rmsnorm import NEGATIVE_CONTROLS, SOURCE_DIR, kernel_source
 
 ARCH = b"--gpu-architecture=sm_90"

@@ -8,8 +8,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.policy import (RESULTS_DIR, Policy, build_table, decide, default_out, load_policy, spread,
-                            table_document, unsupported_reason)
+from kernels.policy import (
+    RESULTS_DIR,
+    Policy,
+    build_table,
+    decide,
+    default_out,
+    load_policy,
+    spread,
+    table_document,
+    unsupported_reason,
+)
 from kernels.policy import main as policy_main
 
 TABLE = {"rms_norm/bf16/4096": [[1, "fused:t512r1"], [128, "fused:t512r1"], [1024, "stock"]],

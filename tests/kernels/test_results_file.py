@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from kernels import policy, report
-from kernels.suite import SCHEMA_VERSION
 from kernels.bench import HEAD_ROWS, HEAD_WIDTH, HIDDEN, OPS, ROWS
+from kernels.suite import SCHEMA_VERSION
 
 RESULTS = Path(__file__).resolve().parents[2] / "kernels" / "results" / "h200.json"
 

@@ -20,7 +20,6 @@ from loadgen.bench import schedule
 from loadgen.fakeserver import FakeServerConfig, fake_server
 from loadgen.records import read_records, succeeded
 
-
 FAKE = ("from loadgen.fakeserver import FakeServerConfig as C, serve_forever as s; "
         "s(C(ttft_s=0.01, itl_s=0.05), {port})")
 

@@ -9,8 +9,19 @@ import json
 import pytest
 
 from loadgen.records import (
-    RecordWriter, RequestRecord, e2e_ms, itl_ms, lateness_ms, read_records, record_from_json, record_to_json,
-    batched, succeeded, tpot_ms, tpot_unobserved, ttft_ms,
+    RecordWriter,
+    RequestRecord,
+    batched,
+    e2e_ms,
+    itl_ms,
+    lateness_ms,
+    read_records,
+    record_from_json,
+    record_to_json,
+    succeeded,
+    tpot_ms,
+    tpot_unobserved,
+    ttft_ms,
 )
 
 

@@ -8,11 +8,11 @@ import time
 
 import pytest
 
+from loadgen import dispatch
+from loadgen.dispatch import sleep_until
 from loadgen.fakeserver import FakeServerConfig, fake_server
 from loadgen.prompts import token_id_prompts
 from loadgen.records import lateness_ms, read_records, succeeded, tpot_ms, ttft_ms
-from loadgen import dispatch
-from loadgen.dispatch import sleep_until
 from loadgen.replay import ReplayStopped, ServerUnreachable, base_url, due_times_ns, replay
 from traces.trace import TraceRequest
 

@@ -15,8 +15,8 @@ from traces.trace import (
     file_sha256,
     load_trace,
     scale_rate,
-    trace_summary,
     time_window,
+    trace_summary,
     write_trace,
 )
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from common.jsonfile import read_json
 from integration.proof import evidence, ingraph
 from kernels.policy import load_policy
-from kernels.resultfile import read_json
 
 RESULTS = Path(__file__).resolve().parents[3] / "integration" / "results"
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from common.jsonfile import ResultFileError, write_json
 from integration.proof import plantedcost
-from kernels.resultfile import ResultFileError, write_json
 
 
 def _write(path: Path, delays: list) -> None:

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from common.jsonfile import ResultFileError
 from integration.proof import profiles
-from kernels.resultfile import ResultFileError
 
 
 def test_committed_h200_profile_is_read_as_written() -> None:

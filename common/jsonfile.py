@@ -14,7 +14,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from traces.atomicfile import write_atomic
+from common.atomicfile import write_atomic
 
 
 class ResultFileError(ValueError):

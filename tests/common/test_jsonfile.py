@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels.resultfile import ResultFileError, read_json, write_json
+from common.jsonfile import ResultFileError, read_json, write_json
 
 DOC = {"schema_version": 2, "samples": [1.5, 2.5], "name": "x"}
 

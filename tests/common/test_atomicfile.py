@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from traces.atomicfile import write_atomic
+from common.atomicfile import write_atomic
 from traces.trace import TraceRequest, load_trace, write_trace
 
 

@@ -6,7 +6,7 @@ import shlex
 
 import pytest
 
-from traces.cliargs import command_line
+from common.cliargs import command_line
 
 
 def test_arguments_are_quoted_so_the_line_runs_as_written(monkeypatch: pytest.MonkeyPatch) -> None:
