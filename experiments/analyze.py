@@ -3,7 +3,7 @@
     python -m experiments.analyze RUN_DIR [--out DIR | --in-place] [--slo NAME:TTFT_MS:TPOT_MS[:E2E_MS] ...]
 
 Reads run.json and requests.jsonl(.gz) and writes report.json, report.md and PNG plots. A run's first
-analysis (experiments/orchestrate.py, after the replays) writes them into RUN_DIR; a re-analysis
+analysis (experiments/runner/orchestrate.py, after the replays) writes them into RUN_DIR; a re-analysis
 writes beside the existing report, into RUN_DIR/reanalysis/ (or --out), unless --in-place.
 report.json records the analysis inputs ("inputs": SLO tiers, A/A report, patched policy, step
 profile, kernel results) and a re-analysis takes them from there unless a flag replaces one, so an
@@ -24,19 +24,10 @@ import pandas as pd
 
 from common.cliargs import OneLineParser, add_debug_flag, fail
 from common.jsonfile import ResultFileError, project_relative, read_json
-from experiments import (
-    attribution,
-    comparisons,
-    duetreport,
-    goodput,
-    knee,
-    noisefloor,
-    planted,
-    plots,
-    report,
-)
-from experiments.rundir import load_records, read_run_record
-from experiments.slo import DEFAULT_SLO_FILE, SLO, load_slo_file, parse_slo
+from experiments.core.rundir import load_records, read_run_record
+from experiments.core.slo import DEFAULT_SLO_FILE, SLO, load_slo_file, parse_slo
+from experiments.reporting import duetreport, noisefloor, plots, report
+from experiments.stats import attribution, comparisons, goodput, knee, planted
 from integration.proof import profiles
 from kernels.environment import gpu_slug
 

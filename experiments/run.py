@@ -2,14 +2,14 @@
 
     python experiments/run.py --trace traces/chat.jsonl
 
-The command line lives in experiments/cli.py (also installed as `rmsnorm-experiment`); this file only
+The command line lives in experiments/runner/cli.py (also installed as `rmsnorm-experiment`); this file only
 calls it, so the command in the README works from a checkout where the project is installed.
 """
 
 import sys
 
 try:
-    from experiments.cli import main
+    from experiments.runner.cli import main
 except ModuleNotFoundError as exc:  # the project is not installed in this Python
     sys.exit(f"error: {exc.name} is not importable: run `make setup` (or `pip install -e .`) and use "
              f".venv/bin/python experiments/run.py")

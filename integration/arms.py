@@ -21,17 +21,13 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernels.checks import CONFIG_DTYPES
+from integration import choice
+from integration.names import IR_OPS, PLANTED_NS_ENV, PLUGIN_NAME, PROVIDER
+from kernels.shapes import CONFIG_DTYPES
 
-PLUGIN_NAME = "rmsnorm_fused"  # the entry-point name in pyproject.toml (integration/plugin.py)
-PROVIDER = "cupy_fused"  # the IR-op provider the plugin registers
-POLICY_ENV = "RMSNORM_FUSED_POLICY"  # a policy table for every mode (overrides the GPU's tables)
-POLICY_ENV_COMPILED = "RMSNORM_FUSED_POLICY_COMPILED"  # a table for the torch.compile path only
-PLANTED_NS_ENV = "RMSNORM_PLANTED_NS"  # the planted delay per fused norm call, ns (integration/planted.py)
 # how a planted arm that is the patched arm plus the delay describes itself (run records keep it;
 # the earlier designs' descriptions begin otherwise)
 PLANTED_TWIN = "positive control: the patched arm with"
-IR_OPS = ("rms_norm", "fused_add_rms_norm")  # the vLLM IR ops the provider implements
 QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM",)  # vLLM's qwen3.py: q_norm and k_norm per layer
 MAX_COMPILE_ROWS = 16384  # compile-range ends are looked for up to this many rows per step
 
@@ -261,8 +257,6 @@ def compilation_config(model_dir: Path, dtype: str = "auto", max_rows: int = MAX
     hidden-size norms and (models with q/k norms) where tokens x heads crosses a head-width switch. Any
     other arm keeps vLLM's default single range, as a user's stock server has: the ranges are part
     of what the patched arm changes (Inductor compiles each range on its own)."""
-    from integration import choice
-
     if arm is not None and not uses_policy(arm):
         return compilation_config_for([])
     dtype_name, hidden = model_shape(model_dir, dtype)
@@ -306,7 +300,5 @@ def policy_record(model: Path | dict, dtype: str = "auto", mode: str = "compiled
                   table: str | Path | None = None) -> dict:
     """What the patched arm's policy picks for a model (a model directory or its config dict), for a
     run record: see choice.policy_record. `table`: describe this policy file instead of the mode's."""
-    from integration import choice
-
     dtype_name, hidden = model_shape(model, dtype)
     return choice.policy_record(dtype_name, hidden, mode, MAX_COMPILE_ROWS, table)

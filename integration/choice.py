@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Callable
 
-from integration.arms import IR_OPS as OPS
-from integration.arms import POLICY_ENV, POLICY_ENV_COMPILED  # noqa: F401 (the variables' home)
+from integration.names import IR_OPS as OPS
+from integration.names import POLICY_ENV, POLICY_ENV_COMPILED
 
 MAX_SCAN_ROWS = 1 << 17  # a range reaching past this is declined (no policy scan that long)
 

@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--l2", choices=L2_MODES, default="cold",
                     help="cold (default, what the suite and its policy use): rotating buffers past 1.5x "
                          "L2; warm: one buffer set, each call's input in L2 as after a GEMM inside a "
-                         "model (for python -m integration.proof.stockcheck --results FILE)")
+                         "model (for python -m research.stockcheck --results FILE)")
     args = ap.parse_args(argv)
     if gpu_missing(ap.prog):
         return 2

@@ -14,16 +14,16 @@ from tests.test_layout import ROOT
 # module -> its arguments; {gone} is a path that does not exist
 CASES = {
     "experiments.run": ["--trace", "{gone}/t.jsonl", "--device", "cpu", "--dry-run"],
-    "experiments.kneewindows": ["{gone}"],
-    "experiments.cellnoise": ["{gone}"],
-    "experiments.exposure": ["{gone}", "--arm", "patched"],
+    "research.kneewindows": ["{gone}"],
+    "research.cellnoise": ["{gone}"],
+    "research.exposure": ["{gone}", "--arm", "patched"],
     "kernels.report": ["--from", "{gone}/h200.json"],
     "kernels.policy": ["--from", "{gone}/h200.json", "--out", "{gone}/policy.json"],
     "integration.proof.normcalls": ["--model", "{gone}", "--out", "{gone}/calls.json"],
-    "integration.proof.stockcheck": ["--results", "{gone}/h200.json", "{gone}/profile.json"],
+    "research.stockcheck": ["--results", "{gone}/h200.json", "{gone}/profile.json"],
     "integration.proof.prove": ["--out", "{gone}/out", "--model", "{gone}", "--dry-run"],
     "integration.proof.enginepairs": ["{gone}/graph-steps.json"],
-    "integration.proof.kerneldiff": ["{gone}/raw.json.gz:stock", "{gone}/raw.json.gz:patched"],
+    "research.kerneldiff": ["{gone}/raw.json.gz:stock", "{gone}/raw.json.gz:patched"],
     "integration.proof.ingraph": ["--profile", "{gone}/profile.json", "--out", "{gone}/policy.json"],
 }
 

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments import stats
 from experiments.analyze import analyze_run, main
-from experiments.slo import SLO
+from experiments.core.slo import SLO
+from experiments.stats import intervals as stats
 from tests.experiments.synthetic_run import write_run
 
 CHAT = SLO("chat", 2000.0, 100.0)

@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments import duet, duetreport
 from experiments.analyze import analyze_run
+from experiments.reporting import duetreport
+from experiments.stats import duet
 from tests.experiments.synthetic_run import write_run
 
 WINDOWS, LOADS = 8, (1.0, 2.0)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from experiments.analyze import REANALYSIS, analyze_run, main, recorded_inputs, report_change
-from experiments.slo import SLO
+from experiments.core.slo import SLO
 from tests.experiments.synthetic_run import write_run
 
 CHAT = SLO("chat", 2000.0, 100.0)

@@ -5,7 +5,7 @@ import gzip
 import shutil
 
 from experiments.analyze import analyze_run
-from experiments.slo import SLO
+from experiments.core.slo import SLO
 from loadgen.fakeserver import FakeServerConfig, fake_server
 from loadgen.replay import replay
 from tests.experiments.synthetic_run import write_run

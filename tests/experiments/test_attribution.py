@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from experiments import attribution
+from experiments.stats import attribution
 
 HIST = {"buckets": [1, 64, 1024, "+Inf"], "counts": [10, 5, 1, 0]}
 # the fields integration.proof.prove writes; patched extra kernels count as norm time

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments import comparisons
+from experiments.stats import comparisons
 
 
 def _run(**kw) -> dict:
@@ -78,7 +78,7 @@ def test_near_bound_counts_requests_within_ten_percent() -> None:
 
 
 def test_a_drifting_baseline_is_read_beside_the_paired_line_in_the_report() -> None:
-    from experiments.report_md import design_lines
+    from experiments.reporting.report_md import design_lines
 
     line = {"slope": 6.1, "ci95": [4.6, 7.7], "significant": True}
     flat = {"slope": -0.05, "ci95": [-0.2, 0.1], "significant": False}

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments import cli as run_cli
-from experiments.config import GIB, ConfigError, RunConfig, arm_labels, make_config
+from experiments.runner import cli as run_cli
+from experiments.runner.config import GIB, ConfigError, RunConfig, arm_labels, make_config
 
 REPO = Path(__file__).resolve().parents[2]
 TRACE = REPO / "traces" / "chat.jsonl"

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from experiments import cli as run_cli
-from experiments.config import ConfigError, RunConfig, make_config
-from experiments.planted import planted_lines, planted_text
-from experiments.report_md import arm_lines
-from experiments.runrecord import arm_records, mode_note
+from experiments.reporting.report_md import arm_lines
+from experiments.runner import cli as run_cli
+from experiments.runner.config import ConfigError, RunConfig, make_config
+from experiments.runner.runrecord import arm_records, mode_note
+from experiments.stats.planted import planted_lines, planted_text
 
 REPO = Path(__file__).resolve().parents[2]
 TRACE = REPO / "traces" / "chat.jsonl"

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from experiments import cli as run_cli
-from experiments import duetrun
-from experiments.config import ConfigError, make_config
-from experiments.servers import server_config, visible_device
+from experiments.runner import cli as run_cli
+from experiments.runner import duetrun
+from experiments.runner.config import ConfigError, make_config
+from experiments.runner.servers import server_config, visible_device
 
 TRACE = Path(__file__).resolve().parents[2] / "traces" / "chat.jsonl"
 

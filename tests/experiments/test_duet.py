@@ -1,4 +1,4 @@
-"""experiments.duet: the crossover schedule (balance, swaps, seeding) and the GPU-covariate statistics."""
+"""experiments.stats.duet: the crossover schedule and the GPU-covariate statistics."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments import duet
+from experiments.stats import duet
 
 
 def test_every_block_is_a_latin_square_and_the_whole_run_is_balanced() -> None:

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from experiments import duet, duetrun
 from experiments.analyze import analyze_run
-from experiments.config import RunConfig, make_config
-from experiments.orchestrate import run_experiment
+from experiments.runner import duetrun
+from experiments.runner.config import RunConfig, make_config
+from experiments.runner.orchestrate import run_experiment
+from experiments.stats import duet
 from integration.launcher import VllmServer
 from loadgen.records import read_records
 from tests.experiments.test_orchestrate import _fake_server, _trace

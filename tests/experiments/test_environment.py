@@ -7,7 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
-from experiments.environment import capture_environment, module_version, package_versions
+from experiments.runner.environment import capture_environment, module_version, package_versions
 from integration.launcher import MODELS_DIR
 from traces.trace import file_sha256
 

@@ -2,8 +2,8 @@ import math
 
 import pytest
 
-from experiments import goodput
-from experiments.slo import SLO
+from experiments.core.slo import SLO
+from experiments.stats import goodput
 from tests.experiments.synthetic_run import record
 
 CHAT = SLO("chat", 2000.0, 100.0)

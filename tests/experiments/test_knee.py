@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from experiments import knee
-from experiments.slo import SLO
+from experiments.core.slo import SLO
+from experiments.stats import knee
 
 INTERACTIVE, CHAT, RELAXED = SLO("interactive", 500, 30), SLO("chat", 2000, 100), SLO("relaxed", 6000, 175)
 
@@ -77,8 +77,8 @@ def test_past_the_list_the_search_grows_while_every_tier_is_met() -> None:
 
 
 def test_a_search_whose_windows_shared_prompt_seeds_is_flagged_in_the_report() -> None:
-    from experiments.goodput import met_column
-    from experiments.report_md import knee_lines
+    from experiments.reporting.report_md import knee_lines
+    from experiments.stats.goodput import met_column
 
     df = pd.DataFrame({"phase": ["knee"] * 4, "load": [4.0, 4.0, 8.0, 8.0],
                        met_column(CHAT): [True, True, True, False]})
@@ -95,7 +95,7 @@ def test_a_search_whose_windows_shared_prompt_seeds_is_flagged_in_the_report() -
 
 
 def test_the_report_checks_the_searched_knee_against_the_measured_windows() -> None:
-    from experiments.report_md import knee_lines
+    from experiments.reporting.report_md import knee_lines
 
     k = {"windows": [12, 16], "points": {"chat": [(5.0, 1.0), (27.0, 0.8)]},
          "knees": {"chat": {"load": 24.0, "status": "interpolated"}},

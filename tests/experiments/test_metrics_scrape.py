@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.metrics_scrape import accumulate, difference, parse_histogram
+from experiments.runner.metrics_scrape import accumulate, difference, parse_histogram
 
 
 def _text(c1: float, c8: float, cinf: float, total: float, engines: int = 1) -> str:

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from experiments import knee
-from experiments.config import RunConfig, make_config
-from experiments.orchestrate import run_experiment
-from experiments.schedule import Step
+from experiments.core.schedule import Step
+from experiments.runner.config import RunConfig, make_config
+from experiments.runner.orchestrate import run_experiment
+from experiments.stats import knee
 from integration.launcher import MODELS_DIR, ServerConfig, VllmServer, free_port
 from loadgen.records import read_records
 
@@ -90,7 +90,7 @@ def test_complete_run_records_every_replay(cfg: RunConfig, fakes: dict[str, Vllm
         ("stock", "patched"): 1, ("patched", "stock"): 1}  # balanced at each load
     # run.json is saved after each replay
     assert seen[3][3][:2] == [run["schedule"][0]["order"], run["schedule"][1]["order"][:1]]
-    assert run["order"] == {"method": "randomised balanced per load (experiments.schedule)", "seed": 0}
+    assert run["order"] == {"method": "randomised balanced per load (experiments.core.schedule)", "seed": 0}
     assert run["step_histograms"] == {}
     assert any("/metrics" in w for w in run["warnings"])
     # burn-in: window 0 at the highest load on both (handed-in, not yet burnt-in) servers, then measured
@@ -193,7 +193,7 @@ def test_one_at_a_time_restarts_arms_per_block(cfg: RunConfig, tmp_path: Path,
         events.append(f"w{step.window}@{step.load:g} {label} "
                       f"up={sorted(k for k, s in live.items() if s.is_alive())}")
 
-    monkeypatch.setattr("experiments.servers.start_arm", start_fake)
+    monkeypatch.setattr("experiments.runner.servers.start_arm", start_fake)
     one = dataclasses.replace(cfg, one_at_a_time=True, blocks=2, loads=(1.0,))
     try:
         run = _run(run_experiment(one, before_replay=watch))
@@ -211,7 +211,7 @@ def test_one_at_a_time_restarts_arms_per_block(cfg: RunConfig, tmp_path: Path,
 def test_knee_search_chooses_the_loads_measured(cfg: RunConfig, fakes: dict[str, VllmServer],
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     # the fake servers answer in ms at any load: make every SLO fail above 3x, so the knee is at 2.2x
-    monkeypatch.setattr("experiments.orchestrate.meets", lambda r, slo: r.tags["load"] < 3)
+    monkeypatch.setattr("experiments.runner.orchestrate.meets", lambda r, slo: r.tags["load"] < 3)
     kneed = dataclasses.replace(cfg, knee_factors=(1.0, 2.0, 4.0, 8.0), windows=2)
     run = _run(run_experiment(kneed, servers=fakes))
     assert run["status"] == "complete"
@@ -240,7 +240,7 @@ def test_knee_search_goes_past_its_list_while_every_tier_is_met(cfg: RunConfig, 
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     # every SLO met below 5x: the listed 1x and 2x meet everything, so the search goes on at 3x, 4.5x
     # (met) and 6.8x (every tier fails), and the knee lies between 4.5x and 6.8x
-    monkeypatch.setattr("experiments.orchestrate.meets", lambda r, slo: r.tags["load"] < 5)
+    monkeypatch.setattr("experiments.runner.orchestrate.meets", lambda r, slo: r.tags["load"] < 5)
     kneed = dataclasses.replace(cfg, knee_factors=(1.0, 2.0), windows=2)
     run = _run(run_experiment(kneed, servers=fakes))
     k = run["knee"]

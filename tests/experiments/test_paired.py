@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments import goodput, paired
-from experiments.slo import SLO
+from experiments.core.slo import SLO
+from experiments.stats import goodput, paired
 from tests.experiments.synthetic_run import record
 
 CHAT = SLO("chat", 2000.0, 100.0)

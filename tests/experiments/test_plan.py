@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments import cli as run_cli
-from experiments.config import ConfigError, make_config
-from experiments.plan import prepare
+from experiments.runner import cli as run_cli
+from experiments.runner.config import ConfigError, make_config
+from experiments.runner.plan import prepare
 from integration.launcher import VllmServer
 from traces.trace import TraceError
 

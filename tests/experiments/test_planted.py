@@ -9,8 +9,9 @@ import pandas as pd
 import pytest
 
 from common.jsonfile import write_json
-from experiments.config import make_config
-from experiments.planted import (
+from experiments.runner.config import make_config
+from experiments.runner.runrecord import arm_records
+from experiments.stats.planted import (
     added_fraction,
     decode_totals,
     planted_lines,
@@ -18,7 +19,6 @@ from experiments.planted import (
     reference_comparisons,
     reference_label,
 )
-from experiments.runrecord import arm_records
 from integration.proof import plantedcost
 
 TRACE = Path(__file__).resolve().parents[2] / "traces" / "chat.jsonl"
@@ -164,7 +164,7 @@ def test_reference_comparisons_find_a_planted_effect_against_the_twin() -> None:
 
 
 def test_the_committed_planted_step_time_is_found_by_gpu_and_model() -> None:
-    from experiments.planted import has_planted_arm
+    from experiments.stats.planted import has_planted_arm
     from integration.proof import profiles
 
     found = profiles.default_planted_steps("h200", "llama-3.1-8b")

@@ -1,6 +1,6 @@
 import pytest
 
-from experiments.report import aa_reason, verdict
+from experiments.reporting.report import aa_reason, verdict
 
 
 def entry(**kw):
@@ -46,7 +46,7 @@ def test_aa_reason():
 
 
 def test_clipping_is_stated_beside_the_design():
-    from experiments.report_md import _clipping_line
+    from experiments.reporting.report_md import _clipping_line
 
     assert (_clipping_line(None) == []
             and _clipping_line({"max_input_tokens": None, "max_output_tokens": None}) == [])
@@ -55,7 +55,7 @@ def test_clipping_is_stated_beside_the_design():
 
 
 def test_latency_lines_give_change_intervals_and_sign_count():
-    from experiments.report_latency import latency_lines
+    from experiments.reporting.report_latency import latency_lines
 
     r = {"comparison": ["stock", "patched"], "secondary": {"tpot_p50_ms": {
         "comparison": {"mean": 12.16, "t_ci95": [-0.04, 24.35], "bootstrap_ci95": [3.7, 22.6]},
@@ -66,7 +66,7 @@ def test_latency_lines_give_change_intervals_and_sign_count():
 
 
 def test_attribution_says_what_part_of_the_measured_change_it_explains():
-    from experiments.report_md import _explained
+    from experiments.reporting.report_md import _explained
 
     a = {"predicted_step_change_pct": 0.1}
     assert _explained(a, {"mean": 12.0, "t_ci95": [7.0, 17.0]}) == [
@@ -78,7 +78,7 @@ def test_attribution_says_what_part_of_the_measured_change_it_explains():
 
 
 def test_paired_lines_lead_with_the_change_its_intervals_and_the_floor_of_the_same_run():
-    from experiments.report_latency import paired_lines
+    from experiments.reporting.report_latency import paired_lines
 
     c = {"estimate_pct": 0.41, "ci95_pct": [0.12, 0.70], "bootstrap_ci95_pct": [0.2, 0.6], "mde_pct": 0.3,
          "n_cells": 48, "position_pct": -1.1, "position_ci95_pct": [-1.4, -0.8], "estimator": "huber",
@@ -100,7 +100,7 @@ def test_paired_lines_lead_with_the_change_its_intervals_and_the_floor_of_the_sa
 
 
 def test_goodput_at_the_knee_joins_the_verdict_of_the_tier_the_search_measured():
-    from experiments.report import _at_knee
+    from experiments.reporting.report import _at_knee
 
     e = {**entry(), "verdict": "chat: ...", "per_window": [
         {"load": 1.0, "diff_pct": 9.0}, {"load": 4.8, "diff_pct": 1.0}, {"load": 4.8, "diff_pct": 2.0},
@@ -111,7 +111,7 @@ def test_goodput_at_the_knee_joins_the_verdict_of_the_tier_the_search_measured()
 
 
 def test_further_arms_get_their_own_paired_lines_without_the_floor():
-    from experiments.report_latency import paired_lines
+    from experiments.reporting.report_latency import paired_lines
 
     c = {"estimate_pct": 0.5, "ci95_pct": [0.2, 0.8], "bootstrap_ci95_pct": [0.3, 0.7], "mde_pct": 0.3,
          "n_cells": 16}
@@ -122,7 +122,7 @@ def test_further_arms_get_their_own_paired_lines_without_the_floor():
 
 
 def test_an_aa_floor_off_zero_says_the_servers_differ():
-    from experiments.report_latency import paired_lines
+    from experiments.reporting.report_latency import paired_lines
 
     c = {"estimate_pct": 0.3, "ci95_pct": [-0.1, 0.7], "bootstrap_ci95_pct": [0.0, 0.6], "mde_pct": 0.6,
          "n_cells": 21}
@@ -137,7 +137,7 @@ def test_an_aa_floor_off_zero_says_the_servers_differ():
 
 
 def test_a_client_that_fell_behind_is_flagged_at_the_top():
-    from experiments.report_md import LATENESS_BOUND_MS, headline
+    from experiments.reporting.report_md import LATENESS_BOUND_MS, headline
 
     rows = [{"arm": "stock", "load": 4.0, "lateness_p99_ms": 0.7},
             {"arm": "patched", "load": 16.0, "lateness_p99_ms": 118.6}]
@@ -156,7 +156,7 @@ def test_a_client_that_fell_behind_is_flagged_at_the_top():
     ("batched", (94, 1121), 1380, "**Tokens streamed in batches**", "stock 2x (81%)"),  # 7% is not flagged
 ])
 def test_replies_without_the_engines_token_timing_are_flagged_at_the_top(key, counts, n, notice, shown):
-    from experiments.report_md import headline
+    from experiments.reporting.report_md import headline
 
     rows = [{"arm": "stock", "load": 1.0, "n": n, key: counts[0]},
             {"arm": "stock", "load": 2.0, "n": n, key: counts[1]}]
@@ -170,7 +170,7 @@ def test_replies_without_the_engines_token_timing_are_flagged_at_the_top(key, co
 
 
 def test_goodput_verdicts_carry_the_same_tiers_aa_change_of_the_run():
-    from experiments.report import _with_floor
+    from experiments.reporting.report import _with_floor
 
     pair = ["stock", "stock-b"]
     chat = {"verdict": "chat: patched +6.5%", "ci95_pct": [2.6, 10.5]}

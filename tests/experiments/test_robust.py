@@ -1,5 +1,5 @@
-"""The Huber M-estimate of experiments.robust: against statsmodels' RLM, its case weights, its
-calibration in heavy-tailed and measured A/A noise, and where experiments.paired uses it."""
+"""The Huber M-estimate of experiments.stats.robust: against statsmodels' RLM, its case weights, its
+calibration in heavy-tailed and measured A/A noise, and where experiments.stats.paired uses it."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import statsmodels.api as sm
 from scipy import stats as sps
 
-from experiments import goodput, paired, robust, runframe
-from experiments.comparisons import cell_orders
+from experiments.stats import goodput, paired, robust, runframe
+from experiments.stats.comparisons import cell_orders
 
 TWIN_AA = Path(__file__).resolve().parents[2] / "experiments" / "results" / "h200-llama8b-twin-aa"
 

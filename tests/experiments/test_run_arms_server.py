@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from experiments import cellnoise, goodput
-from experiments import cli as run_cli
-from experiments.rundir import load_records
+from experiments.core.rundir import load_records
+from experiments.runner import cli as run_cli
+from experiments.stats import goodput
+from research import cellnoise
 
 pytestmark = pytest.mark.server
 TRACE = Path(__file__).resolve().parents[2] / "traces" / "chat.jsonl"

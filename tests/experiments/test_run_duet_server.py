@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments import cli as run_cli
-from experiments import duet
+from experiments.runner import cli as run_cli
+from experiments.stats import duet
 from loadgen.records import read_records
 
 pytestmark = pytest.mark.server

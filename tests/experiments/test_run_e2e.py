@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from experiments.config import RunConfig, make_config
-from experiments.orchestrate import run_experiment
-from experiments.schedule import Step
-from experiments.servers import start_servers
+from experiments.core.schedule import Step
+from experiments.runner.config import RunConfig, make_config
+from experiments.runner.orchestrate import run_experiment
+from experiments.runner.servers import start_servers
 from integration.launcher import VllmServer
 from loadgen.records import read_records
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments.config import RunConfig, make_config
-from experiments.orchestrate import run_experiment
-from experiments.schedule import Step
+from experiments.core.schedule import Step
+from experiments.runner.config import RunConfig, make_config
+from experiments.runner.orchestrate import run_experiment
 from integration.launcher import VllmServer
 from tests.conftest import start_server, tiny_server_config
 

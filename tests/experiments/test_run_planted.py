@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from experiments import goodput
 from experiments.analyze import run_slos
-from experiments.config import make_config
-from experiments.orchestrate import run_experiment
-from experiments.planted import decode_totals
-from experiments.rundir import load_records
+from experiments.core.rundir import load_records
+from experiments.runner.config import make_config
+from experiments.runner.orchestrate import run_experiment
+from experiments.stats import goodput
+from experiments.stats.planted import decode_totals
 
 pytestmark = pytest.mark.server
 TRACE = Path(__file__).resolve().parents[2] / "traces" / "chat.jsonl"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.config import make_config
-from experiments.orchestrate import run_experiment
+from experiments.runner.config import make_config
+from experiments.runner.orchestrate import run_experiment
 from loadgen.records import read_records
 from tests.realmodel import make_tiny_real_llama
 

@@ -1,4 +1,4 @@
-"""run.json records the policy the patched arm dispatches by (experiments.runrecord.patched_policy)."""
+"""run.json records the policy the patched arm dispatches by (experiments.runner.runrecord.patched_policy)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from experiments.runrecord import patched_policy
+from experiments.runner.runrecord import patched_policy
 from integration import choice
 from integration.launcher import MODELS_DIR
 

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from experiments.schedule import (
+from experiments.core.schedule import (
     build_schedule,
     burnin_seed,
     burnin_step,

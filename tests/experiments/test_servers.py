@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments import config
-from experiments.config import make_config
-from experiments.servers import StartFailed, _stop_then_raise, start_waves
+from experiments.runner import config
+from experiments.runner.config import make_config
+from experiments.runner.servers import StartFailed, _stop_then_raise, start_waves
 
 TRACE = Path(__file__).resolve().parents[2] / "traces" / "chat.jsonl"
 

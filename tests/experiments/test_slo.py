@@ -1,6 +1,6 @@
 import pytest
 
-from experiments.slo import DEFAULT_SLO_FILE, SLO, load_slo_file, meets, parse_slo
+from experiments.core.slo import DEFAULT_SLO_FILE, SLO, load_slo_file, meets, parse_slo
 from tests.experiments.synthetic_run import record
 
 CHAT = SLO("chat", 2000.0, 100.0)

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from experiments import stats
+from experiments.stats import intervals as stats
 
 
 def test_percentile_literal_values():

@@ -1,4 +1,4 @@
-"""integration.proof.prove's turn order and integration.proof.launchcost's refusal without a GPU."""
+"""integration.proof.prove's turn order and research.launchcost's refusal without a GPU."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import sys
 import pytest
 import torch
 
-from integration.proof import evidence, launchcost, prove
+from integration.proof import evidence, prove
+from research import launchcost
 
 
 def test_each_profiled_mode_takes_ab_ba_turns_one_engine_at_a_time() -> None:

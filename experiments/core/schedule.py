@@ -1,0 +1,142 @@
+"""The order in which (window, load) cells are replayed against the arms: pure functions.
+
+Arms are a list; the first is the baseline every other arm is compared with. The arm order of each
+cell is randomised and balanced (seeded by the run's seed, recorded per cell in run.json): at every
+load the windows cycle through all orderings of the arms, each cycle in a random order, so every
+arm takes every position equally often when the windows fill whole cycles, and which arm goes first
+is not tied to the window or the load. The position effect that remains is estimated in the
+analysis (experiments.stats.paired).
+
+Resident servers (default): every cell is replayed against all arms back to back.
+
+One server at a time (--one-at-a-time): windows are split into contiguous blocks; in each block the
+arms take turns (in that block's random balanced order) replaying all of the block's cells, each on
+a freshly started server.
+
+After every server start the runner replays one burn-in cell (phase "burnin", window 0 at the
+highest load, with prompts of its own) that is recorded and shown but not compared.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Step:
+    """One (window, load) cell, the arm order it is replayed in, and the arms done so far."""
+
+    window: int
+    load: float
+    load_index: int
+    order: tuple[str, ...]
+    block: int | None = None
+    done: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        d = {"window": self.window, "load": self.load, "order": list(self.order), "done": list(self.done)}
+        if self.block is not None:
+            d["block"] = self.block
+        return d
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of the run during which the same servers are up: `arms` resident, `steps` replayed."""
+
+    arms: tuple[str, ...]
+    steps: tuple[Step, ...]
+
+
+def split_blocks(n_windows: int, blocks: int) -> list[range]:
+    """Contiguous, near-equal blocks of window ids (the first ones one longer when uneven)."""
+    if not 1 <= blocks <= n_windows:
+        raise ValueError(f"blocks must be in [1, {n_windows}], got {blocks}")
+    size, extra = divmod(n_windows, blocks)
+    out, start = [], 0
+    for b in range(blocks):
+        end = start + size + (b < extra)
+        out.append(range(start, end))
+        start = end
+    return out
+
+
+def balanced_orders(labels: tuple[str, ...], n: int, rng: np.random.Generator) -> list[tuple[str, ...]]:
+    """n arm orders: consecutive cycles through every permutation of labels, each cycle shuffled."""
+    perms = list(itertools.permutations(labels))
+    out: list[tuple[str, ...]] = []
+    while len(out) < n:
+        out += [perms[i] for i in rng.permutation(len(perms))]
+    return out[:n]
+
+
+def build_schedule(n_windows: int, loads: tuple[float, ...], labels: tuple[str, ...],
+                   one_at_a_time: bool = False, blocks: int = 2, seed: int = 0) -> list[Step]:
+    """Every (window, load) cell once, windows outer, loads in the given order, with its arm order."""
+    if len(labels) < 2 or len(set(labels)) != len(labels):
+        raise ValueError(f"need two or more distinct arm labels, got {labels}")
+    rng = np.random.default_rng(seed)
+    if one_at_a_time:
+        groups = split_blocks(n_windows, blocks)
+        steps = []
+        for k, (windows, order) in enumerate(zip(groups, balanced_orders(labels, len(groups), rng))):
+            steps += [Step(w, load, j, order, block=k) for w in windows for j, load in enumerate(loads)]
+        return steps
+    per_load = [balanced_orders(labels, n_windows, rng) for _ in loads]
+    return [Step(w, load, j, per_load[j][w]) for w in range(n_windows) for j, load in enumerate(loads)]
+
+
+def simultaneous_schedule(n_windows: int, loads: tuple[float, ...], labels: tuple[str, ...]) -> list[Step]:
+    """The duet's cells: every (window, load) once, windows outer, each replayed to all arms at once
+    (the order is the labels': it records no sequence; experiments.stats.duet places the arms on GPUs)."""
+    return [Step(w, load, j, tuple(labels)) for w in range(n_windows) for j, load in enumerate(loads)]
+
+
+def segments(steps: list[Step], one_at_a_time: bool) -> list[Segment]:
+    """The server segments that execute `steps`: one with every arm, or one per (block, arm)."""
+    if not steps:
+        return []
+    if not one_at_a_time:
+        return [Segment(tuple(steps[0].order), tuple(steps))]
+    out: list[Segment] = []
+    for block in sorted({s.block for s in steps}):
+        in_block = tuple(s for s in steps if s.block == block)
+        out += [Segment((arm,), in_block) for arm in in_block[0].order]
+    return out
+
+
+def burnin_step(steps: list[Step], loads: tuple[float, ...], arms: tuple[str, ...]) -> Step:
+    """The burn-in cell replayed after a server start: window 0 at the highest load, on ``arms``."""
+    top = max(range(len(loads)), key=lambda j: loads[j])
+    order = next((s.order for s in steps if s.window == 0 and s.load_index == top), arms)
+    return Step(0, loads[top], top, tuple(a for a in order if a in arms))
+
+
+def burnin_seed(run_seed: int, burnin: int) -> int:
+    """Prompt seed of the burn-in after the ``burnin``-th server start: distinct from every replay_seed,
+    so the measured replay of window 0 does not find the burn-in's prompts in the prefix cache."""
+    return (run_seed << 32) | (1 << 31) | (burnin << 8)
+
+
+KNEE_PROMPT_SEEDS = "per window"  # run.json "knee" "prompt_seeds" of a search seeded as knee_seed does
+
+
+def knee_seed(run_seed: int, factor_index: int, window: int) -> int:
+    """Prompt seed of the knee search's replay of ``window`` at its ``factor_index``-th factor: distinct
+    from every replay_seed and burnin_seed, and per window, so that the windows pooled at one factor do
+    not share prompt prefixes (request i of each would start with the same ids, and the prefix cache
+    would serve them: seen on the H200 in h200-llama8b-confirm, where it moved the knee from about 8x
+    to 24x)."""
+    return (run_seed << 32) | (1 << 30) | ((window + 1) << 8) | factor_index
+
+
+def replay_seed(run_seed: int, window: int, load_index: int) -> int:
+    """Prompt seed of one (window, load) replay, the same for every arm and distinct across cells.
+
+    Distinct seeds keep the server's prefix cache from reusing one replay's prompts in another
+    (loadgen draws request i's prompt from (seed, i)). window -1 is the warm-up.
+    """
+    return (run_seed << 32) | ((window + 1) << 8) | load_index

@@ -1,0 +1,349 @@
+"""report.md: verdict lines first (A/A and partial-run notices above them), then tables and detail."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+
+from experiments.reporting.duetreport import layout_lines
+from experiments.reporting.report_latency import fmt_num, latency_lines, noise_floor_lines, paired_lines
+from experiments.stats.planted import planted_text
+
+
+def _cap(c: Mapping) -> str:
+    if c["status"] in ("interpolated", "last passing load"):
+        return f"{c['load']:.3g}x ({c['status']})"
+    if c["status"] == "above highest":
+        return f">= {c['load']:.3g}x (above highest load)"
+    return c["status"]
+
+
+LATENESS_BOUND_MS = 10.0  # a send later than this no longer replays the trace's arrival process
+UNOBSERVED_SHARE = 0.01  # above this share of a cell's replies without observed token timing, say so
+BATCHED_SHARE = 0.2  # above this share of replies streamed several tokens per chunk, say so
+
+
+def headline(r: Mapping) -> list[str]:
+    """The first lines: notices (A/A, CPU, partial), the paired latency changes with the A/A floor of
+    the same run, one goodput verdict per SLO, then the per-window medians (secondary)."""
+    lines = []
+    if r["aa"]["is_aa"]:
+        why = str(r["aa"]["why"])
+        if why.lower().startswith("a/a run"):
+            why = why[len("a/a run"):].lstrip(" :")
+        tail = "" if "noise" in why else " Every difference below is noise: it shows the noise floor."
+        lines.append(f"**A/A run** — {why}{tail}  ")  # trailing spaces: markdown line break
+    if r.get("device") == "cpu":
+        lines.append("**CPU run** — it checks the pipeline (servers, open-loop replay, pairing, statistics, "
+                     "report), not the kernel.  ")
+    if r["status"] != "complete":
+        why = (r.get("stopped_reason") or f"run status is {r.get('run_status')!r}").splitlines()[0]
+        lines.append(f"**PARTIAL RUN** — {len(r['missing'])} arm-window cells missing "
+                     f"(listed under Missing); reason: {why}.  ")
+    users = [lab for lab, d in (r.get("arm_definitions") or {}).items() if d.get("endpoint")]
+    if users:
+        lines.append(f"**Servers started by the user** — {', '.join(users)}: the kit started none of "
+                     "them, so each arm's identity (kernels, flags, environment) is what the user "
+                     "declared (see Arms).  ")
+    check = (r.get("prompts") or {}).get("check") or {}
+    if check.get("mismatched"):
+        lines.append(f"**Prompt lengths differ from the trace** — in {check['mismatched']} of "
+                     f"{check['checked']} requests the server's usage.prompt_tokens is not the trace's "
+                     "input_tokens (examples under Arms and prompts).  ")
+    late = [f"{row['arm']} {row['load']:g}x ({row['lateness_p99_ms']:.0f} ms)" for row in r["latency"]
+            if (row.get("lateness_p99_ms") or 0.0) > LATENESS_BOUND_MS]
+    if late:
+        lines.append(f"**The load generator fell behind** — send lateness p99 above {LATENESS_BOUND_MS:g} "
+                     f"ms in {', '.join(late)}: those cells did not replay the trace's arrival times.  ")
+    blind = [f"{row['arm']} {row['load']:g}x ({row['tpot_unobserved']} of {row['n']})"
+             for row in r["latency"]
+             if row.get("tpot_unobserved") and row["tpot_unobserved"] > UNOBSERVED_SHARE * row["n"]]
+    if blind:
+        lines.append("**Token timing not observed** — replies of 2+ tokens that the client read in one "
+                     f"network read (it fell behind the stream) in {', '.join(blind)}: they have no TPOT, "
+                     "are left out of TPOT comparisons and meet no TPOT bound; a busy client machine is "
+                     "the usual cause.  ")
+    batched = [f"{row['arm']} {row['load']:g}x ({100 * row['batched'] / row['n']:.0f}%)"
+               for row in r["latency"] if row.get("batched") and row["batched"] > BATCHED_SHARE * row["n"]]
+    if batched:
+        lines.append("**Tokens streamed in batches** — replies that came in fewer chunks than tokens in "
+                     f"{', '.join(batched)}: the server sent several tokens per chunk (its output loop "
+                     "fell behind the engine), so TPOT there follows the frontend's cadence, not the GPU "
+                     "step's.  ")
+    lines += layout_lines(r) + paired_lines(r) + [f"- {planted_text(p)}" for p in r.get("planted") or []]
+    return lines + [f"- {s['verdict']}" for s in r["slos"]] + latency_lines(r)
+
+
+def _slo_tables(r: Mapping) -> list[str]:
+    labels = r["arm_labels"]
+    out = ["## Attainment and goodput per load (pooled over windows)", ""]
+    for s in r["slos"]:
+        out += [f"### {s['name']} ({s['bounds']})", "",
+                ("| arm | load | requests | met | attainment | goodput (attainment x offered rate, req/s) "
+                 "| achieved (met / real replay time, req/s) |"), "|---|---|---|---|---|---|---|"]
+        rows = sorted(s["per_load"], key=lambda p: (labels.index(p["arm"]), p["load"]))
+        out += [f"| {p['arm']} | {p['load']:g}x | {p['n']} | {p['n_met']} | {p['attainment']:.3f} | "
+                f"{p['goodput_rps']:.3f} | {fmt_num(p.get('achieved_goodput_rps'), '{:.3f}')} |"
+                for p in rows]
+        out += ["", ("Only cells both arms completed are pooled. Goodput is attainment x offered rate; the "
+                     "achieved column divides by the replays' real duration (longer when the server falls "
+                     "behind)."),
+                "", "| arm | highest load >= 90% attainment | same from p90 latency curves |",
+                "|---|---|---|"]
+        out += [f"| {a} | {_cap(s[a]['capacity_by_attainment'])} | {_cap(s[a]['capacity_by_latency'])} |"
+                for a in (s["baseline"], s["treatment"])]
+        out += ["", *_capacity_line(s)]
+        out.append("")
+        for load, c in s["by_load"].items():
+            ci = "n/a" if c["t_ci95"] is None else f"[{c['t_ci95'][0]:+.1f}, {c['t_ci95'][1]:+.1f}]%"
+            out.append(f"At {float(load):g}x: goodput change {fmt_num(c['mean'], '{:+.1f}%')}, 95% CI {ci} "
+                       f"over {c['n']} windows.  ")
+        out += ["", f"Per-window goodput differences ({s['treatment']} - {s['baseline']}, "
+                    "% of baseline mean): "
+                + (", ".join(f"w{d['window']}@{d['load']:g}x {d['diff_pct']:+.1f}" for d in s["per_window"])
+                   or "none")]
+        if s["unpaired"] or s["undefined"]:
+            out.append(f"Unpaired: {s['unpaired']}; undefined: {s['undefined']}")
+        out.append("")
+    return out
+
+
+def _capacity_line(s: Mapping) -> list[str]:
+    """Capacity per window (the load where that window's attainment crosses 90%) per arm, and its
+    paired change, when the loads bracket the knee."""
+    cap = s.get("capacity_per_window") or {}
+    arms = cap.get("arms") or {}
+    if not any(v.get("n") for v in arms.values()):
+        return ["Capacity per window: not located (the loads do not bracket this tier's 90% knee).  "]
+    parts = [f"{a} {fmt_num(v['mean'], '{:.3g}')}x"
+             + (f" [{v['ci95'][0]:.3g}, {v['ci95'][1]:.3g}]x" if v.get("ci95") else "")
+             + f" over {v['n']} windows" for a, v in arms.items()]
+    p = cap.get("paired") or {}
+    change = ("" if p.get("mean") is None else f"; paired change {p['mean']:+.1f}%"
+              + (f", 95% t CI [{p['t_ci95'][0]:+.1f}, {p['t_ci95'][1]:+.1f}]%" if p.get("t_ci95") else ""))
+    return [f"Capacity per window (90% attainment crossing): {'; '.join(parts)}{change}.  "]
+
+
+def knee_lines(r: Mapping) -> list[str]:
+    """The knee search: attainment per factor and tier (from the records), the knees and the loads chosen."""
+    k = r.get("knee")
+    if not k:
+        return []
+    names = list(k["points"])
+    factors = sorted({f for pts in k["points"].values() for f, _ in pts})
+    windows = k.get("windows", [0])
+    which = (f"window {windows[0]}" if len(windows) == 1 else
+             f"windows {', '.join(map(str, windows))} pooled")
+    out = [f"## Knee search (baseline arm, {which} per factor, not compared)", "",
+           "| factor | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for f in factors:
+        vals = [next((f"{a:.3f}" for x, a in k["points"][n] if x == f), "") for n in names]
+        out.append(f"| {f:g}x | " + " | ".join(vals) + " |")
+    out += ["", "Knees (90% attainment): " + ", ".join(f"{n} {_cap(v)}" for n, v in k["knees"].items()) + "."]
+    if k.get("beyond_listed"):
+        more = ", ".join(f"{f:g}x" for f in k["beyond_listed"])
+        out.append(f"Every tier still met at the last --knee factor: searched on at {more}.")
+    if k.get("shared_prompts"):
+        out.append("The pooled windows drew request i's prompt from one seed per factor (as every run did "
+                   "before the search seeded each window), so their prompts shared prefixes and the prefix "
+                   "cache served the repeats: this search's attainment is optimistic and its knees too high; "
+                   "the capacity from the measured loads (below) is the reference.")
+    c = k["chosen"]
+    out += _knee_check(r, c)
+    out.append(f"Measured at {', '.join(f'{x:g}x' for x in c['loads'])}: around the {c['tier']} knee "
+               f"({c['knee']:.3g}x) plus a latency-sensitive load ({min(c['loads']):g}x)." if c.get("loads")
+               else f"No knee chosen ({c.get('reason')}); measured at --loads.")
+    return out + [""]
+
+
+def _knee_check(r: Mapping, chosen: Mapping) -> list[str]:
+    """The search's knee against the measured windows' own crossing of 90% for the baseline arm: the
+    search pools a few windows, so it must land inside the per-window capacity interval to stand for
+    the windows measured."""
+    tier = next((s for s in r.get("slos", []) if s["name"] == chosen.get("tier")), None)
+    if tier is None or chosen.get("knee") is None:
+        return []
+    base = tier["baseline"]
+    pooled = _cap(tier[base]["capacity_by_attainment"])
+    v = ((tier.get("capacity_per_window") or {}).get("arms") or {}).get(base) or {}
+    line = (f"Check against the measured windows: {base}'s {tier['name']} attainment crossed 90% at "
+            f"{pooled} pooled")
+    if not v.get("ci95"):
+        return [line + "; no per-window interval to judge the search's knee by."]
+    lo, hi = v["ci95"]
+    verdict = ("lies inside." if lo <= chosen["knee"] <= hi else
+               "lies outside, so the searched windows did not stand for the measured ones and the loads "
+               "are not where the search meant them.")
+    return [line + f", per window {v['mean']:.3g}x [{lo:.3g}, {hi:.3g}]x: the search's "
+            f"{chosen['knee']:.3g}x {verdict}"]
+
+
+def _latency_table(r: Mapping) -> list[str]:
+    """Latency percentiles per arm and load; inter-token latency columns where the records kept them."""
+    metrics = ["ttft", "tpot", "e2e"] + (["itl"] if any("itl_p50_ms" in x for x in r["latency"]) else [])
+    head = " | ".join(f"{m.upper()} p50 | p90 | p99" for m in metrics)
+    out = ["## Latency per arm and load (succeeded requests, ms)", "",
+           f"| arm | load | n | failed | req/s | output tok/s | {head} | send lateness p99 | max |",
+           "|---" * (8 + 3 * len(metrics)) + "|"]
+    for row in sorted(r["latency"], key=lambda x: (r["arm_labels"].index(x["arm"]), x["load"])):
+        vals = [fmt_num(row.get("request_rps"), "{:.2f}"), fmt_num(row.get("output_tok_s"), "{:.0f}")]
+        vals += [fmt_num(row.get(f"{m}_p{p}_ms"), "{:.1f}") for m in metrics for p in (50, 90, 99)]
+        vals += [fmt_num(row.get(k), "{:.2f}") for k in ("lateness_p99_ms", "lateness_max_ms")]
+        out.append(f"| {row['arm']} | {row['load']:g}x | {row['n']} | {row['failed']} | "
+                   + " | ".join(vals) + " |")
+    return out + ["", "Throughput as vLLM's benchmark gives it: succeeded requests and their output tokens "
+                      "per second of the replays' real duration (t0 to the last request's end).", ""]
+
+
+def _power_and_attribution(r: Mapping) -> list[str]:
+    out = ["## Minimum detectable effect (alpha 0.05, power 0.8, paired t over windows)", ""]
+    out += [f"- goodput, {k}: {fmt_num(v, '{:.2f}%')}" for k, v in r["mde_pct"]["goodput"].items()]
+    for m, sec in r["secondary"].items():
+        c = sec["comparison"]
+        ci = "n/a" if c["t_ci95"] is None else f"[{c['t_ci95'][0]:+.2f}, {c['t_ci95'][1]:+.2f}]%"
+        out.append(f"- {m} per window: mean change {fmt_num(c['mean'], '{:+.2f}%')}, 95% CI {ci}, "
+                   f"MDE {fmt_num(c['mde'], '{:.2f}%')} over {c['n']} windows")
+    out += ["", *noise_floor_lines(r.get("noise_floor") or {})]
+    a = r["attribution"]
+    lat = ((r.get("paired_latency") or {}).get(r["comparison"][1]) or {}).get("tpot_ms") or {}
+    tpot = ({"mean": lat.get("estimate_pct"), "t_ci95": lat.get("ci95_pct")} if lat.get("ci95_pct")
+            else r["secondary"].get("tpot_p50_ms", {}).get("comparison", {}))
+    out += ["", "## Attribution: what the kernel can explain", "",
+            "- predicted step-time change (upper bound): "
+            f"{fmt_num(a.get('predicted_step_change_pct'), '{:+.3f}%')} "
+            f"— {a.get('status')}: {a.get('reason')}",
+            *([f"- policy: {a['policy_note']}"] if a.get("policy_note") else []),
+            (f"- measured TPOT change (paired per request where there is an interval, else per-window "
+             f"median): {fmt_num(tpot.get('mean'), '{:+.2f}%')}"), *_explained(a, tpot)]
+    k = a.get("kernel_estimate")
+    if k:
+        out.append(f"- kernel benchmark estimate: {k.get('status')}: "
+                   f"{fmt_num(k.get('norm_saved_us_per_step'), '{:.2f}')} us of norm time saved per step"
+                   + (f" ({k['reason']})" if k.get("reason") else ""))
+    return out + [""]
+
+
+def design_lines(r: Mapping) -> list[str]:
+    """Burn-in replays against the measured ones, and the drift check."""
+    out = ["## Burn-in and drift", ""]
+    if r.get("burnin"):
+        out += ["Burn-in after each server start (phase 'burnin', recorded, not compared), against the "
+                "measured replay of the same window and load:", "",
+                "| arm | window | load | n | median TPOT (ms) | vs measured | p90 TTFT (ms) | vs measured |",
+                "|---|---|---|---|---|---|---|---|"]
+        out += [f"| {b['arm']} | {b.get('window', 0)} | {b['load']:g}x | {b['n']} | "
+                f"{fmt_num(b['tpot_p50_ms'], '{:.2f}')} | "
+                f"{fmt_num(b['tpot_p50_ms_vs_measured_pct'], '{:+.1f}%')} | "
+                f"{fmt_num(b['ttft_p90_ms'], '{:.1f}')} | "
+                f"{fmt_num(b['ttft_p90_ms_vs_measured_pct'], '{:+.1f}%')} |" for b in r["burnin"]]
+    else:
+        out.append("No burn-in replays in this run (it predates them, or handed-in servers were used).")
+    d = r.get("drift") or {}
+    for key, what in (("baseline", f"{d.get('baseline_arm')} per-cell median TPOT (% of its load's mean)"),
+                      ("paired", "paired TPOT log ratio (%) of "
+                       + " vs ".join(reversed(d.get("paired_arms") or [])))):
+        t = d.get(key) or {}
+        if t.get("slope") is None:
+            out.append(f"- drift of {what}: not estimated ({t.get('reason')})")
+        else:
+            out.append(f"- drift of {what}: {t['slope']:+.3f} points {d['unit']}, 95% CI "
+                       f"[{t['ci95'][0]:+.3f}, {t['ci95'][1]:+.3f}]"
+                       f"{' — drifting' if t['significant'] else ''}")
+    if (d.get("baseline") or {}).get("significant"):
+        out.append("  (one arm's own TPOT also follows the traffic of each window, which the trace sets, so "
+                   "its trend can be the trace's; the paired line is the one that compares arms over time)")
+    return out + [""]
+
+
+def _clipping_line(c: Mapping | None) -> list[str]:
+    """The trace-changing token caps, if any, stated beside the design."""
+    if not c or not (c.get("max_input_tokens") or c.get("max_output_tokens")):
+        return []
+    return [f"- token counts clipped: input <= {c.get('max_input_tokens') or 'no cap'}, output <= "
+            f"{c.get('max_output_tokens') or 'no cap'} "
+            f"({c.get('clipped_requests')} replayed requests changed)"]
+
+
+def _explained(a: Mapping, tpot: Mapping) -> list[str]:
+    """What part of the measured TPOT change the predicted step-time change accounts for."""
+    pred, meas, ci = a.get("predicted_step_change_pct"), tpot.get("mean"), tpot.get("t_ci95")
+    if pred is None or not meas or ci is None:
+        return []
+    inside = ci[0] <= pred <= ci[1]
+    return [f"- the prediction accounts for {100 * pred / meas:.0f}% of the measured change and lies "
+            f"{'inside' if inside else 'outside'} its 95% interval"
+            + ("" if inside else ": the difference is not explained by the norm kernels' GPU time")]
+
+
+def arm_lines(r: Mapping) -> list[str]:
+    """Every arm: its description, its difference from the first arm, who started its server (and
+    what an endpoint said of itself), then the prompts and the server-reported prompt lengths."""
+    defs = r.get("arm_definitions") or {}
+    if not defs:
+        return []
+    base = r["arm_labels"][0]
+    out = ["## Arms and prompts", ""]
+    for lab, d in defs.items():
+        diff = d.get("vs_baseline")
+        what = ("the baseline" if lab == base else "runs the same server as the baseline" if diff == []
+                else f"differs from {base} in: {'; '.join(diff)}" if diff else "difference not known")
+        who = d.get("identity") or ("started by the kit" if d.get("recorded") else "not recorded (older run)")
+        line = f"- **{lab}** ({d.get('name')}): {d.get('description') or 'no description'} — {what}; {who}"
+        if d.get("shared_flags_set"):
+            line += (f"; sets shared flags {' '.join(d['shared_flags_set'])} (allowed with "
+                     "--allow-arm-differences)")
+        said = d.get("said_of_itself")
+        if said:
+            model = said.get("model") or {}
+            infos = said.get("metrics_info")
+            names = ", ".join(sorted(infos)) if isinstance(infos, dict) else str(infos)
+            line += (f". It said of itself: model {model.get('id')} (root {model.get('root')}, max_model_len "
+                     f"{model.get('max_model_len')}); /metrics info: {names or 'none'}")
+        out.append(line)
+    p = r.get("prompts") or {}
+    check = p.get("check") or {}
+    kind = ("text, exact token counts under " + str(p.get("tokenizer")) if p.get("kind") == "text"
+            else f"token ids below {p.get('vocab_size')}" if p.get("kind") else "token ids (not recorded)")
+    if not check:
+        return out + ["", f"Prompts: {kind}. Server-reported prompt tokens: not checked (the run predates "
+                      "the check).", ""]
+    examples = f"; first mismatches: {check['examples']}" if check.get("examples") else ""
+    return out + ["", f"Prompts: {kind}. Server-reported prompt tokens equal the trace's in "
+                  f"{check['checked'] - check['mismatched']} of {check['checked']} requests that reported "
+                  f"usage{examples}.", ""]
+
+
+def render_markdown(r: Mapping) -> str:
+    """The whole report.md text."""
+    cmd = r.get("command") or []
+    t, rec, d = r.get("trace") or {}, r["records"], r["design"]
+    durations = sorted({w["duration_s"] for w in d["windows"]})
+    lines = headline(r) + ["", f"# RMSNorm A/B goodput report ({r['status']})", "",
+                           f"- model {r['model'].get('name')} ({r['model'].get('dtype')}, eager "
+                           f"{r['model'].get('eager')}) on {r['gpu']}; arms {', '.join(r['arm_labels'])} "
+                           f"(kernels {', '.join(r['arms'])}), baseline first",
+                           f"- trace {t.get('path')} (sha256 {str(t.get('sha256'))[:12]}..., "
+                           f"{t.get('requests')} requests)",
+                           f"- design: {len(d['windows'])} windows of {durations} s x loads "
+                           f"{', '.join(f'{x:g}x' for x in d['loads'])}, arm order {d.get('order_method')}; "
+                           f"warm-up {d['warmup']}",
+                           f"- records: {rec['total']} in {rec['file']}; "
+                           f"{rec['warmup_excluded']} warm-up and "
+                           f"{rec.get('burnin_excluded', 0)} burn-in records are not compared",
+                           *_clipping_line(d.get("clipping")), ""]
+    if r["missing"]:
+        lines += ["## Missing", ""] + [f"- {m['arm']} window {m['window']} load {m['load']:g}x: {m['reason']}"
+                                       for m in r["missing"]] + [""]
+    if r.get("stopped_reason"):
+        lines += ["## Why the run stopped", "", "```", r["stopped_reason"].rstrip(), "```", ""]
+    if r["warnings"]:
+        lines += ["## Warnings", ""] + [f"- {w}" for w in r["warnings"]] + [""]
+    lines += (arm_lines(r) + knee_lines(r) + _slo_tables(r) + _latency_table(r) + design_lines(r)
+              + _power_and_attribution(r))
+    lines += ["## Plots", ""] + [f"![{p}]({p})" for p in r.get("plots", [])] + [""]
+    if cmd and str(cmd[0]).endswith(".py"):
+        cmd = ["python", *cmd]
+    lines += ["## Reproduce", "", "```",
+              " ".join(shlex.quote(str(c)) for c in cmd) or "(no command recorded)",
+              "python -m experiments.analyze <this directory>", "```", ""]
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""Running an experiment: the command line, the config and plan, servers, the window loop, run.json."""

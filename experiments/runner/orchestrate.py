@@ -1,0 +1,348 @@
+"""One A/B (or A/A) run: cut the trace, start the arms, replay every window at every load, record.
+
+The arms' servers are started in turn (experiments.runner.servers), or, with --endpoint, servers the user
+started are waited for and measured alike; every replay of a run uses the same prompt source.
+
+After each server start the runner warms the server up (phase "warmup", at the highest load) and
+then replays one burn-in cell on the freshly started arms (phase "burnin": recorded, shown in the
+report, never compared). Every replay's start, wall time and, where a GPU exists, its clocks and
+temperature right after it are appended to run.json's "replays".
+
+    run_dir = run_experiment(make_config("traces/chat.jsonl"))
+
+Everything that can be checked is checked before a server starts (flags, trace, windows, output
+directory). run.json is rewritten atomically after every replay, so a crash loses nothing; a server
+that dies, a replay that fails entirely, or Ctrl-C stops the run cleanly with status "partial" and
+the reason, and the (partial) report is still written.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from common.jsonfile import write_json
+from experiments.core.schedule import (
+    KNEE_PROMPT_SEEDS,
+    Step,
+    build_schedule,
+    burnin_seed,
+    burnin_step,
+    knee_seed,
+    replay_seed,
+    segments,
+)
+from experiments.core.slo import DEFAULT_SLO_FILE, load_slo_file, meets
+from experiments.runner import duetrun
+from experiments.runner.config import RunConfig
+from experiments.runner.environment import capture_environment, gpu_clocks
+from experiments.runner.metrics_scrape import CumulativeHistogram, difference, scrape
+from experiments.runner.plan import Plan, prepare
+from experiments.runner.replays import BeforeReplay, StopRun, gpu_state, settle
+from experiments.runner.runrecord import RunRecord, make_run_dir
+from experiments.runner.servers import Server, StartFailed, prompt_source, start_servers
+from experiments.stats import knee
+from experiments.stats.goodput import ATTAINMENT_TARGET
+from loadgen.prompts import PromptSource
+from loadgen.records import RequestRecord
+from loadgen.replay import replay_sync
+from traces.trace import scale_rate
+
+log = logging.getLogger("experiments")
+class Runner:
+    """Executes a plan's segments against the servers and records every replay."""
+
+    def __init__(self, plan: Plan, record: RunRecord, servers: Mapping[str, Server] | None,
+                 before_replay: BeforeReplay | None, prompts: PromptSource | None = None) -> None:
+        self.plan, self.cfg, self.record, self.prompts = plan, plan.cfg, record, prompts
+        self.servers: dict[str, Server] = dict(servers or {})
+        self.owned: set[str] = set()  # servers this runner started (and must stop)
+        self.before_replay = before_replay
+        self.where = "before the first replay"
+        self.t_start = time.time()
+        self.burned: set[str] = set()  # arms burnt in since their server (re)started
+        self.loads: tuple[float, ...] = tuple(self.cfg.loads)  # measured loads: --loads, or the knee's
+        self.record.data.setdefault("replays", [])
+        self.record.data.setdefault("burnin", [])
+        self.record.data["order"] = {"method": "randomised balanced per load (experiments.core.schedule)",
+                                     "seed": self.cfg.seed}
+        self.bar = tqdm(total=len(self.cfg.labels) * len(plan.steps), unit="replay", desc="run",
+                        disable=not self.cfg.progress,
+                        position=0, leave=True)
+
+    def execute(self) -> None:
+        """Run every segment: bring up its arms (warming each new one up and burning it in), replay
+        its steps; with --knee, search the knee on the baseline first (the servers warmed up, the
+        burn-in left for the loads the search chooses) and measure at the loads it chose."""
+        if self.cfg.knee_factors:
+            self._ensure(tuple(self.cfg.labels), burn_in=False)
+            self._knee_search()
+        for seg in segments(self.plan.steps, self.cfg.one_at_a_time):
+            self._ensure(seg.arms)
+            for step in seg.steps:
+                for label in step.order:
+                    if label in seg.arms:
+                        self._replay_step(step, label)
+
+    def stop_owned(self) -> None:
+        """Stop every server this runner started."""
+        for label in sorted(self.owned):
+            log.info("stopping %s server", label)
+            self.servers[label].stop()
+        self.owned.clear()
+        self.bar.close()
+
+    def _ensure(self, arms: tuple[str, ...], burn_in: bool = True) -> None:
+        for label in [lab for lab in self.owned if lab not in arms]:
+            log.info("stopping %s server (one at a time)", label)
+            self.servers[label].stop()
+            self.owned.discard(label)
+            self.burned.discard(label)
+        new = [lab for lab in arms if lab not in self.servers or not self.servers[lab].is_alive()]
+        if new:
+            self.where = f"while starting the {', '.join(new)} server(s)"
+            try:
+                started = start_servers(self.cfg, new, self.record.run_dir)
+            except StartFailed as exc:
+                raise StopRun(f"server {exc.label} failed to start: {exc}") from None
+        for label in new:
+            self.servers[label] = started[label]
+            self.owned.add(label)
+            self.record.add_server(label, self.servers[label])
+        for label in arms:
+            if label in new or not self.record.warmed(label):
+                self._warm_up(label)
+        fresh = tuple(lab for lab in arms if lab in new or lab not in self.burned)
+        if fresh and burn_in:
+            self._burn_in(fresh)
+
+    def _warm_up(self, label: str) -> None:
+        plan = self.plan
+        if not plan.warmup:
+            self.record.mark_warmed(label)
+            return
+        self.where = f"in the warm-up of {label}"
+        log.info("warm-up of %s: %d requests over %.1f s", label, len(plan.warmup),
+                 plan.warmup_duration_s / plan.warmup_load)
+        tags = {"arm": label, "window": -1, "load": plan.warmup_load, "phase": "warmup"}
+        reqs = scale_rate(plan.warmup, plan.warmup_load)
+        self._replay(label, reqs, tags, replay_seed(self.cfg.seed, -1, 0), "the warm-up")
+        self.record.mark_warmed(label)
+
+    def _burn_in(self, fresh: tuple[str, ...]) -> None:
+        """One burn-in cell on the freshly started arms: measured and kept, never compared."""
+        step = burnin_step(self.plan.steps, self.loads, fresh)
+        n = len(self.record.data["burnin"])
+        entry = {"burnin": n, "window": step.window, "load": step.load, "order": list(step.order), "done": []}
+        self.record.data["burnin"].append(entry)
+        window = self.plan.windows[step.window]
+        for label in step.order:
+            what = f"the burn-in at load {step.load:g}"
+            self.where = f"in {what} on {label}"
+            log.info("burn-in on %s: window %d at load %g", label, step.window, step.load)
+            tags = {"arm": label, "window": step.window, "load": step.load, "phase": "burnin", "burnin": n}
+            self._timed_replay(label, step, "burnin", scale_rate(window.requests, step.load), tags,
+                               burnin_seed(self.cfg.seed, n), what)
+            entry["done"].append(label)
+            self.burned.add(label)
+            self.record.save()
+
+    def _knee_search(self) -> None:
+        """The windows of experiments.stats.knee.search_windows at each --knee factor on the baseline arm,
+        attainment pooled over them (phase "knee"); then the schedule is rebuilt at the loads
+        experiments.stats.knee.choose_loads picks (kept as they are when it finds none)."""
+        cfg, label = self.cfg, self.cfg.labels[0]
+        slos = list(cfg.slos) if cfg.slos else load_slo_file(DEFAULT_SLO_FILE)
+        counts = [len(w.requests) for w in self.plan.windows]
+        picked = [self.plan.windows[i] for i in knee.search_windows(counts)]
+        points: dict[str, list[tuple[float, float]]] = {s.name: [] for s in slos}
+        listed = list(cfg.knee_factors or ())
+        factors, searched = list(listed), []
+        for j, factor in enumerate(factors):  # extension() appends to factors as the search goes
+            searched.append(factor)
+            what = f"the knee search at load {factor:g}"
+            self.where = f"in {what} on {label}"
+            records: list[RequestRecord] = []
+            for window in picked:
+                log.info("knee search on %s: window %d at load %g", label, window.id, factor)
+                tags = {"arm": label, "window": window.id, "load": factor, "phase": "knee"}
+                records += self._timed_replay(label, Step(window.id, factor, j, (label,)), "knee",
+                                              scale_rate(window.requests, factor), tags,
+                                              knee_seed(cfg.seed, j, window.id), what)
+            for s in slos:
+                points[s.name].append((factor, sum(meets(r, s) for r in records) / len(records)))
+            if all(p[-1][1] < ATTAINMENT_TARGET for p in points.values()):
+                break
+            if j + 1 == len(factors):  # the list ran out: search higher while every tier is still met
+                more = knee.extension(factor, {n: p[-1][1] for n, p in points.items()},
+                                      len(factors) - len(listed))
+                if more is not None:
+                    log.info("knee search: every tier met at %gx; searching %gx too", factor, more)
+                    factors.append(more)
+        knees = {name: knee.knee(p) for name, p in points.items()}
+        chosen = knee.choose_loads(knees, slos, searched)
+        self.record.data["knee"] = {"factors": searched, "listed": listed, "arm": label,
+                                    "windows": [w.id for w in picked], "points": points,
+                                    "knees": knees, **chosen, "loads_before": list(cfg.loads),
+                                    "prompt_seeds": KNEE_PROMPT_SEEDS}
+        if chosen["loads"]:
+            log.info("knee of %s at %.3gx: measuring at %s", chosen["tier"], chosen["knee"], chosen["loads"])
+            self.plan.steps = build_schedule(cfg.windows, chosen["loads"], cfg.labels, False, cfg.blocks,
+                                             cfg.seed)
+            self.loads = tuple(chosen["loads"])
+            self.record.data["loads"] = list(chosen["loads"])
+            self.bar.total = len(cfg.labels) * len(self.plan.steps)
+        else:
+            log.info("knee search: %s; measuring at --loads %s", chosen["reason"], cfg.loads)
+        self.record.save()
+
+    def _timed_replay(self, label: str, step: Step, phase: str, reqs: Sequence, tags: dict, seed: int,
+                      what: str) -> list[RequestRecord]:
+        """_replay, with its start, wall time and the GPU's clocks after it appended to run.json."""
+        started = time.time()
+        records = self._replay(label, reqs, tags, seed, what)
+        self.record.data["replays"].append({
+            "arm": label, "window": step.window, "load": step.load, "phase": phase,
+            "started_s": round(started - self.t_start, 3), "wall_s": round(time.time() - started, 3),
+            "gpu": gpu_state()})
+        return records
+
+    def _replay_step(self, step: Step, label: str) -> None:
+        window = self.plan.windows[step.window]
+        what = f"window {step.window} at load {step.load:g}"
+        self.where = f"in {what} on {label}"
+        if self.before_replay is not None:
+            self.before_replay(step, label, self.servers)
+        log.info("replay %s on %s: %d requests over %.1f s", what, label, len(window.requests),
+                 window.duration_s / step.load)
+        tags = {"arm": label, "window": step.window, "load": step.load, "phase": "measure"}
+        before = self._scrape(label)
+        reqs = scale_rate(window.requests, step.load)
+        self._timed_replay(label, step, "measure", reqs, tags,
+                           replay_seed(self.cfg.seed, step.window, step.load_index), what)
+        after = self._scrape(label)
+        if before is not None and after is not None:
+            try:
+                self.record.add_histogram(label, step.load, difference(before, after))
+            except ValueError as exc:
+                self.record.warn(f"step histogram of {label} in {what}: {exc}")
+        step.done.append(label)
+        self.record.save()
+        self.bar.update(1)
+
+    def _replay(self, label: str, reqs: Sequence, tags: dict, seed: int, what: str) -> list[RequestRecord]:
+        server = self.servers[label]
+        try:
+            outcome: list[RequestRecord] | BaseException = replay_sync(
+                server.url, reqs, out=self.record.requests_path, model=server.model_name, tags=tags,
+                timeout_s=self.cfg.request_timeout_s, seed=seed, progress=self.cfg.progress,
+                vocab_size=self.plan.vocab_size, prompts=self.prompts)
+        except (OSError, RuntimeError, ValueError) as exc:  # ReplayStopped among them
+            outcome = exc
+        return settle(self.record, label, server, what, outcome)
+
+    def _scrape(self, label: str) -> CumulativeHistogram | None:
+        try:
+            return scrape(self.servers[label].url)
+        except (OSError, ValueError) as exc:
+            self.record.warn(f"could not read /metrics of {label}: {exc}")
+            return None
+
+
+def compress(path: Path) -> Path | None:
+    """gzip `path` to `path`.gz and remove it; None when there is nothing to compress."""
+    if not path.is_file():
+        return None
+    gz = path.with_name(path.name + ".gz")
+    with path.open("rb") as src, gzip.open(gz, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    path.unlink()
+    return gz
+
+
+def run_experiment(cfg: RunConfig, *, argv: Sequence[str] | None = None,
+                   servers: Mapping[str, Server] | None = None,
+                   before_replay: BeforeReplay | None = None, analyze: bool = True) -> Path:
+    """Run the experiment `cfg` describes; return its run directory (run.json, records, report).
+
+    `servers`: already-healthy servers for every label (resident mode only); they are used and left
+    running (each is warmed up and burnt in first, like a server the run starts). `before_replay` is
+    called before every measured replay (a hook for tests and tools).
+    Raises ConfigError/TraceError before any server starts; never raises for a failed run
+    (status "partial" with stopped_reason in run.json).
+    """
+    plan = prepare(cfg)
+    keys = duetrun.slot_keys(cfg) if cfg.layout == "duet" else list(cfg.labels)
+    if servers is not None and (cfg.one_at_a_time or set(servers) != set(keys)):
+        raise ValueError(f"servers must map every label (a duet: every server) {keys} and the run must be "
+                         "resident")
+    prompts, prompt_record = prompt_source(cfg, plan.vocab_size)
+    run_dir = make_run_dir(cfg)
+    record = RunRecord.create(run_dir, plan, argv)
+    record.data["prompts"] = prompt_record
+    write_json(run_dir / "environment.json", capture_environment(cfg.trace, cfg.model_dir))
+    for label, server in (servers or {}).items():
+        record.add_server(label, server)
+    log.info("run %s: %d windows x %d loads x %d arms, %s", run_dir, len(plan.windows), len(cfg.loads),
+             len(cfg.labels), record.data["mode_note"] or "A/B")
+    runner = (duetrun.DuetRunner if cfg.layout == "duet" else Runner)(plan, record, servers, before_replay,
+                                                                      prompts)
+    with logging_redirect_tqdm(), sigterm_as_interrupt():
+        try:
+            runner.execute()
+            record.finish("complete", None)
+        except StopRun as exc:
+            log.error("run stopped: %s", exc)
+            record.finish("partial", str(exc))
+        except KeyboardInterrupt:
+            log.error("interrupted %s", runner.where)
+            record.finish("partial", f"interrupted (Ctrl-C or SIGTERM) {runner.where}")
+        except Exception as exc:
+            record.finish("partial", f"internal error {runner.where}: {exc!r}")
+            raise
+        finally:
+            runner.stop_owned()
+            compress(record.requests_path)
+            record.set_environment_after(gpu_clocks())
+    if analyze:
+        _analyze(run_dir, cfg, record)
+    return run_dir
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Treat SIGTERM like Ctrl-C while the run is on, so the servers (own sessions) are stopped too."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _analyze(run_dir: Path, cfg: RunConfig, record: RunRecord) -> None:
+    from experiments.analyze import analyze_run  # the analysis half; imported late, it pulls in plotting
+
+    try:
+        analyze_run(run_dir, list(cfg.slos) if cfg.slos else None)
+        log.info("report: %s", run_dir / "report.md")
+    except Exception as exc:  # the data is on disk; say why the report is missing, keep the run
+        log.exception("analysis failed")
+        record.data["analysis_error"] = repr(exc)
+        record.save()

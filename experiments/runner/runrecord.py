@@ -1,0 +1,210 @@
+"""run.json: the run's record, written at the start and rewritten atomically after every replay.
+
+The layout is the "experiments run directory" contract that experiments/analyze.py reads.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from pathlib import Path
+from typing import Sequence
+
+from common.jsonfile import write_json
+from experiments.core.rundir import RUN_SCHEMA_VERSION
+from experiments.runner.config import ConfigError, RunConfig
+from experiments.runner.metrics_scrape import accumulate
+from experiments.runner.plan import Plan
+from experiments.runner.servers import Server, endpoint_urls
+from integration.arms import PROVIDER, is_planted
+from integration.endpoint import Endpoint
+from integration.launcher import arm_of, server_command
+from loadgen.records import RequestRecord
+
+TOOL_VERSION = "0.1.0"
+MISMATCH_EXAMPLES = 5  # prompt-length mismatches kept as examples in run.json
+CPU_NOTE = ("A/A run: on CPU the patched arm's fused RMSNorm (a CUDA kernel) is not available, so the "
+            "patched arm falls back to stock everywhere and both arms run the same kernels; differences "
+            "between them measure the noise floor, not the kernel.")
+AA_NOTE = ("A/A run: every arm runs {arm}, so every difference between them is noise "
+           "(the noise floor of this setup).")
+USER_DECLARED = ("started by the user (--endpoint): the kit did not start it, so what the arm is (its "
+                 "kernels, flags, environment) is what the user declared")
+
+
+def mode_note(cfg: RunConfig) -> str | None:
+    """Why the run is A/A (every arm the same, or the patched arm's CPU fallback), None for an A/B run."""
+    if len(set(cfg.arms)) == 1:
+        return AA_NOTE.format(arm=cfg.arms[0]) + (" It runs on CPU." if cfg.device == "cpu" else "")
+    defs = cfg.arm_definitions
+    if cfg.device == "cpu" and not cfg.endpoints and all(
+            a == defs[0] or (a.provider == PROVIDER and not is_planted(a)) for a in defs[1:]) \
+            and defs[0].provider is None:  # a planted arm delays every call on CPU too: an A/B
+        return CPU_NOTE
+    return None
+
+
+def arm_records(cfg: RunConfig) -> dict[str, dict]:
+    """label -> the arm's whole definition, its difference from vLLM as shipped and from the first arm,
+    the shared flags it sets, and who started its server: a re-analysis needs no arm file."""
+    base = cfg.arm_definitions[0]
+    urls = endpoint_urls(cfg)
+    return {label: {**arm.to_json(), "difference": arm.difference(),
+                    "vs_baseline": arm.differences_from(base), "shared_flags_set": arm.shared_flags_set(),
+                    "endpoint": urls.get(label),
+                    "identity": USER_DECLARED if label in urls else "started by the kit with this definition"}
+            for label, arm in zip(cfg.labels, cfg.arm_definitions)}
+
+
+def patched_policy(cfg: RunConfig) -> dict | None:
+    """The shape policy the patched arm dispatches by (None on CPU, where the provider is
+    unsupported, and when no arm is patched)."""
+    if cfg.device == "cpu" or "patched" not in cfg.arms:
+        return None
+    from integration import arms
+
+    return arms.policy_record(cfg.model_dir, cfg.dtype, "eager" if cfg.eager else "compiled")
+
+
+def default_name(cfg: RunConfig) -> str:
+    """Timestamp-based run name, e.g. 20261202-153012-cpu-tiny-llama."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.device}-{Path(cfg.model_dir).name}"
+
+
+def make_run_dir(cfg: RunConfig) -> Path:
+    """Create results_dir/<name>; ConfigError if it already holds files (runs are never overwritten)."""
+    run_dir = Path(cfg.results_dir) / (cfg.name or default_name(cfg))
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise ConfigError(f"{run_dir} already exists and is not empty; choose another --name")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+class RunRecord:
+    """The run.json dict of one run directory, with helpers that update and save it."""
+
+    def __init__(self, run_dir: Path, data: dict, plan: Plan) -> None:
+        self.run_dir, self.data, self._plan = Path(run_dir), data, plan
+        self.requests_path = self.run_dir / "requests.jsonl"
+        self._warmed: set[str] = set()
+
+    @classmethod
+    def create(cls, run_dir: Path, plan: Plan, argv: Sequence[str] | None) -> "RunRecord":
+        """The initial run.json (status "running"), saved."""
+        cfg = plan.cfg
+        data = {
+            "schema_version": RUN_SCHEMA_VERSION, "tool_version": TOOL_VERSION,
+            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "command": list(argv) if argv is not None else None,
+            "config": cfg.to_json(),
+            "trace": {"path": str(cfg.trace), "sha256": plan.trace_sha256, "requests": plan.trace_requests},
+            "model": {"name": Path(cfg.model_dir).name, "dir": str(cfg.model_dir),
+                      "config": plan.model_config, "dtype": cfg.dtype, "eager": cfg.eager},
+            "device": cfg.device, "mode_note": mode_note(cfg),
+            "arms": list(cfg.arms), "arm_labels": list(cfg.labels), "arm_definitions": arm_records(cfg),
+            "allow_arm_differences": cfg.allow_arm_differences,
+            "windows": [w.to_json() for w in plan.windows], "loads": list(cfg.loads),
+            "warmup": {"requests": len(plan.warmup), "duration_s": plan.warmup_duration_s,
+                       "start_s": plan.warmup_start_s, "load": plan.warmup_load},
+            "clipping": {"max_input_tokens": cfg.max_input_tokens, "max_output_tokens": cfg.max_output_tokens,
+                         "clipped_requests": plan.clipped_requests},
+            "resident": not cfg.one_at_a_time,
+            "schedule": [s.to_json() for s in plan.steps],
+            "patched_policy": patched_policy(cfg),
+            "step_histograms": {}, "status": "running", "stopped_reason": None,
+            "servers": {}, "warnings": [], "finished": None,
+        }
+        rec = cls(run_dir, data, plan)
+        rec.save()
+        return rec
+
+    def save(self) -> None:
+        """Rewrite run.json atomically (the schedule's done lists included)."""
+        self.data["schedule"] = [s.to_json() for s in self._plan.steps]
+        write_json(self.run_dir / "run.json", self.data)
+
+    def add_server(self, label: str, server: Server) -> None:
+        """Record a server of `label` (one more start); an endpoint's own description goes to
+        environment.json."""
+        entry = self.data["servers"].setdefault(label, {"starts": 0})
+        if isinstance(server, Endpoint):
+            self._add_endpoint(label, server, entry)
+            return
+        cfg = server.config
+        log = server.log_path
+        entry.update({
+            "arm": arm_of(cfg).name,
+            "log": log.name if log.parent.resolve() == self.run_dir.resolve() else str(log),
+            "cmd": server_command(cfg), "env": dict(cfg.extra_env), "port": cfg.port,
+            "kv_cache_memory_bytes": cfg.kv_cache_memory_bytes,
+            "gpu_memory_utilization": cfg.gpu_memory_utilization,
+        })
+        entry["starts"] += 1
+        self.save()
+
+    def _add_endpoint(self, label: str, server: Endpoint, entry: dict) -> None:
+        entry.update({"arm": self.data["arms"][self.data["arm_labels"].index(label)], "endpoint": server.url,
+                      "started_by": "user", "served_model": server.model_name,
+                      "kv_cache_memory_bytes": None, "gpu_memory_utilization": None})
+        entry["starts"] += 1
+        try:
+            described = server.describe()
+        except (OSError, ValueError) as exc:
+            described = {"url": server.url, "error": f"{type(exc).__name__}: {exc}"}
+        root = (described.get("model") or {}).get("root")
+        model_dir = self.data["model"]["dir"]
+        if root and Path(str(root)).resolve() != Path(model_dir).resolve():
+            self.warn(f"endpoint {label} serves {root}, not --model {model_dir}: prompts are made for "
+                      "--model's tokenizer or vocabulary")
+        self._update_environment({"endpoints": {label: described}})
+        self.save()
+
+    def _update_environment(self, changes: dict) -> None:
+        """Merge `changes` into environment.json (dict values one level deep)."""
+        path = self.run_dir / "environment.json"
+        if not path.is_file():
+            return
+        env = json.loads(path.read_text(encoding="utf-8"))
+        for key, value in changes.items():
+            env[key] = {**env.get(key, {}), **value} if isinstance(value, dict) and isinstance(
+                env.get(key), dict) else value
+        write_json(path, env)
+
+    def check_prompt_tokens(self, label: str, records: Sequence[RequestRecord]) -> None:
+        """Count the records whose server-reported usage.prompt_tokens differs from the trace's
+        input_tokens (run.json "prompt_tokens": per arm and in all, with the first examples)."""
+        check = self.data.setdefault("prompt_tokens", {"checked": 0, "mismatched": 0, "per_arm": {},
+                                                       "examples": []})
+        arm = check["per_arm"].setdefault(label, {"checked": 0, "mismatched": 0})
+        for r in records:
+            if r.prompt_tokens is None:
+                continue
+            for c in (check, arm):
+                c["checked"] += 1
+                c["mismatched"] += r.prompt_tokens != r.input_tokens
+            if r.prompt_tokens != r.input_tokens and len(check["examples"]) < MISMATCH_EXAMPLES:
+                check["examples"].append({**r.tags, "index": r.index, "input_tokens": r.input_tokens,
+                                          "prompt_tokens": r.prompt_tokens})
+
+    def add_histogram(self, label: str, load: float, hist: dict) -> None:
+        per_arm = self.data["step_histograms"].setdefault(label, {})
+        per_arm[str(load)] = accumulate(per_arm.get(str(load)), hist)
+
+    def warn(self, message: str) -> None:
+        self.data["warnings"].append(message)
+
+    def warmed(self, label: str) -> bool:
+        return label in self._warmed
+
+    def mark_warmed(self, label: str) -> None:
+        self._warmed.add(label)
+
+    def finish(self, status: str, reason: str | None) -> None:
+        self.data.update(status=status, stopped_reason=reason,
+                         finished=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+        self.save()
+
+    def set_environment_after(self, clocks: dict | None) -> None:
+        """Add the GPU clocks seen at the end to environment.json (thermal or power drift shows here)."""
+        self._update_environment({"clocks_after": clocks})

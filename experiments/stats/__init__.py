@@ -1,0 +1,1 @@
+"""Statistics over a run's records: intervals, paired and robust estimates, goodput, the knee, attribution."""
