@@ -1,14 +1,15 @@
 # make setup : virtual environment in .venv with the right vLLM for this machine
 # make run   : the default experiment (python experiments/run.py --trace traces/chat.jsonl)
 # make lint  : ruff over the whole tree (pyproject.toml [tool.ruff])
-# make test  : lint, then the test suite (what CI runs)
+# make test  : lint, then the whole test suite (what CI runs)
+# make test-fast : the inner loop: lint, then every test but servers, GPU and evidence, in parallel
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 # A CUDA GPU gets vLLM 0.26.0 + CuPy; anything else gets the CPU build of vLLM.
 EXTRA  ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 
-.PHONY: setup run lint test
+.PHONY: setup run lint test test-fast
 
 setup: $(VENV)/.setup-$(EXTRA)
 
@@ -28,3 +29,6 @@ lint: setup
 
 test: lint
 	$(PY) -m pytest -q
+
+test-fast: lint
+	$(PY) -m pytest -q -n 2 -m "not server and not gpu and not evidence"

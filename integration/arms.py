@@ -22,7 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from integration import choice
-from integration.names import IR_OPS, PLANTED_NS_ENV, PLUGIN_NAME, PROVIDER
+
+# re-exported: callers name them as arms.X (their home is integration.names)
+from integration.names import IR_OPS as IR_OPS
+from integration.names import PLANTED_NS_ENV as PLANTED_NS_ENV
+from integration.names import PLUGIN_NAME as PLUGIN_NAME
+from integration.names import POLICY_ENV as POLICY_ENV
+from integration.names import POLICY_ENV_COMPILED as POLICY_ENV_COMPILED
+from integration.names import PROVIDER as PROVIDER
 from kernels.shapes import CONFIG_DTYPES
 
 # how a planted arm that is the patched arm plus the delay describes itself (run records keep it;

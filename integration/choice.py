@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from integration.names import IR_OPS as OPS
-from integration.names import POLICY_ENV, POLICY_ENV_COMPILED
+from integration.names import POLICY_ENV as POLICY_ENV  # re-exported: callers name choice.POLICY_ENV
+from integration.names import POLICY_ENV_COMPILED as POLICY_ENV_COMPILED
 
 MAX_SCAN_ROWS = 1 << 17  # a range reaching past this is declined (no policy scan that long)
 

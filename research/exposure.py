@@ -33,9 +33,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats as sps
 
 from common.cliargs import fail
+from experiments.stats.intervals import t_interval
 from experiments.stats.paired import PAIR_KEY, pct, request_pairs
 
 THIRDS = ("least", "middle", "most")
@@ -112,8 +112,8 @@ def slope(frame: pd.DataFrame, confidence: float = 0.95) -> dict:
     b = float(x @ y) / sxx
     resid = y - b * x
     se = float(np.sqrt(resid @ resid / dof / sxx))
-    half = float(sps.t.ppf(0.5 + confidence / 2, dof)) * se
-    return {"slope_pct": b, "ci95_pct": [b - half, b + half], "n": len(frame), "cells": cells.ngroups}
+    return {"slope_pct": b, "ci95_pct": list(t_interval(b, se, dof, confidence)), "n": len(frame),
+            "cells": cells.ngroups}
 
 
 def prefill_feedback(frame: pd.DataFrame) -> list[dict]:

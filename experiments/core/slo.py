@@ -13,7 +13,7 @@ from pathlib import Path
 
 from loadgen.records import RequestRecord, e2e_ms, succeeded, tpot_ms, ttft_ms
 
-DEFAULT_SLO_FILE = Path(__file__).with_name("slos.toml")
+DEFAULT_SLO_FILE = Path(__file__).resolve().parents[1] / "slos.toml"
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,6 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-from scipy import stats as sps
-
 from common.jsonfile import read_json
 from experiments.reporting.report import REPORT_SCHEMA_VERSION
 from experiments.stats import comparisons
@@ -82,8 +80,7 @@ def _bands(sp: Mapping[str, dict], this_n: Mapping[str, int], same_run: bool) ->
             out[k] = list(v["ci95"])
         elif v.get("sd") and (this_n.get(k) or 0) >= 2:
             n = this_n[k]
-            half = float(sps.t.ppf(0.975, n - 1)) * v["sd"] / math.sqrt(n)
-            out[k] = [-half, half]
+            out[k] = list(stats.t_interval(0.0, v["sd"] / math.sqrt(n), n - 1))
     return out
 
 

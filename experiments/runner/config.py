@@ -19,7 +19,7 @@ from integration import arms as arm_defs
 from integration.endpoint import normalize_url
 from integration.launcher import MODELS_DIR
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 GIB = 1 << 30
 DEVICES = ("cpu", "cuda")
 LAYOUTS = ("turns", "duet")  # arms take turns on the servers' GPU, or all arms at once, one GPU each

