@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-KIT = ("kernels", "integration", "traces", "loadgen", "experiments")
+KIT = ("common", "kernels", "integration", "traces", "loadgen", "experiments", "research")
 COMMAND = re.compile(r"python3? -m ((?:" + "|".join(KIT) + r")(?:\.[A-Za-z_]\w*)*)")
 
 
