@@ -13,6 +13,8 @@ from experiments.analyze import differing_entries, main, recorded_inputs
 from integration.proof import profiles
 from kernels.environment import gpu_slug
 
+pytestmark = pytest.mark.evidence  # re-derives committed files (make test-fast leaves it out)
+
 RESULTS = Path(__file__).resolve().parents[2] / "experiments" / "results"
 RUNS = sorted(p.parent for p in RESULTS.glob("*/run.json"))
 # report.json holds no wall-clock field (no "created"): nothing in it may differ between analyses

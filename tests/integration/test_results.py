@@ -9,6 +9,8 @@ import pytest
 
 from common.jsonfile import read_json
 
+pytestmark = pytest.mark.evidence  # re-derives committed files (make test-fast leaves it out)
+
 RESULTS = Path(__file__).resolve().parents[2] / "integration" / "results"
 
 

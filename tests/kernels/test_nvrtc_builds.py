@@ -105,6 +105,7 @@ def test_the_build_list_covers_every_dtype_op_pdl_and_flag() -> None:
     assert flags == {*NEGATIVE_CONTROLS.values(), build_flag(3000)}
 
 
+@pytest.mark.slow
 def test_every_build_compiles_for_sm90() -> None:
     keys = sorted(all_builds(), key=repr)
     with ThreadPoolExecutor(max_workers=2) as pool:

@@ -13,6 +13,8 @@ from kernels.cases import GUARD, full_cases
 from kernels.shapes import ITEMSIZE
 from kernels.validate import build_family
 
+pytestmark = pytest.mark.evidence  # re-derives committed files (make test-fast leaves it out)
+
 RUN = Path(__file__).resolve().parents[2] / "kernels" / "results" / "h100-staged"
 SOURCE = "kernels/results/h100-staged/h100-80gb-hbm3.json"
 

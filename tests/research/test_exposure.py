@@ -52,6 +52,7 @@ def test_the_cli_names_an_unknown_arm(tmp_path, capsys) -> None:  # noqa: ANN001
     assert "python -m research.exposure: error: " in capsys.readouterr().err
 
 
+@pytest.mark.evidence
 def test_the_cli_reads_a_committed_run(capsys) -> None:  # noqa: ANN001
     from pathlib import Path
 

@@ -15,6 +15,7 @@ LOCATED = ("h200-llama8b-confirm2", "h200-llama8b-confirm", "h200-llama8b-twin",
 QUARTILES = (0.25, 0.5, 0.75)
 
 
+@pytest.mark.evidence
 def test_confirm2_quartile_picks_were_light_and_the_five_quantiles_are_not() -> None:
     old = kneewindows.compare(RESULTS / "h200-llama8b-confirm2", QUARTILES)
     assert old["windows"] == [3, 4, 5]
@@ -24,6 +25,7 @@ def test_confirm2_quartile_picks_were_light_and_the_five_quantiles_are_not() -> 
     assert abs(new["knee_picked"]["load"] / new["knee_all"]["load"] - 1) < 0.10
 
 
+@pytest.mark.evidence
 def test_the_comment_on_search_quantiles_re_derives() -> None:
     old = [kneewindows.compare(RESULTS / run, QUARTILES) for run in LOCATED]
     new = [kneewindows.compare(RESULTS / run, knee.SEARCH_QUANTILES) for run in LOCATED]

@@ -30,6 +30,8 @@ def test_gap_change_splits_time_and_counts_the_long_gaps() -> None:
                                                           "long_count": 100.0}
 
 
+@pytest.mark.evidence
+@pytest.mark.evidence
 @pytest.mark.parametrize("path", DOCS, ids=[p.stem for p in DOCS])
 def test_a_committed_document_re_derives_from_its_run(path: Path, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:

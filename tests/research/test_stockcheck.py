@@ -14,6 +14,7 @@ from research import stockcheck
 RESULTS = PROJECT_ROOT / "kernels/results/h200.json"
 
 
+@pytest.mark.evidence
 def test_the_committed_check_re_derives_from_its_results_and_profiles() -> None:
     results = json.loads(RESULTS.read_text())
     committed = results["in_vllm_check"]
@@ -24,6 +25,7 @@ def test_the_committed_check_re_derives_from_its_results_and_profiles() -> None:
     assert (passed, len(sizes)) == (12, 24)  # what kernels/README.md states
 
 
+@pytest.mark.evidence
 def test_the_warm_l2_check_re_derives_and_passes_where_the_readme_says() -> None:
     warm = PROJECT_ROOT / "kernels/results/h200-warm-l2-2026-12-05/h200-warm-l2.json"
     results = json.loads(warm.read_text())
