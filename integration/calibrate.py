@@ -1,0 +1,251 @@
+"""Calibrate the kit for the GPU it finds and a model shape, in one command: validation, the isolated
+benchmark, the in-vLLM step timing, the in-graph policy table and the planted control's cost.
+
+    python -m integration.calibrate [--model integration/models/llama-3.1-8b] [--dtype bfloat16]
+
+Each step is one of the kit's own commands, run in its own process (the same command a user could
+run by hand; docs/DESIGN.md, "A new GPU"):
+
+1. `kernels.suite` at the model's norm widths: reduced validation with both negative controls and the
+   sanitizers, the benchmark against every stock arm, the isolated table;
+2. `integration.proof.prove --all-fused`: stock and all-fused engines of the model, decode steps timed
+   by CUDA-graph replay at the decode sizes and a few prefill sizes;
+3. `integration.proof.ingraph`: the in-graph policy table from those timings;
+4. `integration.proof.plantedcost`: what the planted control's delay adds per norm call.
+
+The record `kernels/results/calibration-<gpu>.json` holds the key (GPU name and memory, driver, torch,
+vLLM, CuPy, the kernel source's hash, the model shape), each step's command, wall time and outputs.
+A second call with the same key and every output present reuses it; a changed key recalibrates and
+says which part changed. `--dry-run` prints the steps and the estimate and runs nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from common.cliargs import OneLineParser, command_line, fail
+from common.jsonfile import ResultFileError, read_json, write_json
+from integration.launcher import MODELS_DIR
+from integration.proof.normcalls import norm_shape
+from kernels.shapes import CONFIG_DTYPES
+
+PROG = "python -m integration.calibrate"
+SCHEMA_VERSION = 1
+ROOT = Path(__file__).resolve().parents[1]
+KERNEL_RESULTS = Path("kernels/results")  # project-relative: the steps run in ROOT, records stay portable
+PROOF_RESULTS = Path("integration/results")
+KERNEL_SOURCES = ("rmsnorm.cu", "rmsnorm_common.cuh", "rmsnorm_staged.cu")
+DECODE_SIZES = "1,4,16,32,64,128,256"
+PREFILL_SIZES = "512,2048,8192"
+PLANTED_NS = "1000,3000"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One calibration step: its name, the command's arguments after `python -m`, what it writes and
+    a first guess of its seconds, used until a calibration of this GPU has measured it (`estimates`)."""
+
+    name: str
+    args: tuple[str, ...]
+    outputs: tuple[Path, ...]
+    estimate_s: float
+
+
+def record_path(gpu: str) -> Path:
+    """Where a GPU's calibration record is committed."""
+    return ROOT / KERNEL_RESULTS / f"calibration-{gpu}.json"
+
+
+def kernel_source_hash() -> str:
+    """sha256 over the kernel's source files, in a fixed order."""
+    h = hashlib.sha256()
+    for name in KERNEL_SOURCES:
+        h.update(name.encode() + b"\0" + (ROOT / "kernels" / name).read_bytes())
+    return h.hexdigest()
+
+
+def model_key(model: Path, dtype: str) -> dict:
+    """The model shape a calibration holds for: dtype and every width its norms use."""
+    shape = norm_shape(model)
+    widths = sorted({shape.hidden} | ({shape.head_dim} if shape.qk_norm else set()))
+    return {"name": model.name, "dtype": CONFIG_DTYPES[dtype], "norm_widths": widths,
+            "architecture": shape.architecture}
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def machine_key() -> dict:
+    """GPU name and memory, driver, torch, vLLM and CuPy versions of this machine (needs CUDA)."""
+    import torch
+
+    from kernels.environment import smi
+
+    props = torch.cuda.get_device_properties(0)
+    driver = smi("driver_version")
+    return {"gpu": props.name, "memory_bytes": int(props.total_memory),
+            "driver": driver[0] if isinstance(driver, list) else driver, "torch": torch.__version__,
+            "vllm": _version("vllm"), "cupy": _version("cupy-cuda13x") or _version("cupy-cuda12x")}
+
+
+def changed(old: Mapping, new: Mapping) -> list[str]:
+    """The key fields that differ between two calibration keys (nested fields as a.b)."""
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            out += [f"{k}.{sub}" for sub in changed(a, b)]
+        elif a != b:
+            out.append(k)
+    return out
+
+
+def _relative(path: Path) -> str:
+    full = (ROOT / path).resolve()
+    return str(full.relative_to(ROOT)) if full.is_relative_to(ROOT) else str(path)
+
+
+def reusable(record_file: Path, key: Mapping) -> tuple[bool, str]:
+    """(True, why) when the committed record has this key and every output it names exists; else
+    (False, what differs or is missing)."""
+    try:
+        old = read_json(record_file, SCHEMA_VERSION, "calibration record")
+    except ResultFileError as exc:
+        return False, f"no usable record ({exc})"
+    diff = changed(old.get("key") or {}, key)
+    if diff:
+        return False, f"the key changed: {', '.join(diff)}"
+    missing = [out for step in old.get("steps") or [] for out in step.get("outputs") or []
+               if not (ROOT / out).is_file()]
+    if missing:
+        return False, f"outputs missing: {', '.join(missing)}"
+    return True, f"{_relative(record_file)} has this key and all its outputs"
+
+
+def steps(gpu: str, model: Path, dtype: str, widths: Sequence[int]) -> list[Step]:
+    """The calibration's commands for this GPU and model shape."""
+    out_dir = PROOF_RESULTS / f"{gpu}-calibration"
+    suite = KERNEL_RESULTS / f"{gpu}.json"
+    table = KERNEL_RESULTS / f"policy-{gpu}-in-graph.json"
+    w = ",".join(map(str, widths))
+    hidden = str(max(widths))
+    return [
+        Step("validate and benchmark", ("kernels.suite", "--out", str(suite), "--policy-out",
+                                        str(KERNEL_RESULTS / f"policy-{gpu}.json"), "--hidden", w,
+                                        "--reduced-validation"), (suite,), 150.0),
+        Step("time steps inside vLLM", ("integration.proof.prove", "--out", str(out_dir), "--model",
+                                        str(model), "--dtype", dtype, "--all-fused", "--modes",
+                                        "compiled", "--batch-sizes", DECODE_SIZES, "--prefill-sizes",
+                                        PREFILL_SIZES, "--rounds", "4", "--graph-replays", "100"),
+             (out_dir / f"{gpu}-profile.json", out_dir / f"{gpu}-graph-steps.json"), 240.0),
+        Step("in-graph policy table", ("integration.proof.ingraph", "--profile",
+                                       str(out_dir / f"{gpu}-profile.json"), "--graph-steps",
+                                       str(out_dir / f"{gpu}-graph-steps.json"), "--model", str(model),
+                                       "--dtype", dtype, "--out", str(table)), (table,), 5.0),
+        Step("planted control's cost", ("integration.proof.plantedcost", "--ns", PLANTED_NS, "--hidden",
+                                        hidden, "--out", str(PROOF_RESULTS / f"{gpu}-planted-cost.json")),
+             (PROOF_RESULTS / f"{gpu}-planted-cost.json",), 30.0),
+    ]
+
+
+def estimates(todo: Sequence[Step], record_file: Path) -> list[float]:
+    """Seconds each step is expected to take: what the last calibration of this GPU measured for it,
+    else the step's first guess."""
+    try:
+        old = read_json(record_file, SCHEMA_VERSION, "calibration record")
+        measured = {s["name"]: s["seconds"] for s in old.get("steps") or []}
+    except ResultFileError:
+        measured = {}
+    return [float(measured.get(s.name, s.estimate_s)) for s in todo]
+
+
+def run_steps(todo: Sequence[Step], expected_s: Sequence[float], log_dir: Path) -> list[dict]:
+    """Run each step with a progress bar; stop at the first that fails (its log named)."""
+    from tqdm import tqdm
+
+    done = []
+    total = sum(expected_s)
+    print(f"{PROG}: {len(todo)} steps, about {total / 60:.0f} min of GPU time", file=sys.stderr)
+    bar = tqdm(todo, desc="calibration", unit="step", file=sys.stderr)
+    for step in bar:
+        bar.set_postfix_str(step.name)
+        log = log_dir / f"calibrate-{step.args[0].rsplit('.', 1)[-1]}.log"
+        start = time.monotonic()
+        with log.open("w") as fh:
+            rc = subprocess.call([sys.executable, "-m", *step.args], stdout=fh, stderr=subprocess.STDOUT,
+                                 cwd=ROOT)
+        seconds = time.monotonic() - start
+        if rc != 0:
+            raise RuntimeError(f"step '{step.name}' failed (exit {rc}); its log: {log}")
+        done.append({"name": step.name, "command": command_line(f"python -m {step.args[0]}", step.args[1:]),
+                     "seconds": round(seconds, 1), "outputs": [_relative(p) for p in step.outputs]})
+    return done
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=Path, default=MODELS_DIR / "llama-3.1-8b",
+                    help="model directory with config.json (default integration/models/llama-3.1-8b)")
+    ap.add_argument("--dtype", default="bfloat16", help="model dtype (default bfloat16)")
+    ap.add_argument("--force", action="store_true", help="recalibrate even when the record's key matches")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="print the key, the steps and the estimate; run nothing")
+    ap.add_argument("--log-dir", type=Path, default=None,
+                    help="folder for the steps' logs (default: a temp folder)")
+    a = ap.parse_args(argv)
+    if a.dtype not in CONFIG_DTYPES:
+        return fail(PROG, f"--dtype {a.dtype!r} is not one of {sorted(CONFIG_DTYPES)}")
+    try:
+        model = model_key(a.model, a.dtype)
+    except ValueError as exc:
+        return fail(PROG, f"--model: {exc}")
+    try:
+        import torch
+        has_gpu = torch.cuda.is_available()
+    except ImportError:
+        has_gpu = False
+    if not has_gpu:
+        return fail(PROG, "no CUDA GPU visible: calibration times the kernel on the GPU it is for")
+    from kernels.environment import gpu_slug
+
+    key = {**machine_key(), "kernel_source_sha256": kernel_source_hash(), "model": model}
+    gpu = gpu_slug(key["gpu"])
+    todo = steps(gpu, a.model, a.dtype, model["norm_widths"])
+    ok, why = reusable(record_path(gpu), key)
+    if ok and not a.force:
+        print(f"{PROG}: reusing the calibration for {gpu}: {why}", file=sys.stderr)
+        return 0
+    print(f"{PROG}: calibrating {gpu} for {model['name']} ({model['dtype']}, widths {model['norm_widths']}): "
+          f"{'--force' if ok else why}", file=sys.stderr)
+    expected = estimates(todo, record_path(gpu))
+    if a.dry_run:
+        for s, secs in zip(todo, expected):
+            print(f"  {s.name}: python -m {' '.join(s.args)}  (~{secs:.0f} s)")
+        return 0
+    import tempfile
+
+    log_dir = a.log_dir or Path(tempfile.mkdtemp(prefix="calibrate-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        done = run_steps(todo, expected, log_dir)
+    except RuntimeError as exc:
+        return fail(PROG, str(exc))
+    write_json(record_path(gpu), {"schema_version": SCHEMA_VERSION, "key": key, "steps": done,
+                                  "command": command_line(PROG, argv)})
+    print(f"{PROG}: wrote {_relative(record_path(gpu))}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
