@@ -11,9 +11,9 @@ estimates - mean se^2) / 2, floored at 0, on pairs - 1 degrees of freedom
 against the baseline is then restated with 2 s2_instance added to its within-pair variance
 (Welch-Satterthwaite, instances.with_external): an external estimate, from other runs than the one
 restated (its own A/A among them). The plan (experiments.stats.design) is what +-PRECISION on an
-arm difference over instances costs with these components and confirm3's timings, the window
-length chosen with the request scatter of confirm3's A/A. Writes the JSON and a markdown table
-beside it.
+arm difference over instances costs with these components and confirm3's timings (or, with
+--budget-min, the narrowest interval a budget buys), the window length chosen with the request
+scatter of confirm3's A/A. Writes the JSON and a markdown table beside it.
 """
 
 from __future__ import annotations
@@ -63,7 +63,22 @@ def read_runs(results: Path) -> tuple[list[dict], list[dict]]:
             arms.append(row)
             if twin and arm == twin[1]:
                 aa.append(row)
+        arms += _planted_vs_reference(path.parent.name, report)
     return aa, arms
+
+
+def _planted_vs_reference(run: str, report: dict) -> list[dict]:
+    """The planted control against its reference arm (the report's planted reading), on the degrees of
+    freedom of the planted arm's comparison with the baseline (the same cells, the same fit)."""
+    out = []
+    for p in report.get("planted") or []:
+        fit = report["paired_latency"].get(p["arm"], {}).get(METRIC) or {}
+        if p.get("ci95_pct") is None or fit.get("df") is None or p["reference"] == fit["baseline"]:
+            continue
+        row = _entry(run, report, p["arm"], {**fit, "baseline": p["reference"],
+                                             "estimate_pct": p["measured_pct"], "ci95_pct": p["ci95_pct"]})
+        out.append({**row, "arm": f"{p['arm']} vs {p['reference']}", "role": "planted"})
+    return out
 
 
 def floor_by_model(aa: list[dict]) -> dict[str, dict]:
@@ -150,8 +165,9 @@ def markdown(doc: dict) -> str:
                      f"({r['df']} df) | {iv(r['over_instances_ci95_pct'])}"
                      + (f" ({r['over_instances_df']:.0f} df) |" if r["over_instances_ci95_pct"] else " |"))
     p = doc["plan"]
-    lines.append(f"\nPlan for +-{p['target_half_width_pct']:g}% over instances: {p['instances']} instance "
-                 "pairs x "
+    goal = f"+-{p['target_half_width_pct']:g}%" if "target_half_width_pct" in p else \
+        f"{p['budget_gpu_minutes']:g} GPU minutes"
+    lines.append(f"\nPlan for {goal} over instances: {p['instances']} instance pairs x "
                  f"{p['windows']} windows x {p['window_s']:g} s at {p['loads']} loads, "
                  f"{p['gpu_minutes']:.0f} GPU minutes (half-width {p['half_width_pct']:.3f}%, "
                  f"MDE {p['mde_pct']:.2f}%).")
@@ -165,13 +181,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="JSON to write (markdown beside it, .md)")
     ap.add_argument("--precision", type=positive_float, default=0.25,
                     help="wanted half-width in percent of an arm difference over instances (default 0.25)")
+    ap.add_argument("--budget-min", type=positive_float,
+                    help="GPU minutes to spend instead: the plan is the narrowest interval they buy")
     a = ap.parse_args(argv)
     try:
         aa, arms = read_runs(a.results)
         floors = floor_by_model(aa)
         key = next(k for k, f in floors.items() if TIMING_RUN in f["runs"])
         comps, costs, basis = prior(floors[key], aa, a.results / TIMING_RUN)
-        plan = design.plan(comps, costs, a.precision, window_s=WINDOW_CHOICES)
+        plan = design.plan(comps, costs, a.precision, window_s=WINDOW_CHOICES) if a.budget_min is None \
+            else design.plan_for_budget(comps, costs, a.budget_min, window_s=WINDOW_CHOICES)
     except (OSError, ValueError, KeyError, StopIteration, ResultFileError) as exc:
         return fail(ap.prog, str(exc) or f"no A/A floor from {TIMING_RUN}")
     doc = {"schema_version": 1, "command": command_line(ap.prog, argv), "metric": METRIC,

@@ -45,3 +45,6 @@ def test_the_committed_floor_is_rederived(tmp_path: Path) -> None:
     assert math.isclose(floor["instance_sd_pct"], 0.1645, rel_tol=1e-3)
     assert (tmp_path / "instance-floor.md").read_text() == COMMITTED.with_suffix(".md").read_text() \
         .replace("experiments/results/instance-floor.json", str(out))
+    assert instancefloor.main(["--out", str(out), "--budget-min", "60"]) == 0
+    plan = json.loads(out.read_text())["plan"]
+    assert plan["gpu_minutes"] <= 60 < plan["gpu_minutes"] + 2 * plan["costs"]["start_min"]
