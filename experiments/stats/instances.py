@@ -14,7 +14,8 @@ of the pair means less what the cells put into it. The interval over instances i
 interval on the mean of the I order-adjusted pair means, I - 1 degrees of freedom: exact under
 normality for any instance variance, zero included. The least-squares interval over all cells
 (experiments.stats.paired.order_adjusted_t, the one a run of one pair reports) is kept beside it,
-named for what it is: within the pairs, without the instance variance.
+named for what it is: within the pairs, without the instance variance. An A/A is the same fit on
+pairs of the baseline's own instances.
 
 Where a run has one pair, `with_external` adds an instance variance estimated elsewhere (the
 committed A/A pairs, `external_instance_var`) to its within-pair standard error.
@@ -88,7 +89,7 @@ def over_instances(y: np.ndarray, load_codes: Sequence[int] | None = None, gap: 
 
 def within_pairs(y: np.ndarray, gap: np.ndarray | None = None, confidence: float = 0.95) -> dict:
     """The least-squares interval over all cells of ``y`` (..., I, C) as if they came from one pair of
-    servers (order_adjusted_t): what a run's report gives, with no instance variance in it."""
+    servers (order_adjusted_t, the one a run's report keeps beside its primary): no instance variance."""
     y = np.asarray(y, dtype=float)
     flat = y.reshape(*y.shape[:-2], -1)
     g = np.zeros(flat.shape[-1]) if gap is None else np.broadcast_to(gap, y.shape).reshape(flat.shape)
@@ -110,13 +111,12 @@ def fit_cells(cells: pd.DataFrame, pairs: pd.DataFrame | None = None, confidence
     """Variance components and both intervals (percent) from a frame of cells with instance, window,
     load, median_log_ratio and gap (optional); ``pairs``: the per-request log ratios, for the request
     level. Cells not replayed by every instance pair are left out (counted)."""
-    gap_col = "gap" if "gap" in cells else None
     wide = cells.pivot_table(index="instance", columns=["load", "window"], values="median_log_ratio")
     full = wide.columns[wide.notna().all(axis=0)]
     y = wide[full].to_numpy()
     loads = np.asarray([ld for ld, _ in full], dtype=float)
     gap = None
-    if gap_col:
+    if "gap" in cells:
         gap = cells.pivot_table(index="instance", columns=["load", "window"], values="gap")[full].to_numpy()
     fit = over_instances(y, np.unique(loads, return_inverse=True)[1], gap, confidence)
     within = within_pairs(y, gap, confidence)
