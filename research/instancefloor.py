@@ -6,7 +6,7 @@ Every committed GPU run has one server per arm, and each interval its report.jso
 cells of that one pair of servers. Its in-run A/A (a second baseline server, aa_in_run) differs from
 the baseline by the two servers' instance effects plus the cells' noise: variance 2 s2_instance +
 se^2. Over the GPU runs of one model the method of moments gives s2_instance = (var of the A/A
-estimates - mean se^2) / 2, floored at 0, on pairs - 1 degrees of freedom
+estimates - mean se^2) / 2, floored at 0, with Satterthwaite's degrees of freedom
 (experiments.stats.instances.external_instance_var). Every run's paired-TPOT interval of each arm
 against the baseline is then restated with 2 s2_instance added to its within-pair variance
 (Welch-Satterthwaite, instances.with_external): an external estimate, from other runs than the one
@@ -151,7 +151,7 @@ def markdown(doc: dict) -> str:
     for key, f in doc["instance"].items():
         lines.append(f"- {key}: {f['pairs']} A/A pairs, estimates' sd {f['sd_estimates_pct']:.3f}%, rms "
                      f"within-pair se {f['rms_se_pct']:.3f}%: instance sd {f['instance_sd_pct']:.3f}% per "
-                     f"server, {f['pair_sd_pct']:.3f}% between two servers, on {f['df']} df")
+                     f"server, {f['pair_sd_pct']:.3f}% between two servers, on {f['df']:.1f} df")
     s = doc["aa_summary"]
     lines.append(f"- {s['exclude_zero']} of {s['pairs']} in-run A/A intervals exclude zero\n")
     lines.append("| run | arm | role | estimate | within one server pair | over instances |")

@@ -139,14 +139,17 @@ def fit_cells(cells: pd.DataFrame, pairs: pd.DataFrame | None = None, confidence
 def external_instance_var(estimates: Sequence[float], ses: Sequence[float]) -> dict:
     """s2_instance from A/A pairs of other runs (log ratios and their within-pair standard errors):
     an A/A of two servers has variance 2 s2_instance + se^2, so s2_instance = (var(estimates) -
-    mean(se^2)) / 2, floored at 0; its degrees of freedom are the pairs less one."""
+    mean(se^2)) / 2, floored at 0. Its degrees of freedom are Satterthwaite's for that difference with
+    the se^2 taken as known, (pairs - 1) x (excess / var)^2: fewer than pairs - 1, which alone leaves
+    `with_external` too narrow (tests/experiments/test_instances.py)."""
     d, s = np.asarray(estimates, dtype=float), np.asarray(ses, dtype=float)
     if d.size < 2:
         raise ValueError(f"an instance variance needs 2+ A/A pairs, got {d.size}")
     spread, within = float(d.var(ddof=1)), float((s * s).mean())
-    return {"pairs": int(d.size), "df": int(d.size - 1), "sd_estimates": math.sqrt(spread),
-            "mean_se2": within, "instance_var": max((spread - within) / 2, 0.0),
-            "excess": spread - within}
+    excess = spread - within
+    return {"pairs": int(d.size), "df": (d.size - 1) * (max(excess, 0.0) / spread) ** 2,
+            "sd_estimates": math.sqrt(spread), "mean_se2": within, "instance_var": max(excess / 2, 0.0),
+            "excess": excess}
 
 
 def with_external(estimate: float, se: float, df: float, instance_var: float, instance_df: float,
