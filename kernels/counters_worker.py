@@ -8,6 +8,7 @@ and the measured call in a range. `ncu --profile-from-start off` profiles only t
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import sys
 from pathlib import Path
@@ -17,6 +18,13 @@ from kernels.policy import RESULTS_DIR, load_policy
 
 EPS = 1e-6
 VLLM_SO_ENV = "COUNTERS_VLLM_SO"  # path of vLLM's _C_stable_libtorch.abi3.so where vllm is not importable
+VLLM_CUBIN_ENV = "COUNTERS_VLLM_CUBIN"  # or its sm_90 cubin of the layernorm kernels (cuobjdump -xelf)
+# vLLM 0.26.0's bf16 kernels as its cubin names them (csrc/libtorch_stable/layernorm_kernels.cu)
+RMS_KERNEL = "_ZN4vllm15rms_norm_kernelIN3c108BFloat16ELi{vec}ELi2ELb1EEEvPT_PKS3_lllllS6_lfii"
+_ADD = ("_ZN4vllm25fused_add_rms_norm_kernelIN3c108BFloat16ELi{w}ELb1EEENSt9enable_ifIX{cond}EvE4type"
+        "EPS4_lS7_PKS4_fii")
+ADD_KERNEL = {8: _ADD.format(w=8, cond="aagtT0_Li0Esr4vllm12_typeConvertIT_EE6exists"),
+              0: _ADD.format(w=0, cond="ooeqT0_Li0Entsr4vllm12_typeConvertIT_EE6exists")}
 POLICY_FILE = RESULTS_DIR / "policy-h200.json"
 BENCH_FILE = RESULTS_DIR / "h200.json"
 
@@ -61,6 +69,8 @@ def load_vllm() -> tuple[tuple, dict]:
     if rms is not None:
         return (rms, add), {"source": "import vllm", "vllm": stock.vllm_version()}
     path = os.environ.get(VLLM_SO_ENV)
+    if not path and os.environ.get(VLLM_CUBIN_ENV):
+        return cubin_ops(os.environ[VLLM_CUBIN_ENV])
     if not path:
         return (None, None), {"error": err}
     try:
@@ -70,6 +80,44 @@ def load_vllm() -> tuple[tuple, dict]:
         return (None, None), {"error": f"{err}; {path}: {type(exc).__name__}: {exc}"}
     digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
     return ops, {"source": f"torch.ops.load_library({Path(path).name})", "sha256": digest}
+
+
+def vllm_launch(op: str, rows: int, hidden: int, stride: int, aligned16: bool) -> tuple[str, int, int]:
+    """(kernel name, grid, block) as vLLM's host code launches its bf16 kernel for contiguous 2-D rows."""
+    max_block = 1024 if rows < 256 else 256
+    if op == "rms_norm":
+        vec = math.gcd(8, hidden)
+        return RMS_KERNEL.format(vec=vec), rows, min(hidden // vec, max_block)
+    width = 8 if aligned16 and hidden % 8 == 0 and stride % 8 == 0 else 0
+    return ADD_KERNEL[width], rows, min(hidden, max_block)
+
+
+def cubin_ops(path: str) -> tuple[tuple, dict]:
+    """vLLM's bf16 kernels from its cubin, launched with vLLM's grid, block and arguments."""
+    import cupy
+    import numpy as np
+
+    module = cupy.RawModule(path=path)
+    i64, i32 = np.int64, np.int32
+
+    def ptr(t) -> np.uint64:  # noqa: ANN001
+        return np.uint64(t.data_ptr())
+
+    def rms(out, x, w, eps):  # noqa: ANN001, ANN202
+        name, grid, block = vllm_launch("rms_norm", x.shape[0], x.shape[1], x.stride(0), True)
+        args = (ptr(out), ptr(x), i64(x.stride(0)), i64(0), i64(0), i64(0), i64(0), ptr(w), i64(0),
+                np.float32(eps), i32(x.shape[0]), i32(x.shape[1]))
+        module.get_function(name)((grid,), (block,), args)
+
+    def add(x, r, w, eps):  # noqa: ANN001, ANN202
+        aligned = all(t.data_ptr() % 16 == 0 for t in (x, r, w))
+        name, grid, block = vllm_launch("fused_add_rms_norm", x.shape[0], x.shape[1], x.stride(0), aligned)
+        args = (ptr(x), i64(x.stride(0)), ptr(r), ptr(w), np.float32(eps), i32(x.shape[0]), i32(x.shape[1]))
+        module.get_function(name)((grid,), (block,), args)
+
+    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return (rms, add), {"source": f"vLLM's sm_90 cubin {Path(path).name}, launched as vLLM's host code does",
+                        "sha256": digest}
 
 
 def _call(m: dict, vllm: tuple, x, r, w, out) -> Callable[[], object]:  # noqa: ANN001
@@ -121,8 +169,10 @@ def run(measurements: list[dict], log: Callable[[str], None]) -> dict:
             vec = vector_width(2, [m["hidden"]], [x.data_ptr(), r.data_ptr(), w.data_ptr()])
             m["variant"] = auto_shape(m["rows"], m["hidden"], vec, sms).name
         call = _call(m, vllm, x, r, w, out)
-        call()
+        x0, r0 = x.clone(), r.clone()
+        got = call()
         torch.cuda.synchronize()
+        m["max_abs_err"] = _error(m, got, x, out, x0, r0, w)
         torch.cuda.profiler.start()
         marker((m["id"] + 1,), (32,), ())
         torch.cuda.synchronize()
@@ -137,6 +187,19 @@ def run(measurements: list[dict], log: Callable[[str], None]) -> dict:
         del x, r, w, out
     env["clocks_after"] = clocks()
     return {"measurements": measurements, "environment": env, "vllm_c": vllm_info}
+
+
+def _error(m: dict, got, x, out, x0, r0, w) -> float:  # noqa: ANN001
+    """Max |output - vLLM's native formula| of the first call: each arm computed the norm."""
+    from kernels import stock
+
+    if m["op"] == "rms_norm":
+        want = stock.rms_native(x0, w, EPS)
+        have = out if m["arm"] in ("fused", "vllm_c") else got
+    else:
+        want = stock.add_rms_native(x0, r0, w, EPS)[0]
+        have = got[0] if m["arm"] == "inductor" else x
+    return float((have.float() - want.float()).abs().max())
 
 
 def _marker_name() -> str:

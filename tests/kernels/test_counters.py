@@ -140,6 +140,32 @@ def test_plan_uses_the_policy_then_the_fastest_candidate() -> None:
     assert [m["id"] for m in plan] == list(range(len(plan)))
 
 
+def test_vllm_launch_follows_its_host_code() -> None:
+    # csrc/libtorch_stable/layernorm_kernels.cu: one block per row, 1024 threads at most below 256 rows,
+    # 256 from there; rms_norm vectors of gcd(8, hidden) bf16; the fused add's 8-wide build on aligned rows
+    name, grid, block = counters_worker.vllm_launch("rms_norm", 32, 4096, 4096, True)
+    assert "ELi8ELi2ELb1" in name and (grid, block) == (32, 512)
+    name, grid, block = counters_worker.vllm_launch("rms_norm", 16384, 8193, 8193, True)
+    assert "ELi1ELi2ELb1" in name and (grid, block) == (16384, 256)
+    assert counters_worker.vllm_launch("fused_add_rms_norm", 1, 4096, 4096, True)[1:] == (1, 1024)
+    generic = counters_worker.ADD_KERNEL[0]
+    assert counters_worker.vllm_launch("fused_add_rms_norm", 1, 4096, 4096, False)[0] == generic
+    assert counters_worker.vllm_launch("fused_add_rms_norm", 2, 8193, 8193, True)[0] == generic
+
+
+def test_error_check_compares_each_arm_with_the_native_formula() -> None:
+    torch = pytest.importorskip("torch")
+    from kernels import stock
+
+    x0, r0 = torch.randn(3, 64), torch.randn(3, 64)
+    w = torch.ones(64)
+    m = {"op": "rms_norm", "arm": "torch"}
+    assert counters_worker._error(m, stock.rms_native(x0, w, 1e-6), None, None, x0, r0, w) == 0.0
+    m = {"op": "fused_add_rms_norm", "arm": "fused"}
+    out = stock.add_rms_native(x0, r0, w, 1e-6)[0]
+    assert counters_worker._error(m, None, out + 1, None, x0, r0, w) == pytest.approx(1.0)
+
+
 COMMITTED = sorted((ROOT / "kernels" / "results").glob("counters-*.json"))
 
 
