@@ -169,6 +169,14 @@ def test_error_check_compares_each_arm_with_the_native_formula() -> None:
 COMMITTED = sorted((ROOT / "kernels" / "results").glob("counters-*.json"))
 
 
+def test_readme_table_names_a_committed_file() -> None:
+    block = (ROOT / "kernels" / "README.md").read_text().split(counters.BEGIN, 1)[1].split(counters.END, 1)[0]
+    if COMMITTED:
+        assert any(p.name in block for p in COMMITTED), "the README table is not from a committed file"
+    else:
+        assert "Not measured yet" in block
+
+
 @pytest.mark.parametrize("path", COMMITTED, ids=[p.name for p in COMMITTED])
 def test_committed_file_rederives_the_readme_table(path: Path) -> None:
     doc = json.loads(path.read_text())
