@@ -158,6 +158,7 @@ def run(measurements: list[dict], log: Callable[[str], None]) -> dict:
         stock.prepare_inductor(op, torch.bfloat16, h)
     env = describe(vllm_info.get("vllm"))
     env["clocks_before"] = clocks()
+    torch.manual_seed(0)  # the same inputs in the cold and the warm run
     for m in measurements:
         x = torch.randn(m["rows"], m["hidden"], device="cuda").to(torch.bfloat16)
         r = torch.randn_like(x)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import csv
 import math
 from collections import defaultdict
+from collections.abc import Collection
 
 SECTOR_BYTES = 32
 MARKER = "counters_marker"
@@ -34,7 +35,7 @@ OPTIONAL = (L2_SECTORS, "lts__t_sectors_srcunit_tex_op_read.sum")  # dropped if 
 TENSORS = {"rms_norm": (1, 1), "fused_add_rms_norm": (2, 2)}  # (row tensors read, row tensors written)
 ARMS = ("fused", "vllm_c", "inductor", "torch")
 ARM_TITLES = {"fused": "fused (this kit)", "vllm_c": "vLLM CUDA", "inductor": "Inductor", "torch": "torch"}
-_SCALE = {"byte": 1, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "nsecond": 1, "usecond": 1e3,
+_SCALE = {"byte": 1, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "nsecond": 1, "ns": 1, "usecond": 1e3, "us": 1e3,
           "msecond": 1e6, "second": 1e9, "%": 1, "sector": 1, "": 1}
 
 
@@ -57,9 +58,11 @@ def csv_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith('"')]
 
 
-def parse_raw(lines: list[str]) -> list[dict]:
+def parse_raw(lines: list[str], metrics: Collection[str] | None = None) -> list[dict]:
     """Kernels of `ncu --csv --page raw --print-units base` lines, in profiling order:
-    {"id", "name", "metrics": {metric: value in bytes, ns, sectors or %}}."""
+    {"id", "name", "metrics": {metric: value in bytes, ns, sectors or %}}. `metrics`: the columns to
+    read (the ones asked for with --metrics; the raw page adds device attributes such as
+    c2clink__present, whose values are words); default every column named like a metric."""
     rows = list(csv.reader(lines))
     if not rows or not rows[0] or rows[0][0] != "ID":
         raise CounterError("no ncu raw-page header (a first line starting with \"ID\") in the output")
@@ -67,7 +70,7 @@ def parse_raw(lines: list[str]) -> list[dict]:
     name_col = next((i for i, h in enumerate(header) if h in ("Kernel Name", "Function Name")), None)
     if name_col is None:
         raise CounterError(f"no kernel-name column in the ncu header {header[:12]}")
-    metric_cols = [i for i, h in enumerate(header) if "__" in h]
+    metric_cols = [i for i, h in enumerate(header) if (h in metrics if metrics is not None else "__" in h)]
     units = [""] * len(header)
     kernels = []
     for row in rows[1:]:
@@ -148,7 +151,7 @@ def derive(doc: dict) -> list[dict]:
     re-derived from the stored ncu CSV lines; CounterError when a call has no kernels."""
     per_mode = {}
     for mode, run in doc["runs"].items():
-        groups, _ = by_marker(parse_raw(run["csv"]))
+        groups, _ = by_marker(parse_raw(run["csv"], run.get("metrics")))
         per_mode[mode] = groups
     out = []
     for m in doc["measurements"]:
