@@ -21,7 +21,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernels.checks import CONFIG_DTYPES
+from kernels.shapes import CONFIG_DTYPES
 
 PLUGIN_NAME = "rmsnorm_fused"  # the entry-point name in pyproject.toml (integration/plugin.py)
 PROVIDER = "cupy_fused"  # the IR-op provider the plugin registers

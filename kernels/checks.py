@@ -12,9 +12,6 @@ import torch
 from kernels.shapes import MAX_HIDDEN
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
-# the same dtypes as model configs and vLLM's --dtype spell them
-CONFIG_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "half": "fp16",
-                 "float": "fp32", "fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}
 
 
 class UnsupportedInput(ValueError):

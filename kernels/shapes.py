@@ -9,6 +9,11 @@ import math
 import re
 from dataclasses import dataclass
 
+# the dtypes the kernel takes as model configs and vLLM's --dtype spell them (no torch needed, so the
+# analysis can read a run's model on any machine)
+CONFIG_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "half": "fp16",
+                 "float": "fp32", "fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}
+
 VECTOR_BYTES = 16  # one 128-bit access per vector
 MAX_ROW_FLOATS_PER_THREAD = 64  # row values a thread keeps in registers; more spills (ptxas -v, bf16 t32)
 MAX_THREADS = 1024
