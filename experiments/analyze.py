@@ -35,7 +35,7 @@ from experiments import (
     plots,
     report,
 )
-from experiments.rundir import load_records, read_run_record
+from experiments.rundir import check_records, read_run_record
 from experiments.slo import DEFAULT_SLO_FILE, SLO, load_slo_file, parse_slo
 from integration.proof import profiles
 from kernels.environment import gpu_slug
@@ -44,6 +44,10 @@ PROG = "python -m experiments.analyze"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SECONDARY = ("tpot_p50_ms", "ttft_p90_ms")  # per-window latency summaries, beside the paired ratios
 REANALYSIS = "reanalysis"  # the folder inside a run directory a re-analysis writes into by default
+
+
+class DamagedRecords(ValueError):
+    """A run's records failed their integrity checks (missing, torn, repeated, miscounted)."""
 
 
 def completeness(run: dict, measured: pd.DataFrame) -> tuple[set, list[dict], list[dict]]:
@@ -177,7 +181,8 @@ def recorded_inputs(run_dir: Path) -> Inputs:
 def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: Path | None = None,
                 patched_policy: Path | None = None, profile: Path | None = None,
                 kernel_results: Path | None = None, planted_steps: Path | None = None,
-                graph_steps: Path | None = None, out_dir: Path | None = None) -> dict:
+                graph_steps: Path | None = None, out_dir: Path | None = None,
+                accept_damaged: bool = False) -> dict:
     """Analyse RUN_DIR, write report.json, report.md and PNGs into out_dir (default RUN_DIR itself) and
     return the report dict.
 
@@ -189,13 +194,19 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
     time inside vLLM, which the planted control's prediction then uses (default for a run with a
     planted arm: the GPU's and model's committed one, integration/results/profiles.json);
     ``graph_steps`` a graph-steps file of the fused kernel at every size, whose decode step savings
-    the attribution then uses.
+    the attribution then uses. Records that fail their integrity checks (rundir.check_records) raise
+    DamagedRecords unless ``accept_damaged``; the report is then titled damaged.
     """
     run_dir = Path(run_dir)
     out_dir = run_dir if out_dir is None else Path(out_dir)
     run = read_run_record(run_dir)
     slos = list(slos) if slos else run_slos(run)
-    records, source = load_records(run_dir)
+    checked = check_records(run_dir, run)
+    if checked.damage and not accept_damaged:
+        raise DamagedRecords(f"{run_dir}: the records fail their integrity checks, so nothing was analysed: "
+                             f"{'; '.join(checked.damage)}; pass --accept-damaged to analyse them anyway "
+                             "(the report is then titled damaged)")
+    records, source = checked.records, checked.source
     df = goodput.records_frame(records, slos)
     _check_labels(run, df)
     measured, excluded = goodput.split_phases(df)
@@ -242,6 +253,7 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
                                                                                  "graph-steps file")),
             planted.reference_comparisons(complete, run, comparisons.cell_orders(run)),
             planted.decode_totals(complete)),
+        damage=checked.damage,
     )
     result = report.build_report(analysis)
     result["noise_floor"] = noisefloor.noise_floor(result, aa_report)
@@ -302,6 +314,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "(e.g. integration/results/h200-llama8b-graph/h200-graph-steps.json): at the decode "
                          "sizes it timed, the attribution counts the step time saved there instead of the "
                          "profile's norm time (default: as recorded, else none)")
+    ap.add_argument("--accept-damaged", action="store_true",
+                    help="analyse records that fail their integrity checks (no records file, a torn last "
+                         "line, a repeated request, a finished cell with the wrong count) instead of "
+                         "refusing them; the report is titled damaged and says what was wrong")
     add_debug_flag(ap)
     return ap
 
@@ -345,6 +361,18 @@ def same_figures(a: object, b: object) -> bool:
     return type(a) is type(b) and a == b
 
 
+def largest_float_change(a: object, b: object) -> float:
+    """The largest relative difference between matching floats of two JSON values of one shape (0.0
+    where they are equal)."""
+    if isinstance(a, float) and isinstance(b, (int, float)) or isinstance(b, float) and isinstance(a, int):
+        return abs(a - b) / max(abs(a), abs(b)) if a != b else 0.0
+    if isinstance(a, dict) and isinstance(b, dict):
+        return max((largest_float_change(a[k], b[k]) for k in a.keys() & b.keys()), default=0.0)
+    if isinstance(a, list) and isinstance(b, list):
+        return max(map(largest_float_change, a, b), default=0.0)
+    return 0.0
+
+
 def differing_entries(old: dict, new: dict) -> list[str]:
     """The top-level entries of two reports whose figures differ (same_figures), sorted."""
     return [k for k in sorted(set(old) | set(new)) if not same_figures(old.get(k), new.get(k))]
@@ -358,8 +386,9 @@ def report_change(before: Path, after: Path) -> str:
     if keys:
         return f"differs from {before} in: {', '.join(keys)}"
     if old != new:
-        return (f"has the same figures as {before} (some floats differ past {FIGURE_TOL:g} of themselves: "
-                "another numpy or scipy)")
+        most = largest_float_change(old, new)
+        return (f"has the same figures as {before} (some floats differ, by at most {most:.1g} of themselves, "
+                f"within {FIGURE_TOL:g}: another numpy or scipy)")
     return f"identical to {before}"
 
 
@@ -371,7 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out, inputs = _out_dir(args), _inputs(args)
         for note in inputs.notes:
             print(note)
-        result = analyze_run(args.run_dir, inputs.slos, out_dir=out,
+        result = analyze_run(args.run_dir, inputs.slos, out_dir=out, accept_damaged=args.accept_damaged,
                              **{k: getattr(inputs, k) for k in PATH_INPUTS})
     except (OSError, ValueError) as exc:
         if args.debug:

@@ -126,15 +126,28 @@ def _open_text(path: Path, mode: str) -> IO[str]:
 
 def read_records(path: str | Path) -> list[RequestRecord]:
     """Records of a .jsonl or .jsonl.gz file, in file order; bad lines raise ValueError("path:line: ...")."""
+    records, tail = read_whole_records(path)
+    if tail:
+        records.append(_parsed(path, len(records) + 1, tail))
+    return records
+
+
+def read_whole_records(path: str | Path) -> tuple[list[RequestRecord], str]:
+    """Records of the file's whole lines (each ending in a newline), and the text after the last one:
+    "" unless the file ends in a torn line (a writer stopped mid-line). Bad whole lines raise
+    ValueError("path:line: ...")."""
     path = Path(path)
-    out: list[RequestRecord] = []
     with _open_text(path, "r") as f:
-        for lineno, line in enumerate(f, start=1):
-            try:
-                out.append(record_from_json(json.loads(line)))
-            except (ValueError, TypeError) as exc:
-                raise ValueError(f"{path}:{lineno}: {exc}") from None
-    return out
+        lines = f.read().split("\n")
+    tail = lines.pop()
+    return [_parsed(path, lineno, line) for lineno, line in enumerate(lines, start=1)], tail
+
+
+def _parsed(path: Path | str, lineno: int, line: str) -> RequestRecord:
+    try:
+        return record_from_json(json.loads(line))
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{path}:{lineno}: {exc}") from None
 
 
 class RecordWriteError(OSError):
