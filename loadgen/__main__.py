@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -113,9 +112,17 @@ def _check_outputs(args: argparse.Namespace) -> str | None:
         if same_file(args.summary_json, args.out):
             return f"--summary-json {args.summary_json} is the --out file; choose another path"
         problem = output_problem("--summary-json", args.summary_json, [args.trace])
-    if problem is None and args.event_loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
+    if problem is None and args.event_loop == "uvloop" and not _has_uvloop():
         return "--event-loop uvloop: the uvloop package is not installed (pip install uvloop, or use asyncio)"
     return problem
+
+
+def _has_uvloop() -> bool:
+    try:
+        import uvloop  # noqa: F401 - only whether it imports
+    except ImportError:
+        return False
+    return True
 
 
 def _on_disk(path: Path) -> int:
