@@ -218,6 +218,11 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
     labels = list(run["arm_labels"])
     arms_plan = comparisons.plan(run)
     pair = [arms_plan["baseline"], arms_plan["primary"]]
+    own_floor = arms_plan["controls"][:1] or ([] if report.aa_reason(run) is None
+                                              else ["the run itself, an A/A run"])
+    if aa_report is not None and own_floor:
+        raise ValueError(f"--aa-report {aa_report}: this run has its own A/A noise floor ({own_floor[0]}), "
+                         "which the report uses; another run's would not be applied, so leave it out")
     per_slo = [_per_slo(s, complete, cells, pair) for s in slos]
     latency = goodput.cell_latency(complete)
     secondary = {m: goodput.paired_relative(latency, m, *pair) for m in SECONDARY}
@@ -292,7 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
                             f"run.json's, else {DEFAULT_SLO_FILE.name}: interactive, chat, relaxed)")
     ap.add_argument("--aa-report", type=Path, default=None, metavar="REPORT_JSON",
                     help="report.json of an A/A run: its per-window spread is the noise floor drawn and "
-                         "reported (default: the one recorded in report.json)")
+                         "reported (default: the one recorded in report.json); refused for a run with its "
+                         "own floor (an interleaved A/A arm, or an A/A run)")
     ap.add_argument("--patched-policy", type=Path, default=None, metavar="POLICY_JSON",
                     help="the policy table the patched arm dispatched by, for a run.json that does not "
                          "record it (runs before patched_policy was recorded); the attribution counts the "
