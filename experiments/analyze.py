@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from common.cliargs import OneLineParser, add_debug_flag, fail
+from common.cliargs import OneLineParser, add_debug_flag, fail, same_file
 from common.jsonfile import ResultFileError, project_relative, read_json
 from experiments import (
     attribution,
@@ -334,6 +335,12 @@ def _out_dir(args: argparse.Namespace) -> Path:
     if args.out is not None:
         if args.out.exists() and not args.out.is_dir():
             raise ValueError(f"--out {args.out}: exists and is not a folder")
+        if same_file(args.out, args.run_dir):
+            raise ValueError(f"--out {args.out} is RUN_DIR, whose report.json holds this analysis' inputs; "
+                             "pass --in-place to replace it")
+        existing = next(p for p in (args.out, *args.out.parents) if p.exists())
+        if not os.access(existing, os.W_OK):
+            raise ValueError(f"--out {args.out}: not writable ({existing} is read-only)")
         return args.out
     if args.in_place or not (args.run_dir / "report.json").is_file():
         return args.run_dir

@@ -88,3 +88,11 @@ def test_the_analysis_and_its_help_need_no_torch(run_dir, argv):
     done = subprocess.run([sys.executable, "-c", no_torch], capture_output=True, text=True)
     assert done.returncode == 0 and ("--accept-damaged" if argv == ["--help"] else "status complete"
                                      ) in done.stdout, done.stderr
+
+
+def test_out_onto_the_run_folder_is_refused_before_analysing(run_dir, capsys):
+    analyze_run(run_dir, [CHAT])
+    before = (run_dir / "report.json").read_bytes()
+    assert main([str(run_dir), "--out", str(run_dir / "."), "--slo", "chat:1:1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--in-place" in err and (run_dir / "report.json").read_bytes() == before
