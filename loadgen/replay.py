@@ -185,6 +185,10 @@ async def replay(
                 recs = _not_sent(requests, due, tags, f"no model list: {exc}", sink)
                 failed = f"; the records file failed too: {writer.failed}" if writer and writer.failed else ""
                 raise ServerNotReady(f"{exc}{failed}", recs) from None
+            except asyncio.CancelledError as exc:  # a signal while the server is silent
+                _not_sent(requests, due, tags, str(exc.args[0] if exc.args and exc.args[0]
+                                                    else "the replay was cancelled"), sink)
+                raise
             dispatcher = Dispatcher(session, f"{url}/v1/completions", requests, due, model=model, seed=seed,
                                     prompts=prompts or token_id_prompts(vocab_size), tags=dict(tags or {}),
                                     timeout=timeout, sink=sink,

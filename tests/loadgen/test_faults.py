@@ -136,16 +136,20 @@ def test_sighup_stops_like_sigterm_with_a_record_per_request(tmp_path):
 
 
 @pytest.fixture
-def silent_url() -> Iterator[str]:
+def silent() -> Iterator[socket.socket]:
     """A server that accepts connections (the kernel's backlog) and never answers."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen(64)
-        yield f"http://127.0.0.1:{s.getsockname()[1]}"
+        yield s
 
 
-def test_a_silent_server_is_given_up_at_the_probe_timeout(silent_url, tmp_path, capsys):
-    out = tmp_path / "r.jsonl"
+def _url(s: socket.socket) -> str:
+    return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_a_silent_server_is_given_up_at_the_probe_timeout(silent, tmp_path, capsys):
+    out, silent_url = tmp_path / "r.jsonl", _url(silent)
     reqs = [TraceRequest(0.1 * i, 5, 2) for i in range(5)]
     with pytest.raises(ServerNotReady, match="never answered") as got:
         asyncio.run(replay(silent_url, reqs, out=out, progress=False, probe_timeout_s=0.3))
@@ -157,6 +161,21 @@ def test_a_silent_server_is_given_up_at_the_probe_timeout(silent_url, tmp_path, 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "never answered" in err and "recorded as not sent" in err
     assert len(read_records(tmp_path / "c.jsonl")) == 5
+
+
+def test_a_signal_while_the_server_is_silent_records_every_request(silent, tmp_path):
+    out, trace = tmp_path / "r.jsonl", trace_file(tmp_path / "t.jsonl", 5)
+    proc = subprocess.Popen([sys.executable, "-m", "loadgen", *cli(_url(silent), trace, out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    silent.settimeout(120)
+    conn, _ = silent.accept()  # the CLI's GET /v1/models has connected and waits for an answer
+    with conn:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and "stopped by SIGTERM" in err and "Traceback" not in err, err
+    recs = read_records(out)
+    assert [r.index for r in recs] == list(range(5))
+    assert all(r.error == "not sent: the replay was stopped by SIGTERM" for r in recs)
 
 
 def test_an_absurd_trace_row_is_refused_with_its_line(tmp_path, capsys):
