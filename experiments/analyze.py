@@ -47,10 +47,6 @@ SECONDARY = ("tpot_p50_ms", "ttft_p90_ms")  # per-window latency summaries, besi
 REANALYSIS = "reanalysis"  # the folder inside a run directory a re-analysis writes into by default
 
 
-class DamagedRecords(ValueError):
-    """A run's records failed their integrity checks (missing, torn, repeated, miscounted)."""
-
-
 def completeness(run: dict, measured: pd.DataFrame) -> tuple[set, list[dict], list[dict]]:
     """(complete cells {(arm, window, load)}, missing cells with reasons, warnings) from the schedule."""
     labels = run["arm_labels"]
@@ -195,18 +191,14 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
     time inside vLLM, which the planted control's prediction then uses (default for a run with a
     planted arm: the GPU's and model's committed one, integration/results/profiles.json);
     ``graph_steps`` a graph-steps file of the fused kernel at every size, whose decode step savings
-    the attribution then uses. Records that fail their integrity checks (rundir.check_records) raise
-    DamagedRecords unless ``accept_damaged``; the report is then titled damaged.
+    the attribution then uses. Records that fail their integrity checks raise rundir.DamagedRecords
+    unless ``accept_damaged``; the report is then titled damaged.
     """
     run_dir = Path(run_dir)
     out_dir = run_dir if out_dir is None else Path(out_dir)
     run = read_run_record(run_dir)
     slos = list(slos) if slos else run_slos(run)
-    checked = check_records(run_dir, run)
-    if checked.damage and not accept_damaged:
-        raise DamagedRecords(f"{run_dir}: the records fail their integrity checks, so nothing was analysed: "
-                             f"{'; '.join(checked.damage)}; pass --accept-damaged to analyse them anyway "
-                             "(the report is then titled damaged)")
+    checked = check_records(run_dir, run, accept_damaged)
     records, source = checked.records, checked.source
     df = goodput.records_frame(records, slos)
     _check_labels(run, df)
@@ -375,10 +367,9 @@ def same_figures(a: object, b: object) -> bool:
 
 
 def largest_float_change(a: object, b: object) -> float:
-    """The largest relative difference between matching floats of two JSON values of one shape (0.0
-    where they are equal)."""
-    if isinstance(a, float) and isinstance(b, (int, float)) or isinstance(b, float) and isinstance(a, int):
-        return abs(a - b) / max(abs(a), abs(b)) if a != b else 0.0
+    """The largest relative difference between matching numbers of two JSON values of one shape."""
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a != b:
+        return abs(a - b) / max(abs(a), abs(b))
     if isinstance(a, dict) and isinstance(b, dict):
         return max((largest_float_change(a[k], b[k]) for k in a.keys() & b.keys()), default=0.0)
     if isinstance(a, list) and isinstance(b, list):

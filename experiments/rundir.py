@@ -72,10 +72,24 @@ def _key(r: RequestRecord) -> tuple:
     return str(t.get("arm")), t.get("window"), t.get("load"), t.get("phase"), r.index
 
 
-def check_records(run_dir: Path, run: dict) -> CheckedRecords:
+class DamagedRecords(ValueError):
+    """A run's records failed their integrity checks (missing, torn, repeated, miscounted)."""
+
+
+def check_records(run_dir: Path, run: dict, accept_damaged: bool = False) -> CheckedRecords:
     """The records of RUN_DIR checked against themselves and run.json: a missing file (when a cell
     finished), a torn last line, records that repeat an (arm, window, load, phase, index), and cells
-    run.json says finished whose measured records are not one per request of their window."""
+    run.json says finished whose measured records are not one per request of their window. Damage
+    raises DamagedRecords unless `accept_damaged`."""
+    checked = _checked(run_dir, run)
+    if checked.damage and not accept_damaged:
+        raise DamagedRecords(f"{run_dir}: the records fail their integrity checks, so nothing was analysed: "
+                             f"{'; '.join(checked.damage)}; pass --accept-damaged to analyse them anyway "
+                             "(the report is then titled damaged)")
+    return checked
+
+
+def _checked(run_dir: Path, run: dict) -> CheckedRecords:
     done = [(lab, int(e["window"]), float(e["load"])) for e in run["schedule"] for lab in e.get("done", [])]
     found = [run_dir / name for name in RECORD_FILES if (run_dir / name).is_file()]
     if not found:

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from experiments.analyze import DamagedRecords, analyze_run, main
+from experiments.analyze import analyze_run, main
+from experiments.rundir import DamagedRecords
 from experiments.slo import SLO
 from tests.experiments.synthetic_run import write_run
 
