@@ -166,8 +166,7 @@ def _run(args: argparse.Namespace) -> int:
         records = read_records(args.out)[earlier:] if args.out.is_file() else []
     summary = summarize_records(records)
     print(format_summary(summary))
-    if args.summary_json is not None:
-        write_atomic(args.summary_json, json.dumps(summary, indent=2) + "\n")
+    unwritten = args.summary_json is not None and not _write_summary(args.summary_json, summary)
     on_disk = _on_disk(args.out) - earlier
     lost = f"; {len(records) - on_disk} of this run's {len(records)} records are not in it" \
         if on_disk < len(records) else ""
@@ -175,7 +174,18 @@ def _run(args: argparse.Namespace) -> int:
     if stopped is not None:
         print(f"{PROG}: stopped: {stopped}", file=sys.stderr)
         return 1
-    return 0 if summary["failed"] == 0 else 1
+    return 0 if summary["failed"] == 0 and not unwritten else 1
+
+
+def _write_summary(path: Path, summary: dict) -> bool:
+    """Write --summary-json; False, said on stderr, when it cannot be (the replay's records are kept,
+    so this is not the exit status of a bad input)."""
+    try:
+        write_atomic(path, json.dumps(summary, indent=2) + "\n")
+    except OSError as exc:
+        print(f"{PROG}: error: --summary-json {path}: not written: {exc.strerror or exc}", file=sys.stderr)
+        return False
+    return True
 
 
 if __name__ == "__main__":

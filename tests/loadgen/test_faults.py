@@ -103,6 +103,16 @@ def test_a_full_filesystem_keeps_whole_lines_and_every_record(tmp_path):
     assert recs[-1].error.startswith("not sent: could not store the record of request")
 
 
+def test_a_full_filesystem_under_the_cli_is_a_stopped_replay_not_a_bad_input(tmp_path, capsys):
+    with tmpfs(tmp_path / "small", "size=8k") as small, serving() as url:
+        code = main(cli(url, trace_file(tmp_path / "t.jsonl", 100), small / "r.jsonl",
+                        "--summary-json", str(small / "s.json")))
+        assert read_records(small / "r.jsonl")  # whole lines only
+    err = capsys.readouterr().err.splitlines()
+    assert code == 1 and len(err) == 2  # was 2, "nothing was sent", after the replay had run
+    assert "--summary-json" in err[0] and "No space left on device" in err[0] and "stopped:" in err[1]
+
+
 def test_a_file_size_limit_stops_the_cli_with_whole_lines(tmp_path):
     def limited():  # writes past 4 KiB fail with EFBIG (Python ignores SIGXFSZ)
         resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
