@@ -63,6 +63,16 @@ def output_problem(flag: str, path: Path, inputs: Sequence[Path | None] = ()) ->
     return None
 
 
+def refuse_output(prog: str, flag: str, path: str | Path | None,
+                  inputs: Sequence[str | Path | None] = ()) -> None:
+    """Exit with status 2 and one line when `path` (None: not given) cannot be written as the output
+    of `flag` (output_problem); for a CLI to call before its work, not after."""
+    if path is not None:
+        problem = output_problem(flag, Path(path), [None if i is None else Path(i) for i in inputs])
+        if problem:
+            raise SystemExit(fail(prog, problem))
+
+
 def command_line(prog: str, argv: Sequence[str] | None = None) -> str:
     """The command that made a results file, for its `command` field: `prog`, then the arguments
     (``sys.argv[1:]`` when `argv` is None) quoted for a shell, so the line runs as written. A path
