@@ -13,6 +13,7 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NoReturn
 
 USAGE_ERROR = 2  # exit status of a bad flag, file or trace line
@@ -34,6 +35,42 @@ def fail(prog: str, message: str, code: int = USAGE_ERROR) -> int:
     """Print ``prog: error: message`` on stderr and return `code` (for ``return fail(...)``)."""
     print(f"{prog}: error: {message}", file=sys.stderr)
     return code
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Whether paths a and b name one file (the same path, a link to it, or another spelling of it)."""
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return a.samefile(b)
+    except OSError:  # one of them does not exist yet: not the same file
+        return False
+
+
+def output_problem(flag: str, path: Path, inputs: Sequence[Path | None] = ()) -> str | None:
+    """Why `path` cannot be written as the output of `flag` (its folder missing or not writable, a
+    folder itself, one of `inputs`), before any work starts; None when it can."""
+    folder = path.parent
+    if not folder.is_dir():
+        return f"{flag} {path}: folder {folder} does not exist"
+    if path.is_dir():
+        return f"{flag} {path} is a folder; give a file name"
+    for given in inputs:
+        if given is not None and same_file(given, path):
+            return f"{flag} {path} is the input file {given}; write to another file"
+    if not os.access(path if path.exists() else folder, os.W_OK):
+        return f"{flag} {path}: not writable ({path if path.exists() else folder} is read-only)"
+    return None
+
+
+def refuse_output(prog: str, flag: str, path: str | Path | None,
+                  inputs: Sequence[str | Path | None] = ()) -> None:
+    """Exit with status 2 and one line when `path` (None: not given) cannot be written as the output
+    of `flag` (output_problem); for a CLI to call before its work, not after."""
+    if path is not None:
+        problem = output_problem(flag, Path(path), [None if i is None else Path(i) for i in inputs])
+        if problem:
+            raise SystemExit(fail(prog, problem))
 
 
 def command_line(prog: str, argv: Sequence[str] | None = None) -> str:

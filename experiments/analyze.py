@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -22,9 +23,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from common.cliargs import OneLineParser, add_debug_flag, fail
+from common.cliargs import OneLineParser, add_debug_flag, fail, same_file
 from common.jsonfile import ResultFileError, project_relative, read_json
-from experiments.core.rundir import load_records, read_run_record
+from experiments.core.rundir import check_records, read_run_record
 from experiments.core.slo import DEFAULT_SLO_FILE, SLO, load_slo_file, parse_slo
 from experiments.reporting import duetreport, noisefloor, plots, report
 from experiments.stats import attribution, comparisons, goodput, knee, planted
@@ -168,7 +169,8 @@ def recorded_inputs(run_dir: Path) -> Inputs:
 def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: Path | None = None,
                 patched_policy: Path | None = None, profile: Path | None = None,
                 kernel_results: Path | None = None, planted_steps: Path | None = None,
-                graph_steps: Path | None = None, out_dir: Path | None = None) -> dict:
+                graph_steps: Path | None = None, out_dir: Path | None = None,
+                accept_damaged: bool = False) -> dict:
     """Analyse RUN_DIR, write report.json, report.md and PNGs into out_dir (default RUN_DIR itself) and
     return the report dict.
 
@@ -180,13 +182,15 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
     time inside vLLM, which the planted control's prediction then uses (default for a run with a
     planted arm: the GPU's and model's committed one, integration/results/profiles.json);
     ``graph_steps`` a graph-steps file of the fused kernel at every size, whose decode step savings
-    the attribution then uses.
+    the attribution then uses. Records that fail their integrity checks raise rundir.DamagedRecords
+    unless ``accept_damaged``; the report is then titled damaged.
     """
     run_dir = Path(run_dir)
     out_dir = run_dir if out_dir is None else Path(out_dir)
     run = read_run_record(run_dir)
     slos = list(slos) if slos else run_slos(run)
-    records, source = load_records(run_dir)
+    checked = check_records(run_dir, run, accept_damaged)
+    records, source = checked.records, checked.source
     df = goodput.records_frame(records, slos)
     _check_labels(run, df)
     measured, excluded = goodput.split_phases(df)
@@ -198,6 +202,11 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
     labels = list(run["arm_labels"])
     arms_plan = comparisons.plan(run)
     pair = [arms_plan["baseline"], arms_plan["primary"]]
+    own_floor = arms_plan["controls"][:1] or ([] if report.aa_reason(run) is None
+                                              else ["the run itself, an A/A run"])
+    if aa_report is not None and own_floor:
+        raise ValueError(f"--aa-report {aa_report}: this run has its own A/A noise floor ({own_floor[0]}), "
+                         "which the report uses; another run's would not be applied, so leave it out")
     per_slo = [_per_slo(s, complete, cells, pair) for s in slos]
     latency = goodput.cell_latency(complete)
     secondary = {m: goodput.paired_relative(latency, m, *pair) for m in SECONDARY}
@@ -233,6 +242,7 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
                                                                                  "graph-steps file")),
             planted.reference_comparisons(complete, run, comparisons.cell_orders(run)),
             planted.decode_totals(complete)),
+        damage=checked.damage,
     )
     result = report.build_report(analysis)
     result["noise_floor"] = noisefloor.noise_floor(result, aa_report)
@@ -271,7 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
                             f"run.json's, else {DEFAULT_SLO_FILE.name}: interactive, chat, relaxed)")
     ap.add_argument("--aa-report", type=Path, default=None, metavar="REPORT_JSON",
                     help="report.json of an A/A run: its per-window spread is the noise floor drawn and "
-                         "reported (default: the one recorded in report.json)")
+                         "reported (default: the one recorded in report.json); refused for a run with its "
+                         "own floor (an interleaved A/A arm, or an A/A run)")
     ap.add_argument("--patched-policy", type=Path, default=None, metavar="POLICY_JSON",
                     help="the policy table the patched arm dispatched by, for a run.json that does not "
                          "record it (runs before patched_policy was recorded); the attribution counts the "
@@ -293,6 +304,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "(e.g. integration/results/h200-llama8b-graph/h200-graph-steps.json): at the decode "
                          "sizes it timed, the attribution counts the step time saved there instead of the "
                          "profile's norm time (default: as recorded, else none)")
+    ap.add_argument("--accept-damaged", action="store_true",
+                    help="analyse records that fail their integrity checks (no records file, a torn last "
+                         "line, a repeated request, a finished cell with the wrong count) instead of "
+                         "refusing them; the report is titled damaged and says what was wrong")
     add_debug_flag(ap)
     return ap
 
@@ -303,6 +318,12 @@ def _out_dir(args: argparse.Namespace) -> Path:
     if args.out is not None:
         if args.out.exists() and not args.out.is_dir():
             raise ValueError(f"--out {args.out}: exists and is not a folder")
+        if same_file(args.out, args.run_dir):
+            raise ValueError(f"--out {args.out} is RUN_DIR, whose report.json holds this analysis' inputs; "
+                             "pass --in-place to replace it")
+        existing = next(p for p in (args.out, *args.out.parents) if p.exists())
+        if not os.access(existing, os.W_OK):
+            raise ValueError(f"--out {args.out}: not writable ({existing} is read-only)")
         return args.out
     if args.in_place or not (args.run_dir / "report.json").is_file():
         return args.run_dir
@@ -336,6 +357,17 @@ def same_figures(a: object, b: object) -> bool:
     return type(a) is type(b) and a == b
 
 
+def largest_float_change(a: object, b: object) -> float:
+    """The largest relative difference between matching numbers of two JSON values of one shape."""
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a != b:
+        return abs(a - b) / max(abs(a), abs(b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return max((largest_float_change(a[k], b[k]) for k in a.keys() & b.keys()), default=0.0)
+    if isinstance(a, list) and isinstance(b, list):
+        return max(map(largest_float_change, a, b), default=0.0)
+    return 0.0
+
+
 def differing_entries(old: dict, new: dict) -> list[str]:
     """The top-level entries of two reports whose figures differ (same_figures), sorted."""
     return [k for k in sorted(set(old) | set(new)) if not same_figures(old.get(k), new.get(k))]
@@ -349,8 +381,9 @@ def report_change(before: Path, after: Path) -> str:
     if keys:
         return f"differs from {before} in: {', '.join(keys)}"
     if old != new:
-        return (f"has the same figures as {before} (some floats differ past {FIGURE_TOL:g} of themselves: "
-                "another numpy or scipy)")
+        most = largest_float_change(old, new)
+        return (f"has the same figures as {before} (some floats differ, by at most {most:.1g} of themselves, "
+                f"within {FIGURE_TOL:g}: another numpy or scipy)")
     return f"identical to {before}"
 
 
@@ -362,7 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out, inputs = _out_dir(args), _inputs(args)
         for note in inputs.notes:
             print(note)
-        result = analyze_run(args.run_dir, inputs.slos, out_dir=out,
+        result = analyze_run(args.run_dir, inputs.slos, out_dir=out, accept_damaged=args.accept_damaged,
                              **{k: getattr(inputs, k) for k in PATH_INPUTS})
     except (OSError, ValueError) as exc:
         if args.debug:

@@ -147,7 +147,7 @@ def _arm_from_table(table: dict, where: str) -> Arm:
 
 def load_arm_file(path: str | Path) -> dict[str, Arm]:
     """The [[arm]] tables of a TOML arm file (format: integration/arms.toml), by name; ValueError
-    naming the file and the table otherwise."""
+    naming the file and the table otherwise (a name used twice, or by a built-in or planted arm)."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -159,10 +159,12 @@ def load_arm_file(path: str | Path) -> dict[str, Arm]:
     if not isinstance(tables, list) or not tables or set(data) != {"arm"}:
         raise ValueError(f"{path}: expected one or more [[arm]] tables and nothing else")
     found: dict[str, Arm] = {}
+    builtin = {} if path.resolve() == BUILTIN_FILE.resolve() else ARMS
     for i, table in enumerate(tables, start=1):
         arm = _arm_from_table(table, f"{path}: [[arm]] #{i}")
-        if arm.name in found or _PLANTED.match(arm.name):
-            raise ValueError(f"{path}: [[arm]] #{i}: name {arm.name!r} is taken")
+        if arm.name in found or arm.name in builtin or _PLANTED.match(arm.name):
+            whose = " by a built-in arm; choose another name" if arm.name in builtin else ""
+            raise ValueError(f"{path}: [[arm]] #{i}: name {arm.name!r} is taken{whose}")
         found[arm.name] = arm
     return found
 

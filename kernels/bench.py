@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from common.cliargs import command_line
+from common.cliargs import command_line, refuse_output
 from common.jsonfile import write_json
 from kernels import rmsnorm, stock
 from kernels.cases import TORCH_DTYPES
@@ -224,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                          "L2; warm: one buffer set, each call's input in L2 as after a GEMM inside a "
                          "model (for python -m research.stockcheck --results FILE)")
     args = ap.parse_args(argv)
+    refuse_output(ap.prog, "--out", args.out)
     if gpu_missing(ap.prog):
         return 2
     vllm = (None, None, "left out (--no-vllm)") if args.no_vllm else stock.vllm_ops()

@@ -8,8 +8,6 @@ import re
 import subprocess
 import sys
 
-import torch
-
 from common.cliargs import fail
 
 _SMI_FIELDS = "clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,temperature.gpu,power.draw,pstate"
@@ -37,6 +35,8 @@ def clocks() -> dict | str:
 
 def describe(vllm_version: str | None) -> dict:
     """GPU, driver, CUDA, torch, CuPy, vLLM and Python versions of this process."""
+    import torch  # here, not at the top: the analysis imports gpu_slug on machines without torch
+
     props = torch.cuda.get_device_properties(0)
     driver = smi("driver_version")
     try:
@@ -62,6 +62,8 @@ def gpu_slug(name: str) -> str:
 
 def gpu_missing(prog: str) -> bool:
     """True, after saying so on stderr under `prog`'s name, when this process sees no CUDA GPU."""
+    import torch
+
     if torch.cuda.is_available():
         return False
     fail(prog, "no CUDA GPU visible (torch.cuda.is_available() is False)")

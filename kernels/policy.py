@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.cliargs import fail
+from common.cliargs import fail, output_problem
 from common.jsonfile import ResultFileError, read_json, write_json
 from kernels.checks import DTYPE_NAMES
 from kernels.checks import unsupported_reason as _input_reason
@@ -193,12 +193,15 @@ def main(argv: list[str] | None = None) -> int:
         results = read_json(args.source, None, "kernel results")
     except ResultFileError as exc:
         return fail(ap.prog, str(exc))
+    out = Path(args.out) if args.out else default_out(args.source)
+    problem = output_problem("--out", out, [Path(args.source)])
+    if problem:
+        return fail(ap.prog, problem)
     arms = tuple(a.strip() for a in args.stock_arms.split(",")) if args.stock_arms else None
     try:
         doc = table_document(results, args.source, arms)
     except ValueError as exc:
         return fail(ap.prog, str(exc))
-    out = Path(args.out) if args.out else default_out(args.source)
     write_json(out, doc)
     fused = sum(1 for v in doc["table"].values() for e in v if e[1] != STOCK)
     total = sum(len(v) for v in doc["table"].values())

@@ -9,7 +9,8 @@ import math
 import re
 from dataclasses import dataclass
 
-# the dtypes as model configs and vLLM's --dtype spell them -> the kernel's names (kernels.checks.DTYPE_NAMES)
+# the dtypes the kernel takes as model configs and vLLM's --dtype spell them (no torch needed, so the
+# analysis can read a run's model on any machine)
 CONFIG_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "half": "fp16",
                  "float": "fp32", "fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}
 

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from common.cliargs import command_line
+from common.cliargs import command_line, refuse_output
 from common.jsonfile import write_json
 from kernels import bench, launch, policy, report, stock, validate
 from kernels.cases import full_cases, negative_control_cases, reduced_cases
@@ -137,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sanitizer-timeout", type=float, default=300.0, help="seconds per sanitizer run")
     ap.add_argument("--seed", type=int, default=0, help="seed of the arm-order shuffle")
     args = ap.parse_args(argv)
+    refuse_output(ap.prog, "--out", args.out)
     if gpu_missing(ap.prog):
         return 2
     widths = args.hidden

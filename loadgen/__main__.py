@@ -17,11 +17,13 @@ from common.cliargs import (
     fail,
     non_negative_float,
     non_negative_int,
+    output_problem,
     positive_float,
     positive_int,
+    same_file,
 )
 from loadgen.records import RequestRecord, read_records
-from loadgen.replay import DEAD_AFTER, EVENT_LOOPS, ReplayStopped, base_url, replay_sync
+from loadgen.replay import DEAD_AFTER, EVENT_LOOPS, ReplayStopped, ServerNotReady, base_url, replay_sync
 from loadgen.summary import format_summary, summarize_records
 from traces.trace import TraceError, clip_tokens, load_trace, scale_rate, time_window
 
@@ -70,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds one request may take in all (600)")
     p.add_argument("--connect-timeout", type=positive_float, default=30.0,
                    help="seconds to open a connection (30)")
+    p.add_argument("--probe-timeout", type=positive_float, default=30.0,
+                   help="seconds the server has to answer GET /v1/models, connection included, before "
+                        "the replay is given up and every request recorded as not sent (30)")
     p.add_argument("--max-connections", type=positive_int, default=None,
                    help="cap on open connections (default: unlimited, so the client never queues)")
     p.add_argument("--dead-after", type=non_negative_int, default=DEAD_AFTER,
@@ -98,13 +103,31 @@ def _requests(args: argparse.Namespace) -> list:
 
 
 def _check_outputs(args: argparse.Namespace) -> str | None:
-    """Why --out or --summary-json cannot be written, before anything is sent; None if they can."""
+    """Why --out or --summary-json cannot be written, or the event loop run, before anything is sent;
+    None if they can."""
     if args.out.exists() and args.out.stat().st_size > 0 and not args.append:
         return f"--out {args.out} exists and is not empty; pass --append or choose another --out"
-    for flag, path in (("--out", args.out), ("--summary-json", args.summary_json)):
-        if path is not None and path.parent != Path() and not path.parent.is_dir():
-            return f"{flag} {path}: folder {path.parent} does not exist"
-    return None
+    problem = output_problem("--out", args.out, [args.trace])
+    if problem is None and args.summary_json is not None:
+        if same_file(args.summary_json, args.out):
+            return f"--summary-json {args.summary_json} is the --out file; choose another path"
+        problem = output_problem("--summary-json", args.summary_json, [args.trace])
+    if problem is None and args.event_loop == "uvloop" and not _has_uvloop():
+        return "--event-loop uvloop: the uvloop package is not installed (pip install uvloop, or use asyncio)"
+    return problem
+
+
+def _has_uvloop() -> bool:
+    try:
+        import uvloop  # noqa: F401 - only whether it imports
+    except ImportError:
+        return False
+    return True
+
+
+def _on_disk(path: Path) -> int:
+    """Whole records in the file (0 for a missing file or a device such as /dev/full)."""
+    return len(read_records(path)) if path.is_file() else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,29 +149,43 @@ def _run(args: argparse.Namespace) -> int:
         return fail(PROG, f"--trace {args.trace}: no requests between {args.start} s and +{args.duration} s")
     stopped: str | None = None
     records: list[RequestRecord]
-    earlier = len(read_records(args.out)) if args.out.is_file() else 0  # --append keeps older runs
+    earlier = _on_disk(args.out)  # --append keeps older runs
     try:
         records = replay_sync(
             args.url, reqs, out=args.out, model=args.model, tags=dict(args.tag), timeout_s=args.timeout,
-            connect_timeout_s=args.connect_timeout, max_connections=args.max_connections, seed=args.seed,
-            progress=not args.no_progress, vocab_size=args.vocab_size, event_loop=args.event_loop,
-            dead_after=args.dead_after)
+            connect_timeout_s=args.connect_timeout, probe_timeout_s=args.probe_timeout,
+            max_connections=args.max_connections, seed=args.seed, progress=not args.no_progress,
+            vocab_size=args.vocab_size, event_loop=args.event_loop, dead_after=args.dead_after)
+    except ServerNotReady as exc:  # nothing was sent; every request says so in --out
+        return fail(PROG, f"--url {args.url}: {exc.reason}; nothing was sent, each of the {len(reqs)} "
+                          f"requests is recorded as not sent in {args.out}")
     except ReplayStopped as exc:
         stopped, records = exc.reason, exc.records
     except KeyboardInterrupt as exc:
-        stopped, records = str(exc) or "interrupted", read_records(args.out)[earlier:]
-    except RuntimeError as exc:  # the server's model list could not be read: nothing was sent
-        return fail(PROG, f"--url {args.url}: {exc}")
+        stopped = str(exc) or "interrupted"
+        records = read_records(args.out)[earlier:] if args.out.is_file() else []
     summary = summarize_records(records)
     print(format_summary(summary))
-    if args.summary_json is not None:
-        write_atomic(args.summary_json, json.dumps(summary, indent=2) + "\n")
-    on_disk = len(read_records(args.out))
-    print(f"records: {args.out} ({on_disk} lines)")
+    unwritten = args.summary_json is not None and not _write_summary(args.summary_json, summary)
+    on_disk = _on_disk(args.out) - earlier
+    lost = f"; {len(records) - on_disk} of this run's {len(records)} records are not in it" \
+        if on_disk < len(records) else ""
+    print(f"records: {args.out} ({on_disk} lines from this run{lost})")
     if stopped is not None:
         print(f"{PROG}: stopped: {stopped}", file=sys.stderr)
         return 1
-    return 0 if summary["failed"] == 0 else 1
+    return 0 if summary["failed"] == 0 and not unwritten else 1
+
+
+def _write_summary(path: Path, summary: dict) -> bool:
+    """Write --summary-json; False, said on stderr, when it cannot be (the replay's records are kept,
+    so this is not the exit status of a bad input)."""
+    try:
+        write_atomic(path, json.dumps(summary, indent=2) + "\n")
+    except OSError as exc:
+        print(f"{PROG}: error: --summary-json {path}: not written: {exc.strerror or exc}", file=sys.stderr)
+        return False
+    return True
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import aiohttp
 import numpy as np
 
 from common.atomicfile import write_atomic
+from common.cliargs import output_problem
 from loadgen.fakeserver import FakeServerConfig, serve_forever
 from loadgen.records import lateness_ms, ttft_ms
 from loadgen.replay import EVENT_LOOPS, replay_sync
@@ -270,8 +271,14 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().error(f"--streams must be >= 1, got {args.streams}")
     if args.event_loop != "asyncio" and (args.streams > 1 or args.threads):
         build_parser().error("--streams/--threads run on the asyncio event loop only")
+    try:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        build_parser().error(f"--out {args.out}: cannot create its folder: {exc.strerror or exc}")
+    problem = output_problem("--out", args.out)  # before the 30 s of benchmark, not after
+    if problem:
+        build_parser().error(problem)
     doc = run_bench(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(args.out, json.dumps(doc, indent=1) + "\n")
     r = doc["results"]
     la = r["lateness_ms"]

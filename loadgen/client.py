@@ -105,8 +105,10 @@ class _Stream:
         if self.completion_tokens is None:
             return f"no usage chunk in the stream (after {got})"
         if self.completion_tokens != asked:
-            return (f"short reply: {self.completion_tokens} of {asked} tokens "
-                    f"(finish_reason={self.finish_reason})")
+            got = self.completion_tokens
+            said = (f"short reply: {got} of {asked} tokens" if got < asked
+                    else f"long reply: {got} tokens, {asked} asked")
+            return f"{said} (finish_reason={self.finish_reason})"
         return None
 
 

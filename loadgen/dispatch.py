@@ -4,8 +4,9 @@ Request ``i`` is due at ``t0 + due[i]``. Its body (token ids encoded as JSON) is
 that time: before t0 for every request due within ``LOOKAHEAD_NS`` of the first, and later, while
 the scheduler waits for request ``i``, for every request due within ``LOOKAHEAD_NS`` of request
 ``i``, one body at a time with a yield to the event loop between (requests just started go out
-first), as long as more than ``BUILD_SLACK_NS`` remain before ``i`` is due. A burst of many
-requests at one timestamp is so built during the quiet time before it and sent back to back.
+first), as long as more than ``BUILD_SLACK_NS`` remain before ``i`` is due and the bodies built
+ahead hold less than ``AHEAD_BYTES`` (so a trace of huge prompts never holds many at once). A
+burst of many requests at one timestamp is so built during the quiet time before it and sent back to back.
 
 Whatever stops the replay (the schedule's end, a cancellation or signal, a record that cannot be
 stored, a body that cannot be built, a server that refuses ``dead_after`` connections in a row),
@@ -33,6 +34,7 @@ STAGE_NS = 10_000_000
 START_DELAY_NS = 20_000_000  # t0 lies this far after setup, so request 0 is not late by construction
 LOOKAHEAD_NS = 1_000_000_000  # bodies are built for requests due within this of the one awaited
 BUILD_SLACK_NS = 3_000_000  # no body is built when the next due time is closer than this
+AHEAD_BYTES = 256 << 20  # bodies built ahead hold at most this much memory (past it: built when due)
 
 
 async def sleep_until(deadline_ns: int, spin_ns: int = SPIN_NS) -> None:
@@ -69,6 +71,7 @@ class Dispatcher:
         self.model, self.seed, self.prompts, self.tags = model, seed, prompts, dict(tags)
         self.timeout, self.sink, self.dead_after = timeout, sink, dead_after
         self.bodies: dict[int, bytes] = {}
+        self.held = 0  # bytes of the bodies built and not yet sent
         self.next_body = 0  # the first request whose body is not built yet
         self.tasks: set[asyncio.Task] = set()
         self.recorded: set[int] = set()
@@ -107,17 +110,22 @@ class Dispatcher:
         j, req = self.next_body, self.requests[self.next_body]
         prompt = self.prompts(j, req, self.seed)
         self.bodies[j] = completion_body(self.model, prompt, req.output_tokens)
+        self.held += len(self.bodies[j])
         self.next_body += 1
 
-    def _build_now(self, until_due_ns: int) -> None:
-        """Build every body of requests due by `until_due_ns` at once."""
+    def _build_now(self, until_due_ns: int, through: int) -> None:
+        """Build the bodies of requests due by `until_due_ns` at once: request `through` and those
+        before it always, the later ones while the bodies held stay under AHEAD_BYTES."""
         while self.next_body < len(self.requests) and self.due[self.next_body] <= until_due_ns:
+            if self.next_body > through and self.held >= AHEAD_BYTES:
+                return
             self._build_next()
 
     async def _build_ahead(self, until_due_ns: int, deadline_ns: int) -> None:
         """Build bodies of requests due by `until_due_ns` while perf_counter_ns() < deadline_ns,
         yielding to the loop after each, so requests just started are not held up."""
-        while self.next_body < len(self.requests) and self.due[self.next_body] <= until_due_ns:
+        while (self.next_body < len(self.requests) and self.due[self.next_body] <= until_due_ns
+               and self.held < AHEAD_BYTES):
             await asyncio.sleep(0)
             if time.perf_counter_ns() >= deadline_ns:
                 return
@@ -127,10 +135,12 @@ class Dispatcher:
         for i, req in enumerate(self.requests):
             due_at = self.t0 + self.due[i]
             await self._build_ahead(self.due[i] + LOOKAHEAD_NS, due_at - BUILD_SLACK_NS)
-            self._build_now(self.due[i])  # no slack was left: request i's own body, late
+            self._build_now(self.due[i], i)  # no slack was left: request i's own body, late
             await sleep_until(due_at)
+            body = self.bodies.pop(i)
+            self.held -= len(body)
             task = asyncio.create_task(run_request(
-                self.session, self.endpoint, self.bodies.pop(i), index=i, input_tokens=req.input_tokens,
+                self.session, self.endpoint, body, index=i, input_tokens=req.input_tokens,
                 output_tokens=req.output_tokens, due_ns=self.due[i], t0_ns=self.t0, timeout=self.timeout,
                 tags=self.tags, sink=self._record))
             self.tasks.add(task)
@@ -148,7 +158,7 @@ class Dispatcher:
         self._walking = asyncio.current_task()
         try:
             try:
-                self._build_now(self.due[0] + LOOKAHEAD_NS)  # before t0: the first second's bodies
+                self._build_now(self.due[0] + LOOKAHEAD_NS, 0)  # before t0: the first second's bodies
                 self.t0 = time.perf_counter_ns() + START_DELAY_NS if self.t0_ns is None else self.t0_ns
                 await self._walk()
             except asyncio.CancelledError as exc:

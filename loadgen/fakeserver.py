@@ -3,8 +3,9 @@
 It streams one SSE chunk per token at a fixed pace (``ttft_s`` to the first, ``itl_s`` between
 the next ones) in vLLM's chunk format, then the final usage chunk and ``data: [DONE]``. Knobs
 reproduce the failures a replay must record: a prompt over ``max_model_len`` gets HTTP 400 (as
-vLLM answers), ``max_output_tokens`` ends replies early (a short reply), ``drop_after_tokens``
-aborts the connection mid-stream (a truncated stream), a large ``itl_s`` makes a client time out.
+vLLM answers), ``max_output_tokens`` ends replies early (a short reply), ``extra_tokens`` makes
+them longer than asked (a long one), ``drop_after_tokens`` aborts the connection mid-stream (a
+truncated stream), a large ``itl_s`` makes a client time out.
 Listens on 127.0.0.1 only.
 """
 
@@ -33,6 +34,7 @@ class FakeServerConfig:
     max_model_len: int | None = None
     max_output_tokens: int | None = None
     drop_after_tokens: int | None = None
+    extra_tokens: int = 0  # sent beyond max_tokens (a server that ignores it: a long reply)
 
 
 def _chunk(rid: str, model: str, finish: str | None) -> bytes:
@@ -84,7 +86,7 @@ def make_app(cfg: FakeServerConfig) -> web.Application:
         if reason is not None:
             return _bad_request(reason)
         rid, n_prompt = f"cmpl-{next(counter)}", len(body["prompt"])
-        n = min(body["max_tokens"], cfg.max_output_tokens or body["max_tokens"])
+        n = min(body["max_tokens"], cfg.max_output_tokens or body["max_tokens"]) + cfg.extra_tokens
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         for k in range(n):

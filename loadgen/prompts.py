@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from traces.trace import TraceRequest
+from traces.trace import MAX_TOKENS, TraceRequest
 
 # (request index, request, seed) -> the prompt: token ids, or text for a server with a tokenizer
 # (loadgen.textprompts.TextPrompts.text); one per replay, the same for every arm
@@ -29,11 +29,12 @@ def _ids(rng: np.random.Generator, n: int, vocab_size: int) -> np.ndarray:
 
 
 def request_problem(req: TraceRequest) -> str | None:
-    """Why a request's body cannot be built (token counts < 1, hash ids not ints >= 0), or None."""
+    """Why a request's body cannot be built (token counts not from 1 to traces.trace.MAX_TOKENS, hash
+    ids not ints >= 0), or None."""
     for key in ("input_tokens", "output_tokens"):
         v = getattr(req, key)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            return f"{key} must be an int >= 1, got {v!r}"
+        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_TOKENS:
+            return f"{key} must be an int from 1 to {MAX_TOKENS:,}, got {v!r}"
     bad = [h for h in req.hash_ids or () if not isinstance(h, int) or isinstance(h, bool) or h < 0]
     if bad:
         return f"hash_ids must be ints >= 0, got {bad[0]!r}"

@@ -8,8 +8,10 @@ they are undefined (no first token, TPOT of a 1-token reply), never a made-up 0.
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
+import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any
@@ -124,30 +126,76 @@ def _open_text(path: Path, mode: str) -> IO[str]:
 
 def read_records(path: str | Path) -> list[RequestRecord]:
     """Records of a .jsonl or .jsonl.gz file, in file order; bad lines raise ValueError("path:line: ...")."""
+    records, tail = read_whole_records(path)
+    if tail:
+        records.append(_parsed(path, len(records) + 1, tail))
+    return records
+
+
+def read_whole_records(path: str | Path) -> tuple[list[RequestRecord], str]:
+    """Records of the file's whole lines (each ending in a newline), and the text after the last one:
+    "" unless the file ends in a torn line (a writer stopped mid-line). Bad whole lines raise
+    ValueError("path:line: ...")."""
     path = Path(path)
-    out: list[RequestRecord] = []
     with _open_text(path, "r") as f:
-        for lineno, line in enumerate(f, start=1):
-            try:
-                out.append(record_from_json(json.loads(line)))
-            except (ValueError, TypeError) as exc:
-                raise ValueError(f"{path}:{lineno}: {exc}") from None
-    return out
+        lines = f.read().split("\n")
+    tail = lines.pop()
+    return [_parsed(path, lineno, line) for lineno, line in enumerate(lines, start=1)], tail
+
+
+def _parsed(path: Path | str, lineno: int, line: str) -> RequestRecord:
+    try:
+        return record_from_json(json.loads(line))
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{path}:{lineno}: {exc}") from None
+
+
+class RecordWriteError(OSError):
+    """The records file failed (disk full, I/O error): it keeps its whole lines, the rest are not in it."""
 
 
 class RecordWriter:
-    """Appends one JSON line per record and flushes it, so a crash loses no finished record."""
+    """Appends one JSON line per record, unbuffered, so a crash loses no finished record.
+
+    A write that fails (ENOSPC, EIO) cuts the file back to its last whole line and raises
+    RecordWriteError naming the file; every later write raises it again without touching the file,
+    so the file never ends in a torn line and closing it never fails.
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f: IO[str] | None = self.path.open("a", encoding="utf-8")
+        self._f: IO[bytes] | None = self.path.open("ab", buffering=0)
+        self._whole = self._f.seek(0, 2)  # bytes that end in a whole line
+        self.failed: str | None = None  # why the file stopped taking records
+        self.written = 0
 
     def write(self, r: RequestRecord) -> None:
-        """Append and flush one record."""
+        """Append one record as one line; RecordWriteError if the file cannot take it."""
         assert self._f is not None, f"{self.path}: writer is closed"
-        self._f.write(json.dumps(record_to_json(r)) + "\n")
-        self._f.flush()
+        if self.failed is not None:
+            raise RecordWriteError(self.failed)
+        line = (json.dumps(record_to_json(r)) + "\n").encode()
+        data = memoryview(line)
+        try:
+            while data:
+                n = self._f.write(data)
+                if not n:
+                    raise OSError(errno.ENOSPC, "the file took no bytes")
+                data = data[n:]
+        except OSError as exc:
+            self._cut()
+            self.failed = f"{self.path}: {exc.strerror or exc} ({self.written} records written whole)"
+            raise RecordWriteError(self.failed) from None
+        self._whole += len(line)
+        self.written += 1
+
+    def _cut(self) -> None:
+        """Drop a torn line at the end, where the file lets us (a device like /dev/full does not)."""
+        try:
+            os.ftruncate(self._f.fileno(), self._whole)
+        except OSError:
+            pass
 
     def close(self) -> None:
         if self._f is not None:

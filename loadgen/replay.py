@@ -22,15 +22,15 @@ import resource
 import signal
 import threading
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 from urllib.parse import urlsplit
 
 import aiohttp
 from tqdm import tqdm
 
-from loadgen.dispatch import Dispatcher
+from loadgen.dispatch import Dispatcher, unsent_record
 from loadgen.prompts import PromptSource, request_problem, token_id_prompts
-from loadgen.records import RecordWriter, RequestRecord
+from loadgen.records import RecordWriteError, RecordWriter, RequestRecord
 from traces.trace import TraceRequest
 
 DEAD_AFTER = 5  # consecutive requests that cannot connect before the server is declared unreachable
@@ -51,17 +51,21 @@ def due_times_ns(requests: Sequence[TraceRequest]) -> list[int]:
     return due
 
 
-async def fetch_model_name(session: aiohttp.ClientSession, url: str) -> str:
+async def fetch_model_name(session: aiohttp.ClientSession, url: str, timeout_s: float = 30.0) -> str:
     """The served model name from GET /v1/models (the only one; several is an error).
 
-    Raises RuntimeError naming the URL when the server cannot be reached or answers otherwise.
+    Raises RuntimeError naming the URL when the server cannot be reached, does not answer within
+    `timeout_s` (connect to last byte) or answers otherwise.
     """
     try:
-        async with session.get(f"{url}/v1/models") as resp:
+        async with session.get(f"{url}/v1/models", timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             if resp.status != 200:
                 raise RuntimeError(f"GET {url}/v1/models: HTTP {resp.status}: {(await resp.text())[:500]}")
             ids = [m["id"] for m in (await resp.json()).get("data", [])]
-    except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError, KeyError, TypeError) as exc:
+    except asyncio.TimeoutError:
+        raise RuntimeError(f"GET {url}/v1/models: the server never answered (no reply within {timeout_s:g} s)"
+                           ) from None
+    except (aiohttp.ClientError, OSError, ValueError, KeyError, TypeError) as exc:
         raise RuntimeError(f"GET {url}/v1/models: {type(exc).__name__}: {exc}") from None
     if len(ids) != 1:
         raise RuntimeError(f"GET {url}/v1/models lists {ids}; pass the model name explicitly")
@@ -86,6 +90,10 @@ class ReplayStopped(RuntimeError):
 
 class ServerUnreachable(ReplayStopped):
     """`dead_after` requests in a row could not connect: the rest were not sent."""
+
+
+class ServerNotReady(ReplayStopped):
+    """The model list could not be read (no answer, refused, HTTP error): no request was sent."""
 
 
 def base_url(url: str) -> str:
@@ -121,6 +129,7 @@ async def replay(
     vocab_size: int = 32000,
     prompts: PromptSource | None = None,
     connect_timeout_s: float = 30.0,
+    probe_timeout_s: float = 30.0,
     dead_after: int = DEAD_AFTER,
     t0_ns: int | None = None,
 ) -> list[RequestRecord]:
@@ -128,7 +137,9 @@ async def replay(
 
     Records are appended to `out` (JSONL, one flushed line per finished request) as they finish.
     `timeout_s` bounds a whole request (send to last byte), `connect_timeout_s` its connection.
-    `model` defaults to the server's only served model. Prompts: `prompts(index, request, seed)`,
+    `model` defaults to the server's only served model, asked with GET /v1/models within
+    `probe_timeout_s`; when that fails every request is recorded `not sent` and ServerNotReady is
+    raised. Prompts: `prompts(index, request, seed)`,
     by default token ids below `vocab_size` (loadgen.prompts); text: loadgen.textprompts. After
     `dead_after` requests in a row fail to connect (0: never) the rest are not sent and
     ServerUnreachable is raised; a record that cannot be stored or any other early end raises
@@ -138,9 +149,9 @@ async def replay(
     """
     if not requests:
         raise ValueError("no requests to replay")
-    if timeout_s <= 0 or connect_timeout_s <= 0:
+    if min(timeout_s, connect_timeout_s, probe_timeout_s) <= 0:
         raise ValueError(f"timeouts must be > 0, got timeout_s={timeout_s}, "
-                         f"connect_timeout_s={connect_timeout_s}")
+                         f"connect_timeout_s={connect_timeout_s}, probe_timeout_s={probe_timeout_s}")
     if max_connections is not None and max_connections < 1:
         raise ValueError(f"max_connections must be >= 1 or None (unlimited), got {max_connections}")
     if dead_after < 0 or vocab_size < 1:
@@ -168,7 +179,16 @@ async def replay(
     try:
         async with aiohttp.ClientSession(connector=connector, read_bufsize=READ_BUFSIZE, timeout=timeout,
                                          cookie_jar=aiohttp.DummyCookieJar()) as session:  # no cookies
-            model = model or await fetch_model_name(session, url)
+            try:
+                model = model or await fetch_model_name(session, url, probe_timeout_s)
+            except RuntimeError as exc:
+                recs = _not_sent(requests, due, tags, f"no model list: {exc}", sink)
+                failed = f"; the records file failed too: {writer.failed}" if writer and writer.failed else ""
+                raise ServerNotReady(f"{exc}{failed}", recs) from None
+            except asyncio.CancelledError as exc:  # a signal while the server is silent
+                _not_sent(requests, due, tags, str(exc.args[0] if exc.args and exc.args[0]
+                                                    else "the replay was cancelled"), sink)
+                raise
             dispatcher = Dispatcher(session, f"{url}/v1/completions", requests, due, model=model, seed=seed,
                                     prompts=prompts or token_id_prompts(vocab_size), tags=dict(tags or {}),
                                     timeout=timeout, sink=sink,
@@ -185,27 +205,43 @@ async def replay(
     return result
 
 
+def _not_sent(requests: Sequence[TraceRequest], due: list[int], tags: Mapping | None, reason: str,
+              sink: Callable[[RequestRecord], None]) -> list[RequestRecord]:
+    """Every request recorded as not sent with `reason`, to `sink` and in the returned list."""
+    recs = [unsent_record(i, req, due[i], dict(tags or {}), reason) for i, req in enumerate(requests)]
+    for rec in recs:
+        try:
+            sink(rec)
+        except RecordWriteError:
+            pass  # replay() names the failed file in its stop reason
+    return recs
+
+
 EVENT_LOOPS = ("asyncio", "uvloop")
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # a closed terminal stops it like Ctrl-C
 
 
 def replay_sync(url: str, requests: Sequence[TraceRequest], *, event_loop: str = "asyncio",
                 **kwargs: Any) -> list[RequestRecord]:
     """replay() run to completion on a fresh event loop (same arguments).
 
-    SIGINT and SIGTERM (in the main thread) stop the replay the same way: every request gets its
+    SIGINT, SIGTERM and SIGHUP (in the main thread) stop the replay the same way: every request gets its
     record (in-flight ones cancelled, the rest not sent, the signal named), then KeyboardInterrupt
-    is raised. event_loop "uvloop" needs the uvloop package (vLLM installs it); not a dependency.
+    is raised. event_loop "uvloop" needs the uvloop package (vLLM installs it; not a dependency):
+    ValueError without it, before anything is sent.
     """
     if event_loop not in EVENT_LOOPS:
         raise ValueError(f"event_loop must be one of {EVENT_LOOPS}, got {event_loop!r}")
-    caught: list[str] = []
-    coro = _replay_stopping_on_signals(url, requests, caught, kwargs)
+    run = asyncio.run
     if event_loop == "uvloop":
-        import uvloop  # optional: only when asked for
-
-        records = uvloop.run(coro)
-    else:
-        records = asyncio.run(coro)
+        try:
+            import uvloop  # optional: only when asked for
+        except ImportError:
+            raise ValueError("event loop uvloop: the uvloop package is not installed "
+                             "(pip install uvloop, or use asyncio)") from None
+        run = uvloop.run
+    caught: list[str] = []
+    records = run(_replay_stopping_on_signals(url, requests, caught, kwargs))
     if caught:
         raise KeyboardInterrupt(f"replay stopped by {caught[0]}")
     return records
@@ -213,12 +249,12 @@ def replay_sync(url: str, requests: Sequence[TraceRequest], *, event_loop: str =
 
 async def _replay_stopping_on_signals(url: str, requests: Sequence[TraceRequest], caught: list[str],
                                       kwargs: dict) -> list[RequestRecord]:
-    """replay() as a task that SIGINT/SIGTERM cancel, naming the signal; previous handlers restored."""
+    """replay() as a task that SIGINT/SIGTERM/SIGHUP cancel, naming the signal; previous handlers restored."""
     task = asyncio.ensure_future(replay(url, requests, **kwargs))
     if threading.current_thread() is not threading.main_thread():
         return await task
     loop = asyncio.get_running_loop()
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
 
     def on_signal(sig: signal.Signals) -> None:
         caught.append(sig.name)

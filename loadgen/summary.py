@@ -27,11 +27,12 @@ def _defined(records: Sequence[RequestRecord], metric: Metric) -> list[float]:
     return [v for v in map(metric, records) if v is not None]
 
 
-def _rate(times_ns: list[int], start_ns: int) -> float | None:
-    """Events per second from start_ns to the last event: (n - 1) / (last - start)."""
-    if len(times_ns) < 2 or max(times_ns) <= start_ns:
+def _rate(times_ns: list[int], start_ns: int, until_ns: int | None = None) -> float | None:
+    """Events per second from start_ns to the last event, or to until_ns if later: (n - 1) / span."""
+    if len(times_ns) < 2:
         return None
-    return (len(times_ns) - 1) / ((max(times_ns) - start_ns) / 1e9)
+    end = max(times_ns) if until_ns is None else max(max(times_ns), until_ns)
+    return (len(times_ns) - 1) / ((end - start_ns) / 1e9) if end > start_ns else None
 
 
 def peak_in_flight(records: Sequence[RequestRecord]) -> int:
@@ -49,22 +50,24 @@ def summarize_records(records: Sequence[RequestRecord]) -> dict:
     """Counts, rates and latency percentiles of one replay.
 
     offered_rate_rps: the schedule's rate, (n - 1) / (last due - first due); achieved_rate_rps:
-    (sent - 1) / (last send - first due), below offered when the client fell behind by the end
-    or did not send everything (stalls on the way show in the lateness percentiles).
+    (sent - 1) / (last send or last due, the later, - first due), so never above offered: below it
+    when the client fell behind by the end or did not send everything (a stopped replay), stalls
+    on the way show in the lateness percentiles.
     Only successful requests enter TTFT/TPOT/ITL/E2E (ITL: every gap between token chunks, pooled as
     vLLM's benchmark pools them); lateness covers every request that was sent.
     """
     ok = [r for r in records if succeeded(r)]
     sent = [r.sent_ns for r in records if r.sent_ns is not None]
-    first_due = min((r.due_ns for r in records), default=0)
+    dues = [r.due_ns for r in records]
+    first_due = min(dues, default=0)
     late = _defined(records, lateness_ms)
     errors = Counter((r.error or "")[:120] for r in records if not succeeded(r))
     return {
         "requests": len(records),
         "completed": len(ok),
         "failed": len(records) - len(ok),
-        "offered_rate_rps": _rate([r.due_ns for r in records], first_due),
-        "achieved_rate_rps": _rate(sent, first_due),
+        "offered_rate_rps": _rate(dues, first_due),
+        "achieved_rate_rps": _rate(sent, first_due, max(dues, default=None)),
         "peak_in_flight": peak_in_flight(records),
         "ttft_ms": percentiles(_defined(ok, ttft_ms)),
         "tpot_ms": percentiles(_defined(ok, tpot_ms)),

@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from common.cliargs import command_line
+from common.cliargs import command_line, refuse_output
 from common.jsonfile import write_json
 
 
@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=200, help="calls per timed batch (default 200)")
     p.add_argument("--batches", type=int, default=15, help="timed batches per layer (default 15)")
     a = p.parse_args(argv)
+    refuse_output(p.prog, "--out", a.out)
     from kernels import environment as kernel_env
 
     if kernel_env.gpu_missing(p.prog):

@@ -38,3 +38,52 @@ def test_a_missing_input_is_one_error_line(module: str, tmp_path: Path) -> None:
     assert out.returncode != 0 and len(lines) == 1, out.stderr
     assert ": error: " in lines[0] and "Traceback" not in out.stderr
     assert not gone.exists()
+
+
+# module -> its arguments with the input file {trace} or {results} also given as the output
+ONTO_INPUT = {
+    "traces.info": ["{trace}", "--out", "{trace}"],
+    "traces.convert": ["--format", "mooncake", "{trace}", "{trace}"],
+    "loadgen": ["--url", "http://127.0.0.1:9", "--trace", "{trace}", "--out", "{trace}", "--append"],
+    "kernels.policy": ["--from", "{results}", "--out", "{results}"],
+}
+
+
+@pytest.mark.parametrize("module", sorted(ONTO_INPUT))
+def test_an_output_onto_its_input_is_one_error_line_and_the_input_stays(module: str, tmp_path: Path) -> None:
+    trace, results = tmp_path / "t.jsonl", tmp_path / "h200.json"
+    trace.write_text('{"timestamp": 0, "input_tokens": 5, "output_tokens": 2}\n')
+    results.write_text('{"schema_version": 1, "bench": []}\n')
+    before = {p: p.read_bytes() for p in (trace, results)}
+    argv = [a.format(trace=trace, results=results) for a in ONTO_INPUT[module]]
+    out = subprocess.run([sys.executable, "-m", module, *argv], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert out.returncode == 2 and len(lines) == 1 and "is the input" in lines[0], out.stderr
+    assert {p: p.read_bytes() for p in before} == before
+
+
+# module -> its arguments, the output {out} in a folder that does not exist (each would run for
+# minutes on a GPU, or fail for want of one, before writing it)
+OUTPUT_FIRST = {
+    "kernels.bench": ["--out", "{out}"],
+    "kernels.suite": ["--out", "{out}"],
+    "research.launchcost": ["--out", "{out}"],
+    "integration.proof.plantedcost": ["--ns", "1000", "--out", "{out}"],
+    "integration.proof.normcalls": ["--model", "integration/models/tiny-llama", "--out", "{out}"],
+    "integration.proof.graphtime": ["--raw", "{gone}/raw.json.gz", "--out", "{out}"],
+    "integration.proof.evidence": ["--raw", "{gone}/raw.json.gz", "--out", "{out}"],
+    "integration.proof.enginepairs": ["{gone}/a.json", "--out", "{out}"],
+    "integration.proof.ingraph": ["--profile", "{gone}/profile.json", "--out", "{out}"],
+}
+
+
+@pytest.mark.parametrize("module", sorted(OUTPUT_FIRST))
+def test_an_output_that_cannot_be_written_is_refused_before_the_work(module: str, tmp_path: Path) -> None:
+    gone = tmp_path / "gone"
+    argv = [a.format(gone=gone, out=gone / "out.json") for a in OUTPUT_FIRST[module]]
+    out = subprocess.run([sys.executable, "-m", module, *argv], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert out.returncode == 2 and len(lines) == 1, out.stderr
+    assert f"--out {gone / 'out.json'}: folder {gone} does not exist" in lines[0]

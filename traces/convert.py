@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from common.atomicfile import write_atomic
-from common.cliargs import OneLineParser, add_debug_flag, fail
+from common.cliargs import OneLineParser, add_debug_flag, fail, output_problem, same_file
 from traces.formats import FORMATS, order_rows, to_requests
 from traces.trace import TraceError, file_sha256, write_trace
 
@@ -58,16 +58,6 @@ class ConversionReport:
         if self.ignored_fields:
             out.append(f"not carried over: {', '.join(self.ignored_fields)}")
         return out
-
-
-def same_file(a: Path, b: Path) -> bool:
-    """Whether paths a and b name one file (the same path, a link to it, or another spelling of it)."""
-    if a.resolve() == b.resolve():
-        return True
-    try:
-        return a.samefile(b)
-    except OSError:  # one of them does not exist yet: not the same file
-        return False
 
 
 def convert(fmt: str, src: str | Path, dst: str | Path, sort: bool = False) -> ConversionReport:
@@ -138,17 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _check_paths(args: argparse.Namespace) -> str | None:
     """Why the output or --report cannot be written, before anything is; None when they can."""
-    written = [("output", args.output)] + ([("--report", args.report)] if args.report is not None else [])
-    for flag, path in written:
-        if not path.parent.is_dir():
-            return f"{flag} {path}: folder {path.parent} does not exist"
-        if path.is_dir():
-            return f"{flag} {path} is a folder; give a file name"
-        if same_file(args.input, path):
-            return f"{flag} {path} is the input file {args.input}; write to another file"
-    if args.report is not None and same_file(args.output, args.report):
-        return f"--report {args.report} is the output file; choose another path"
-    return None
+    problem = output_problem("output", args.output, [args.input])
+    if problem is None and args.report is not None:
+        if same_file(args.output, args.report):
+            return f"--report {args.report} is the output file; choose another path"
+        problem = output_problem("--report", args.report, [args.input])
+    return problem
 
 
 def main(argv: Sequence[str] | None = None) -> int:

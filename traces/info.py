@@ -16,7 +16,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from common.cliargs import OneLineParser, add_debug_flag, fail, non_negative_float, positive_float
+from common.cliargs import (
+    OneLineParser,
+    add_debug_flag,
+    fail,
+    non_negative_float,
+    output_problem,
+    positive_float,
+)
 from traces.gaps import BIN_S, IDLE_S, Span, describe_spans, gap_summary
 from traces.trace import (
     TraceError,
@@ -117,14 +124,20 @@ def select(
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (0, or 2 for a bad flag, trace file or line)."""
     args = build_parser().parse_args(argv)
-    if args.out is not None and not args.out.parent.is_dir():
-        return fail(PROG, f"--out {args.out}: folder {args.out.parent} does not exist")
+    problem = None if args.out is None else output_problem("--out", args.out, [args.trace])
+    if problem:
+        return fail(PROG, problem)
     try:
-        reqs = select(load_trace(args.trace), args.start, args.duration, args.speedup)
+        return _run(args)
     except (TraceError, OSError, ValueError) as exc:
         if args.debug:
             raise
         return fail(PROG, str(exc))
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Print the summary and write the slice; a bad trace or write raises TraceError or OSError."""
+    reqs = select(load_trace(args.trace), args.start, args.duration, args.speedup)
     if args.out is not None and not reqs:
         return fail(PROG, "the selected window holds no requests; nothing to write")
     summary = trace_summary(reqs)

@@ -6,7 +6,8 @@ One request per line, sorted by time::
     {"timestamp": 4.314579, "input_tokens": 396, "output_tokens": 109, "hash_ids": [0, 1]}
 
 ``timestamp`` is seconds from the trace start (int or float, finite, >= 0, never decreasing),
-``input_tokens`` and ``output_tokens`` are ints >= 1, ``hash_ids`` (optional) is a list of ints >= 0.
+``input_tokens`` and ``output_tokens`` are ints from 1 to ``MAX_TOKENS``, ``hash_ids`` (optional)
+is a list of ints >= 0.
 Any other key is rejected: a misspelled or unexpected field is an error, not something to skip.
 Every bad line raises :class:`TraceError` with ``path:line: reason``.
 """
@@ -28,6 +29,9 @@ from common.atomicfile import write_atomic
 REQUIRED_KEYS = ("timestamp", "input_tokens", "output_tokens")
 OPTIONAL_KEYS = ("hash_ids",)
 PERCENTILES = (50, 90, 99)
+# The stated ceiling on a token count: twice the longest context of the models the kit serves (1M),
+# and a prompt of this many ids is a body of about 14 MB, so one absurd row cannot exhaust memory.
+MAX_TOKENS = 2_097_152
 # Timestamps made by window/scale are rounded to the nanosecond to drop float noise (10.1 - 10.0).
 _TS_DIGITS = 9
 
@@ -85,6 +89,8 @@ def _parse_line(text: str) -> TraceRequest:
             raise ValueError(f"{key} must be an int, got {v!r}")
         if v < 1:
             raise ValueError(f"{key} must be >= 1, got {v}")
+        if v > MAX_TOKENS:
+            raise ValueError(f"{key} {v:,} is past the ceiling of {MAX_TOKENS:,} tokens a request may ask")
     hash_ids = None
     if "hash_ids" in obj:
         if not isinstance(obj["hash_ids"], list) or not all(_is_int(h) for h in obj["hash_ids"]):

@@ -41,6 +41,7 @@ class Analysis:
     drift: dict
     knee: dict | None  # experiments.stats.knee.summary
     planted: list[dict] | None = None  # experiments.stats.planted.planted_lines
+    damage: tuple[str, ...] = ()  # what the records' integrity checks found (analysed anyway when set)
 
 
 def aa_reason(run: Mapping) -> str | None:
@@ -197,6 +198,7 @@ def build_report(a: Analysis) -> dict:
     run, labels = a.run, list(a.run["arm_labels"])
     slos = [_slo_entry(item, a.pair) for item in a.per_slo]
     status = "complete" if run.get("status") == "complete" and not a.missing else "partial"
+    status = "damaged" if a.damage else status
     aa = aa_reason(run)
     secondary = {m: {"comparison": r["comparison"], "per_window": r["diffs"], "unpaired": r["unpaired"]}
                  for m, r in a.secondary.items()}
@@ -223,7 +225,8 @@ def build_report(a: Analysis) -> dict:
         "status": status, "run_status": run.get("status"), "stopped_reason": run.get("stopped_reason"),
         "missing": a.missing, "warnings": a.warnings,
         "records": {"file": a.source, "total": a.n_records, "warmup_excluded": a.excluded.get("warmup", 0),
-                    "burnin_excluded": a.excluded.get("burnin", 0)},
+                    "burnin_excluded": a.excluded.get("burnin", 0), **({"damage": list(a.damage)} if a.damage
+                                                                        else {})},
         "arm_definitions": arm_details(run, a.env), "prompts": {**(run.get("prompts") or {}),
                                                                  "check": run.get("prompt_tokens")},
         "planted": a.planted or [],

@@ -36,7 +36,11 @@ def headline(r: Mapping) -> list[str]:
     if r.get("device") == "cpu":
         lines.append("**CPU run** — it checks the pipeline (servers, open-loop replay, pairing, statistics, "
                      "report), not the kernel.  ")
-    if r["status"] != "complete":
+    if r["status"] == "damaged":
+        lines.append("**DAMAGED RECORDS** — analysed anyway (--accept-damaged), so no figure below is a "
+                     f"whole run's: {'; '.join(r['records']['damage'])}.  ")
+    damaged_and_partial = r["status"] == "damaged" and (r["missing"] or r["run_status"] != "complete")
+    if r["status"] == "partial" or damaged_and_partial:
         why = (r.get("stopped_reason") or f"run status is {r.get('run_status')!r}").splitlines()[0]
         lines.append(f"**PARTIAL RUN** — {len(r['missing'])} arm-window cells missing "
                      f"(listed under Missing); reason: {why}.  ")

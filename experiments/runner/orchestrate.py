@@ -306,7 +306,7 @@ def run_experiment(cfg: RunConfig, *, argv: Sequence[str] | None = None,
             record.finish("partial", str(exc))
         except KeyboardInterrupt:
             log.error("interrupted %s", runner.where)
-            record.finish("partial", f"interrupted (Ctrl-C or SIGTERM) {runner.where}")
+            record.finish("partial", f"interrupted (Ctrl-C, SIGTERM or SIGHUP) {runner.where}")
         except Exception as exc:
             record.finish("partial", f"internal error {runner.where}: {exc!r}")
             raise
@@ -325,15 +325,17 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """Treat SIGTERM like Ctrl-C while the run is on, so the servers (own sessions) are stopped too."""
+    """Treat SIGTERM and SIGHUP (a closed terminal) like Ctrl-C while the run is on, so the servers
+    (own sessions) are stopped too."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _analyze(run_dir: Path, cfg: RunConfig, record: RunRecord) -> None:

@@ -333,13 +333,18 @@ def planted_lines(run: Mapping, latency: Sequence[Mapping], paired_latency: Mapp
     return out
 
 
+def _us(v: float) -> str:
+    """Three significant digits below 1000, whole units above (not 1e+03)."""
+    return f"{v:.3g}" if abs(v) < 999.5 else f"{v:.0f}"
+
+
 def planted_text(p: Mapping) -> str:
     """The report line of one planted arm."""
     ref = p.get("reference")
     head = f"planted control {p['arm']}" + (f" vs {ref}" if ref else "") + f" ({p['ns_per_call'] / 1000:g} us"
     if p.get("norm_calls_per_step") is None:
         return f"{head} per norm call): no prediction ({p.get('reason')})"
-    head += (f" at {p['delay_at']}; {p['added_us_per_call']:.3g} us added per call from "
+    head += (f" at {p['delay_at']}; {_us(p['added_us_per_call'])} us added per call from "
              f"{p['per_call_source']} x {p['norm_calls_per_step']} calls per step = "
              f"{p['added_us_per_decode_token']:.4g} us per decode token, mean over loads)")
     pred = p.get("predicted_pct")

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from scipy import stats
 
-from common.cliargs import fail
+from common.cliargs import fail, refuse_output
 from common.jsonfile import read_json, write_json
 from integration.arms import replica_base
 from integration.proof.graphtime import pct, t_interval
@@ -142,6 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--arm", default="patched", help="the arm compared with stock (default: patched)")
     ap.add_argument("--out", type=Path, help="write the document here (JSON); the table goes to stdout")
     a = ap.parse_args(argv)
+    refuse_output(ap.prog, "--out", a.out, a.files)
     try:
         doc = build(a.files, a.arm)
     except ValueError as exc:  # ResultFileError included

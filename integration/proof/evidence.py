@@ -354,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import json
 
+    from common.cliargs import refuse_output
     from common.jsonfile import ResultFileError, read_json, write_json
 
     ap = argparse.ArgumentParser(
@@ -365,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="which pair of engines of --raw to profile (default compiled)")
     ap.add_argument("--evidence", help="an h200.json whose greedy comparison to recompute in place")
     args = ap.parse_args(argv)
+    refuse_output(ap.prog, "--out", args.out, [args.raw, args.evidence])
     if bool(args.raw) != bool(args.out) or not (args.raw or args.evidence):
         ap.error("give --raw with --out, and/or --evidence")
     if args.raw:

@@ -28,6 +28,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 from scipy import stats
 
+from common.cliargs import refuse_output
 from common.jsonfile import ResultFileError, read_json, write_json
 from integration.proof import normcalls
 
@@ -217,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--raw", required=True, help="raw-steps.json.gz of python -m integration.proof.prove")
     ap.add_argument("--out", required=True, help="graph-steps JSON to write (e.g. OUT/h200-graph-steps.json)")
     a = ap.parse_args(argv)
+    refuse_output(ap.prog, "--out", a.out, [a.raw])
     try:
         raw = read_json(a.raw, None, "raw-steps")
     except ResultFileError as exc:

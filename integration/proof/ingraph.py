@@ -38,7 +38,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from common.cliargs import fail
+from common.cliargs import fail, refuse_output
 from common.jsonfile import ResultFileError, read_json, write_json
 from integration import arms, choice
 from integration.launcher import MODELS_DIR
@@ -156,6 +156,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
+    refuse_output(PROG, "--out", a.out, [a.profile, a.graph_steps, a.launch_policy])
     try:
         profile = read_json(a.profile, None, "step profile")
         graph = read_json(a.graph_steps, None, "graph-steps") if a.graph_steps else None

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
-from common.cliargs import command_line, fail
+from common.cliargs import command_line, fail, refuse_output
 from common.jsonfile import write_json
 from integration.arms import IR_OPS, QK_NORM_ARCHITECTURES, head_layout
 
@@ -247,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=3, help="engine steps to census (prefill, then decode)")
     p.add_argument("--out", required=True, help="JSON file to write")
     a = p.parse_args(argv)
+    refuse_output(p.prog, "--out", a.out)
     try:
         shape = norm_shape(a.model)
     except ValueError as exc:

@@ -21,6 +21,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from common.cliargs import refuse_output
 from common.jsonfile import ResultFileError, read_json, write_json
 
 SCHEMA_VERSION = 2  # 1 measured a separate spin kernel after each stock norm (no longer the arm)
@@ -104,6 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=200, help="graph replays per arm (default 200)")
     p.add_argument("--out", type=Path, required=True, help="JSON result file to write")
     args = p.parse_args(argv)
+    refuse_output(p.prog, "--out", args.out)
     try:
         ns_list = [int(v) for v in args.ns.split(",") if v.strip()]
     except ValueError:

@@ -141,6 +141,8 @@ def test_noise_floor_from_an_aa_report(tmp_path):
     with pytest.raises(ValueError, match="not the report of an A/A run"):
         analyze_run(write_run(tmp_path / "ab2", ab_cell), [CHAT], aa_report=ab_dir / "report.json")
     assert analyze_run(ab_dir, [CHAT])["noise_floor"]["source"] is None
+    with pytest.raises(ValueError, match="its own A/A noise floor .the run itself, an A/A run."):
+        analyze_run(aa_dir, [CHAT], aa_report=aa_dir / "report.json")
 
 
 def test_an_aa_floor_of_another_design_is_flagged_and_not_applied(tmp_path):
@@ -183,6 +185,8 @@ def test_interleaved_aa_arm_is_the_noise_floor_of_the_same_run(tmp_path):
     first = (run_dir / "report.md").read_text().splitlines()[0]
     assert first.startswith("- TPOT, paired per request: patched +2.00% vs stock")
     assert "forest.png" in r["plots"]
+    with pytest.raises(ValueError, match=r"--aa-report .*: this run has its own A/A noise floor \(stock-b\)"):
+        analyze_run(run_dir, [CHAT], aa_report=run_dir / "report.json")  # was ignored, and recorded
 
 
 def test_the_floor_says_which_load_its_noise_comes_from():

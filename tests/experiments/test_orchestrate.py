@@ -132,11 +132,16 @@ def _sigterm() -> None:
     time.sleep(1)  # the handler raises in this thread before the sleep ends
 
 
+def _sighup() -> None:  # a closed terminal
+    os.kill(os.getpid(), signal.SIGHUP)
+    time.sleep(1)
+
+
 def _sigterm_mid_replay() -> None:
     threading.Timer(0.4, os.kill, (os.getpid(), signal.SIGTERM)).start()  # 0.4 s into a 1-s replay
 
 
-@pytest.mark.parametrize("stop", [_ctrl_c, _sigterm, _sigterm_mid_replay])
+@pytest.mark.parametrize("stop", [_ctrl_c, _sigterm, _sighup, _sigterm_mid_replay])
 def test_ctrl_c_or_sigterm_stops_the_run_as_partial(cfg: RunConfig, fakes: dict[str, VllmServer],
                                                     stop) -> None:
     def interrupt(step: Step, label: str, live: Mapping[str, VllmServer]) -> None:
@@ -147,7 +152,7 @@ def test_ctrl_c_or_sigterm_stops_the_run_as_partial(cfg: RunConfig, fakes: dict[
     run = _run(run_experiment(cfg, servers=fakes, before_replay=interrupt))
     assert signal.getsignal(signal.SIGTERM) is previous
     assert run["status"] == "partial"
-    assert run["stopped_reason"].startswith("interrupted (Ctrl-C or SIGTERM) in window 1 at load 1 "
+    assert run["stopped_reason"].startswith("interrupted (Ctrl-C, SIGTERM or SIGHUP) in window 1 at load 1 "
                                             "on patched")
     assert [bool(e["done"]) for e in run["schedule"]] == [True, True, False, False]
     assert (cfg.results_dir / "run" / "report.md").is_file()

@@ -46,3 +46,11 @@ def test_summary_counts_rates_and_latencies():
     assert "warning" not in text
     late = summarize_records(rs + [rec(6, 600, 625, 650)])
     assert "sent up to 25 ms late" in format_summary(late)
+
+
+def test_a_stopped_replay_achieves_no_more_than_was_offered():
+    # two requests sent at once, then the replay stopped: the third, due at 10 s, was never sent
+    rs = [rec(0, 0, 0, 20), rec(1, 100, 100, 120), rec(2, 10_000, None, None, error="not sent: stopped")]
+    s = summarize_records(rs)
+    assert s["offered_rate_rps"] == 2 / 10.0
+    assert s["achieved_rate_rps"] == 1 / 10.0  # one gap over the whole schedule, not over 0.1 s

@@ -70,6 +70,13 @@ def test_out_into_a_missing_folder_is_refused(trace: Path, tmp_path: Path,
     assert capsys.readouterr().err.count("\n") == 1 and not out.parent.exists()
 
 
+def test_out_onto_its_own_input_is_refused(trace: Path, capsys: pytest.CaptureFixture) -> None:
+    before = trace.read_bytes()
+    assert main([str(trace), "--start", "1", "--out", str(trace.parent / "." / trace.name)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is the input file" in err and trace.read_bytes() == before
+
+
 def test_gaps_of_a_trace_with_a_planted_gap(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     # 1 request/s over [0, 30), nothing for 200 s, 1 request/s over [229, 259)
     path = tmp_path / "gap.jsonl"
