@@ -35,8 +35,8 @@ OPTIONAL = (L2_SECTORS, "lts__t_sectors_srcunit_tex_op_read.sum")  # dropped if 
 TENSORS = {"rms_norm": (1, 1), "fused_add_rms_norm": (2, 2)}  # (row tensors read, row tensors written)
 ARMS = ("fused", "vllm_c", "inductor", "torch")
 ARM_TITLES = {"fused": "fused (this kit)", "vllm_c": "vLLM CUDA", "inductor": "Inductor", "torch": "torch"}
-_SCALE = {"byte": 1, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "nsecond": 1, "ns": 1, "usecond": 1e3, "us": 1e3,
-          "msecond": 1e6, "second": 1e9, "%": 1, "sector": 1, "": 1}
+_SCALE = {"byte": 1, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "nsecond": 1, "ns": 1, "usecond": 1e3,
+          "us": 1e3, "msecond": 1e6, "second": 1e9, "%": 1, "sector": 1, "": 1}
 
 
 class CounterError(ValueError):
