@@ -1,4 +1,5 @@
-"""report.md: verdict lines first (A/A and partial-run notices above them), then tables and detail."""
+"""report.md: the title, the summary table, the notices, the design, every comparison in full, then
+tables and detail."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Mapping
 
 from experiments.reporting.duetreport import layout_lines
 from experiments.reporting.report_latency import fmt_num, latency_lines, noise_floor_lines, paired_lines
+from experiments.reporting.summary import summary_lines
 from experiments.stats.planted import planted_text
 
 
@@ -23,9 +25,9 @@ UNOBSERVED_SHARE = 0.01  # above this share of a cell's replies without observed
 BATCHED_SHARE = 0.2  # above this share of replies streamed several tokens per chunk, say so
 
 
-def headline(r: Mapping) -> list[str]:
-    """The first lines: notices (A/A, CPU, partial), the paired latency changes with the A/A floor of
-    the same run, one goodput verdict per SLO, then the per-window medians (secondary)."""
+def notices(r: Mapping) -> list[str]:
+    """The notices under the summary table: A/A, CPU, partial run, user-started servers, prompt lengths,
+    a load generator that fell behind, token timing not observed or streamed in batches."""
     lines = []
     if r["aa"]["is_aa"]:
         why = str(r["aa"]["why"])
@@ -70,8 +72,15 @@ def headline(r: Mapping) -> list[str]:
                      f"{', '.join(batched)}: the server sent several tokens per chunk (its output loop "
                      "fell behind the engine), so TPOT there follows the frontend's cadence, not the GPU "
                      "step's.  ")
-    lines += layout_lines(r) + paired_lines(r) + [f"- {planted_text(p)}" for p in r.get("planted") or []]
-    return lines + [f"- {s['verdict']}" for s in r["slos"]] + latency_lines(r)
+    return lines
+
+
+def comparison_lines(r: Mapping) -> list[str]:
+    """Every comparison in full: the layout, the paired latency changes with their fit and the A/A floor
+    of the same run, the planted control, one goodput verdict per SLO, the per-window medians."""
+    lines = layout_lines(r) + paired_lines(r) + [f"- {planted_text(p)}" for p in r.get("planted") or []]
+    lines += [f"- {s['verdict']}" for s in r["slos"]] + latency_lines(r)
+    return ["## Comparisons", "", *lines, ""]
 
 
 def _slo_tables(r: Mapping) -> list[str]:
@@ -318,19 +327,20 @@ def render_markdown(r: Mapping) -> str:
     cmd = r.get("command") or []
     t, rec, d = r.get("trace") or {}, r["records"], r["design"]
     durations = sorted({w["duration_s"] for w in d["windows"]})
-    lines = headline(r) + ["", f"# RMSNorm A/B goodput report ({r['status']})", "",
-                           f"- model {r['model'].get('name')} ({r['model'].get('dtype')}, eager "
-                           f"{r['model'].get('eager')}) on {r['gpu']}; arms {', '.join(r['arm_labels'])} "
-                           f"(kernels {', '.join(r['arms'])}), baseline first",
-                           f"- trace {t.get('path')} (sha256 {str(t.get('sha256'))[:12]}..., "
-                           f"{t.get('requests')} requests)",
-                           f"- design: {len(d['windows'])} windows of {durations} s x loads "
-                           f"{', '.join(f'{x:g}x' for x in d['loads'])}, arm order {d.get('order_method')}; "
-                           f"warm-up {d['warmup']}",
-                           f"- records: {rec['total']} in {rec['file']}; "
-                           f"{rec['warmup_excluded']} warm-up and "
-                           f"{rec.get('burnin_excluded', 0)} burn-in records are not compared",
-                           *_clipping_line(d.get("clipping")), ""]
+    aa = "; A/A run" if r["aa"]["is_aa"] else ""
+    notes = notices(r)
+    lines = [f"# RMSNorm A/B goodput report ({r['status']}{aa})", "", *summary_lines(r),
+             *notes, *([""] if notes else []),
+             f"- model {r['model'].get('name')} ({r['model'].get('dtype')}, eager "
+             f"{r['model'].get('eager')}) on {r['gpu']}; arms {', '.join(r['arm_labels'])} "
+             f"(kernels {', '.join(r['arms'])}), baseline first",
+             f"- trace {t.get('path')} (sha256 {str(t.get('sha256'))[:12]}..., {t.get('requests')} requests)",
+             f"- design: {len(d['windows'])} windows of {durations} s x loads "
+             f"{', '.join(f'{x:g}x' for x in d['loads'])}, arm order {d.get('order_method')}; "
+             f"warm-up {d['warmup']}",
+             f"- records: {rec['total']} in {rec['file']}; {rec['warmup_excluded']} warm-up and "
+             f"{rec.get('burnin_excluded', 0)} burn-in records are not compared",
+             *_clipping_line(d.get("clipping")), "", *comparison_lines(r)]
     if r["missing"]:
         lines += ["## Missing", ""] + [f"- {m['arm']} window {m['window']} load {m['load']:g}x: {m['reason']}"
                                        for m in r["missing"]] + [""]

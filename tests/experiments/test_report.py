@@ -137,18 +137,18 @@ def test_an_aa_floor_off_zero_says_the_servers_differ():
 
 
 def test_a_client_that_fell_behind_is_flagged_at_the_top():
-    from experiments.reporting.report_md import LATENESS_BOUND_MS, headline
+    from experiments.reporting.report_md import LATENESS_BOUND_MS, notices
 
     rows = [{"arm": "stock", "load": 4.0, "lateness_p99_ms": 0.7},
             {"arm": "patched", "load": 16.0, "lateness_p99_ms": 118.6}]
     r = {"aa": {"is_aa": False}, "status": "complete", "latency": rows, "comparison": ["stock", "patched"],
          "slos": [], "secondary": {}}
-    lines = headline(r)
+    lines = notices(r)
     assert LATENESS_BOUND_MS < 118.6
     assert any(x.startswith("**The load generator fell behind**") and "patched 16x (119 ms)" in x
                and "stock 4x" not in x for x in lines)
     rows[1]["lateness_p99_ms"] = 0.8
-    assert not any("fell behind" in x for x in headline(r))
+    assert not any("fell behind" in x for x in notices(r))
 
 
 @pytest.mark.parametrize("key, counts, n, notice, shown", [
@@ -156,16 +156,16 @@ def test_a_client_that_fell_behind_is_flagged_at_the_top():
     ("batched", (94, 1121), 1380, "**Tokens streamed in batches**", "stock 2x (81%)"),  # 7% is not flagged
 ])
 def test_replies_without_the_engines_token_timing_are_flagged_at_the_top(key, counts, n, notice, shown):
-    from experiments.reporting.report_md import headline
+    from experiments.reporting.report_md import notices
 
     rows = [{"arm": "stock", "load": 1.0, "n": n, key: counts[0]},
             {"arm": "stock", "load": 2.0, "n": n, key: counts[1]}]
     r = {"aa": {"is_aa": False}, "status": "complete", "latency": rows, "comparison": ["stock", "patched"],
          "slos": [], "secondary": {}}
-    (line,) = [x for x in headline(r) if x.startswith(notice)]
+    (line,) = [x for x in notices(r) if x.startswith(notice)]
     assert shown in line and "1x" not in line
     rows[1][key] = 0
-    assert not any(x.startswith(notice) for x in headline(r))
+    assert not any(x.startswith(notice) for x in notices(r))
 
 
 
