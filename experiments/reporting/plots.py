@@ -87,8 +87,9 @@ def paired_differences(path: Path, series: Sequence[tuple[str, str, dict]],
 
 
 def forest_rows(report: dict) -> list[dict]:
-    """One row per compared metric of the primary comparison: label, estimate, 95% t interval (None
-    when there is none) and the A/A band (the floor's interval, None when not known)."""
+    """One row per compared metric of the primary comparison, then one per planted control (against its
+    reference, with its prediction): label, estimate, 95% t interval (None when there is none) and the
+    A/A band (the floor's interval, None when not known)."""
     treat = report["comparison"][1]
     bands = (report.get("noise_floor") or {}).get("band_pct") or {}
     rows = []
@@ -103,18 +104,25 @@ def forest_rows(report: dict) -> list[dict]:
     for s in report["slos"]:
         rows.append({"label": f"goodput {s['name']}", "estimate": s["delta_goodput_pct"], "ci": s["ci95_pct"],
                      "band": bands.get(f"goodput:{s['name']}")})
+    for p in report.get("planted") or []:
+        ref = f" vs {p['reference']}" if p.get("reference") else ""
+        rows.append({"label": f"control {p['arm']}{ref}, TPOT", "estimate": p.get("measured_pct"),
+                     "ci": p.get("ci95_pct"), "band": bands.get("paired:tpot_ms"),
+                     "predicted": p.get("predicted_pct")})
     return rows
 
 
 def forest(path: Path, report: dict) -> None:
     """Estimate and 95% interval per metric (% change of the treatment vs the baseline), over the A/A
-    band of the same metric; rows without an interval are marked."""
+    band of the same metric, and the planted control's with its prediction; rows without an interval
+    are marked."""
     rows = forest_rows(report)
-    fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(rows) + 1.4))
+    fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(rows) + 1.8))
     for i, row in enumerate(reversed(rows)):
         if row["band"]:
+            marked = "A/A 95% band" in ax.get_legend_handles_labels()[1]
             ax.fill_betweenx([i - 0.35, i + 0.35], *row["band"], color="grey", alpha=0.3, lw=0,
-                             label=None if ax.get_legend_handles_labels()[0] else "A/A 95% band")
+                             label=None if marked else "A/A 95% band")
         if row["estimate"] is None:
             ax.text(0, i, "no comparison", va="center", fontsize=7, color="grey")
         elif row["ci"] is None:
@@ -123,13 +131,19 @@ def forest(path: Path, report: dict) -> None:
         else:
             err = [[row["estimate"] - row["ci"][0]], [row["ci"][1] - row["estimate"]]]
             ax.errorbar(row["estimate"], i, xerr=err, fmt="o", color="tab:red", capsize=3)
+        if row.get("predicted") is not None:
+            marked = "prediction" in ax.get_legend_handles_labels()[1]
+            ax.plot(row["predicted"], i, "D", color="tab:green", ms=6, label=None if marked else "prediction")
     ax.axvline(0, color="black", lw=0.8)
     ax.set_yticks(range(len(rows)), [r["label"] for r in reversed(rows)], fontsize=8)
     base, treat = report["comparison"]
-    ax.set(xlabel=f"{treat} vs {base} (%), 95% interval", title="Every comparison, with the A/A band")
+    planted = " (the planted control vs its reference)" if report.get("planted") else ""
+    ax.set(xlabel=f"{treat} vs {base}{planted} (%), 95% interval",
+           title="Every comparison, with the A/A band")
     ax.title.set_fontsize(9)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.65 / (0.45 * len(rows) + 0.7)),
+                  ncol=2, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -9,6 +9,7 @@ import pytest
 
 from experiments.analyze import analyze_run
 from experiments.core.slo import SLO
+from experiments.reporting.plots import forest, forest_rows
 from experiments.reporting.summary import summary_lines
 from tests.experiments.synthetic_run import write_run
 
@@ -87,3 +88,15 @@ def test_without_an_aa_floor_the_band_says_so_and_a_band_off_zero_is_flagged(rep
     assert _rows(summary_lines({**report, "noise_floor": off}))["TPOT, paired per request"][2] == (
         "[+0.02, +0.29]% (excludes 0)")
 
+
+def test_the_forest_plot_gains_the_planted_row_with_its_prediction(report, tmp_path):
+    committed = json.loads((RESULTS / "h200-llama8b-confirm3" / "report.json").read_text(encoding="utf-8"))
+    rows = forest_rows(committed)
+    assert rows[-1] == {"label": "control planted:3us vs patched, TPOT",
+                        "estimate": committed["planted"][0]["measured_pct"],
+                        "ci": committed["planted"][0]["ci95_pct"],
+                        "band": committed["noise_floor"]["band_pct"]["paired:tpot_ms"],
+                        "predicted": committed["planted"][0]["predicted_pct"]}
+    assert not any("predicted" in r for r in forest_rows({**committed, "planted": []}))
+    forest(tmp_path / "forest.png", report)  # a planted arm without a prediction draws no marker
+    assert (tmp_path / "forest.png").stat().st_size > 1000
