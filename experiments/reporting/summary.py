@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from experiments.reporting.report_latency import fmt_ci, fmt_num
+from experiments.reporting.schema import Report
 from experiments.stats.paired import METRIC_NAMES
 
 _SECONDARY_NAMES = {"tpot_p50_ms": "median TPOT per window", "ttft_p90_ms": "p90 TTFT per window"}
@@ -16,9 +17,9 @@ def _excludes_zero(ci) -> bool:
     return ci is not None and (ci[0] > 0 or ci[1] < 0)
 
 
-def _band(r: Mapping, key: str) -> str:
+def _band(r: Report, key: str) -> str:
     """The A/A band of one row: the noise floor's interval for that metric (as the forest plot draws it)."""
-    nf = r.get("noise_floor") or {}
+    nf = r.noise_floor or {}
     if not nf.get("source"):
         return "not known"
     if not nf.get("applied", True):
@@ -39,15 +40,15 @@ def _row(label: str, estimate, ci, band: str, verdict: str) -> str:
     return f"| {label} | {fmt_num(estimate, '{:+.2f}%')} | {fmt_ci(ci)} | {band} | {verdict} |"
 
 
-def _latency_rows(r: Mapping, treat: str) -> list[str]:
+def _latency_rows(r: Report, treat: str) -> list[str]:
     out = []
-    for m, c in ((r.get("paired_latency") or {}).get(treat) or {}).items():
+    for m, c in (r.paired_latency.get(treat) or {}).items():
         ci = c.get("ci95_pct")
         verdict = (f"no comparison ({c.get('reason')})" if c.get("estimate_pct") is None
                    else f"no interval ({c.get('reason')})" if ci is None else _direction(treat, ci))
         out.append(_row(f"{METRIC_NAMES.get(m, m)}, paired per request", c.get("estimate_pct"), ci,
                         _band(r, f"paired:{m}"), verdict))
-    for m, sec in r["secondary"].items():
+    for m, sec in r.secondary.items():
         c = sec["comparison"]
         if c.get("mean") is None:
             continue
@@ -67,14 +68,14 @@ def _goodput_verdict(s: Mapping) -> str:
     return _direction(s["treatment"], s["ci95_pct"])
 
 
-def _goodput_rows(r: Mapping) -> list[str]:
+def _goodput_rows(r: Report) -> list[str]:
     return [_row(f"goodput {s['name']} ({s['bounds']})", s["delta_goodput_pct"], s["ci95_pct"],
-                 _band(r, f"goodput:{s['name']}"), _goodput_verdict(s)) for s in r["slos"]]
+                 _band(r, f"goodput:{s['name']}"), _goodput_verdict(s)) for s in r.slos]
 
 
-def _planted_rows(r: Mapping) -> list[str]:
+def _planted_rows(r: Report) -> list[str]:
     out = []
-    for p in r.get("planted") or []:
+    for p in r.planted:
         label = f"planted control {p['arm']}" + (f" vs {p['reference']}" if p.get("reference") else "")
         pred = p.get("predicted_pct")
         if p.get("norm_calls_per_step") is None:
@@ -91,23 +92,23 @@ def _planted_rows(r: Mapping) -> list[str]:
     return out
 
 
-def _unit_note(r: Mapping) -> str:
-    base, treat = r["comparison"]
-    nf = r.get("noise_floor") or {}
+def _unit_note(r: Report) -> str:
+    base, treat = r.comparison
+    nf = r.noise_floor or {}
     same_run = str(nf.get("source")).startswith("this run")
     source = ("A/A band: none (no A/A arm in this run and no A/A report given)" if not nf.get("source")
               else f"A/A band: the A/A floor of {nf['source']} is not applied (its design differs)"
               if not nf.get("applied", True) else f"A/A band: the A/A floor of {nf['source']}"
               + ("" if same_run else ", its spread at this run's number of cells"))
-    planted = " (the planted control against its reference)" if r.get("planted") else ""
+    planted = " (the planted control against its reference)" if r.planted else ""
     return (f"Changes of {treat} against {base}{planted}, 95% t intervals over windows x loads of one "
             "server per arm (the paired cells of one pair of server processes, so they leave out how much "
             "two servers of one build differ); paired rows: the per-request log ratio, median per cell; "
             f"goodput rows: the per-window change in % of the baseline's mean. {source}.")
 
 
-def summary_lines(r: Mapping) -> list[str]:
+def summary_lines(r: Report) -> list[str]:
     """The summary table and the note under it."""
-    treat = r["comparison"][1]
+    treat = r.treatment
     return ["| comparison | change | 95% interval | A/A band | verdict |", "|---|---|---|---|---|",
             *_latency_rows(r, treat), *_goodput_rows(r), *_planted_rows(r), "", _unit_note(r), ""]

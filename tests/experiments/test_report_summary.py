@@ -10,6 +10,7 @@ import pytest
 from experiments.analyze import analyze_run
 from experiments.core.slo import SLO
 from experiments.reporting.plots import forest, forest_rows
+from experiments.reporting.schema import Report, read_report
 from experiments.reporting.summary import summary_lines
 from tests.experiments.synthetic_run import write_run
 
@@ -30,17 +31,25 @@ def _rows(lines: list[str]) -> dict[str, list[str]]:
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory) -> dict:
+def run_dir(tmp_path_factory) -> Path:
     run_dir = write_run(tmp_path_factory.mktemp("summary") / "run", _cell,
                         labels=("stock", "patched", "planted:500ns", "stock-b"),
                         arms=("stock", "patched", "planted:500ns", "stock"), seed=5)
-    r = analyze_run(run_dir, [CHAT])
-    r["md"] = (run_dir / "report.md").read_text(encoding="utf-8")
-    return r
+    analyze_run(run_dir, [CHAT])
+    return run_dir
 
 
-def test_the_title_then_the_table_open_the_report(report):
-    md = report["md"].splitlines()
+@pytest.fixture()
+def report(run_dir: Path) -> Report:
+    return read_report(run_dir / "report.json")
+
+
+def _with(report: Report, **entries) -> Report:
+    return Report.from_json({**report.to_json(), **entries})
+
+
+def test_the_title_then_the_table_open_the_report(report, run_dir):
+    md = (run_dir / "report.md").read_text(encoding="utf-8").splitlines()
     assert md[0] == "# RMSNorm A/B goodput report (complete)"
     assert md[2] == "| comparison | change | 95% interval | A/A band | verdict |"
     rows = _rows(summary_lines(report))
@@ -48,12 +57,12 @@ def test_the_title_then_the_table_open_the_report(report):
                           "E2E, paired per request", "median TPOT per window (secondary)",
                           "p90 TTFT per window (secondary)", "goodput chat (TTFT<=2000 ms, TPOT<=100 ms)",
                           "planted control planted:500ns vs patched, paired TPOT"]
-    tpot = report["paired_latency"]["patched"]["tpot_ms"]
+    tpot = report.paired_latency["patched"]["tpot_ms"]
     change, ci, band, verdict = rows["TPOT, paired per request"]
     assert change == f"{tpot['estimate_pct']:+.2f}%" and tpot["estimate_pct"] == pytest.approx(2.0, abs=0.3)
     assert ci == f"[{tpot['ci95_pct'][0]:+.2f}, {tpot['ci95_pct'][1]:+.2f}]%" and verdict == "patched higher"
     # the A/A band is the interleaved pair's own interval, as the noise floor and the forest plot give it
-    lo, hi = report["aa_in_run"]["paired_latency"]["tpot_ms"]["ci95_pct"]
+    lo, hi = report.aa_in_run["paired_latency"]["tpot_ms"]["ci95_pct"]
     assert band.startswith(f"[{lo:+.2f}, {hi:+.2f}]%") and lo < 0 < hi
     assert rows["goodput chat (TTFT<=2000 ms, TPOT<=100 ms)"][3] == "never stressed at these loads"
     # the synthetic model has no config, so the planted arm gets no prediction, and the row says why
@@ -66,37 +75,37 @@ def test_the_title_then_the_table_open_the_report(report):
 def test_the_planted_line_gives_its_interval_against_its_prediction(report):
     committed = json.loads((RESULTS / "h200-llama8b-confirm3" / "report.json").read_text(encoding="utf-8"))
     p = committed["planted"][0]
-    (label, row), = ((k, v) for k, v in _rows(summary_lines({**report, "planted": [p]})).items()
+    (label, row), = ((k, v) for k, v in _rows(summary_lines(_with(report, planted=[p]))).items()
                      if k.startswith("planted"))
     assert label == "planted control planted:3us vs patched, paired TPOT"
     assert row[:2] == ["+1.41%", "[+1.16, +1.66]%"]
     assert row[3] == "predicted +1.12%: detected, prediction outside the interval"
     missed = {**p, "ci95_pct": [-0.1, 2.9], "detected": False, "prediction_inside": True}
-    rows = _rows(summary_lines({**report, "planted": [missed]}))
+    rows = _rows(summary_lines(_with(report, planted=[missed])))
     (row,) = [v for k, v in rows.items() if k.startswith("planted")]
     assert row[3] == "predicted +1.12%: NOT detected, prediction inside the interval"
 
 
 def test_without_an_aa_floor_the_band_says_so_and_a_band_off_zero_is_flagged(report):
     """The negative control: no A/A arm and no A/A report gives no band, not a zero-width one."""
-    bare = {**report, "noise_floor": {"source": None, "applied": False, "band_pct": {}}, "planted": []}
+    bare = _with(report, noise_floor={"source": None, "applied": False, "band_pct": {}}, planted=[])
     rows = _rows(summary_lines(bare))
     assert {v[2] for k, v in rows.items() if k != "comparison"} == {"not known"}
     note = summary_lines(bare)[-2]
     assert note.endswith("A/A band: none (no A/A arm in this run and no A/A report given).")
-    off = {**report["noise_floor"], "band_pct": {"paired:tpot_ms": [0.02, 0.29]}}
-    assert _rows(summary_lines({**report, "noise_floor": off}))["TPOT, paired per request"][2] == (
+    off = {**report.noise_floor, "band_pct": {"paired:tpot_ms": [0.02, 0.29]}}
+    assert _rows(summary_lines(_with(report, noise_floor=off)))["TPOT, paired per request"][2] == (
         "[+0.02, +0.29]% (excludes 0)")
 
 
 def test_the_forest_plot_gains_the_planted_row_with_its_prediction(report, tmp_path):
-    committed = json.loads((RESULTS / "h200-llama8b-confirm3" / "report.json").read_text(encoding="utf-8"))
+    committed = read_report(RESULTS / "h200-llama8b-confirm3" / "report.json")
     rows = forest_rows(committed)
     assert rows[-1] == {"label": "control planted:3us vs patched, TPOT",
-                        "estimate": committed["planted"][0]["measured_pct"],
-                        "ci": committed["planted"][0]["ci95_pct"],
-                        "band": committed["noise_floor"]["band_pct"]["paired:tpot_ms"],
-                        "predicted": committed["planted"][0]["predicted_pct"]}
-    assert not any("predicted" in r for r in forest_rows({**committed, "planted": []}))
+                        "estimate": committed.planted[0]["measured_pct"],
+                        "ci": committed.planted[0]["ci95_pct"],
+                        "band": committed.noise_floor["band_pct"]["paired:tpot_ms"],
+                        "predicted": committed.planted[0]["predicted_pct"]}
+    assert not any("predicted" in r for r in forest_rows(_with(committed, planted=[])))
     forest(tmp_path / "forest.png", report)  # a planted arm without a prediction draws no marker
     assert (tmp_path / "forest.png").stat().st_size > 1000
