@@ -401,7 +401,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         return fail(PROG, str(exc))
-    print((out / "report.md").read_text(encoding="utf-8").split("\n\n")[0])
+    print("\n\n".join((out / "report.md").read_text(encoding="utf-8").split("\n\n")[:2]))  # title, summary
     print(f"status {result['status']}; wrote {out / 'report.md'} and report.json")
     if out != args.run_dir and (args.run_dir / "report.json").is_file():
         print(f"report.json {report_change(args.run_dir / 'report.json', out / 'report.json')}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from experiments.reporting.schema import Report
 from experiments.stats.paired import METRICS
 
 
@@ -64,9 +65,9 @@ def layout_entry(report: Mapping, run: Mapping) -> dict:
             else half * math.sqrt(minutes)}
 
 
-def layout_lines(r: Mapping) -> list[str]:
+def layout_lines(r: Report) -> list[str]:
     """The report.md lines of the layout (none for a turns run)."""
-    lay = r.get("layout")
+    lay = r.layout
     if not lay:
         return []
     balance = "; ".join(f"{arm} " + ", ".join(f"GPU {g} x{n}" for g, n in per.items())

@@ -13,8 +13,7 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-from common.jsonfile import read_json
-from experiments.reporting.report import REPORT_SCHEMA_VERSION
+from experiments.reporting.schema import Report, read_report
 from experiments.stats import comparisons
 from experiments.stats import intervals as stats
 
@@ -23,14 +22,14 @@ from experiments.stats import intervals as stats
 TARGET_HALF_WIDTH_PCT = 0.25
 
 
-def _paired_latency(report: Mapping, which: str) -> Mapping:
+def _paired_latency(report: Report, which: str) -> Mapping:
     """metric -> paired.compare_metric result of one comparison ("primary" or "aa_in_run")."""
     if which == "primary":
-        return (report.get("paired_latency") or {}).get(report.get("comparison", [None, None])[1]) or {}
-    return (report.get("aa_in_run") or {}).get("paired_latency") or {}
+        return report.paired_latency.get(report.treatment) or {}
+    return (report.aa_in_run or {}).get("paired_latency") or {}
 
 
-def spreads(report: Mapping, which: str = "primary") -> dict[str, dict]:
+def spreads(report: Report, which: str = "primary") -> dict[str, dict]:
     """{metric key: {"sd", "n", "ci95"}} of the per-cell paired differences (%) of one comparison.
 
     ``which`` "primary": the report's main comparison; "aa_in_run": its interleaved A/A pair. Keys:
@@ -42,11 +41,11 @@ def spreads(report: Mapping, which: str = "primary") -> dict[str, dict]:
     lat = _paired_latency(report, which)
     if which == "primary":
         goodput = {s["name"]: {"sd": s["sd_diff_pct"] if s.get("stressed", True) else None,
-                               "n": s["n_paired"], "ci95": s["ci95_pct"]} for s in report["slos"]}
-        secondary = {m: sec["comparison"] for m, sec in report["secondary"].items()}
+                               "n": s["n_paired"], "ci95": s["ci95_pct"]} for s in report.slos}
+        secondary = {m: sec["comparison"] for m, sec in report.secondary.items()}
     else:
-        f = report.get("aa_in_run") or {}
-        stressed = {s["name"]: s.get("stressed", True) for s in report["slos"]}
+        f = report.aa_in_run or {}
+        stressed = {s["name"]: s.get("stressed", True) for s in report.slos}
         goodput = {name: {"sd": c["sd"] if stressed.get(name, True) else None, "n": c["n"],
                           "ci95": c["t_ci95"]}
                    for name, c in (f.get("goodput") or {}).items()}
@@ -84,7 +83,7 @@ def _bands(sp: Mapping[str, dict], this_n: Mapping[str, int], same_run: bool) ->
     return out
 
 
-def tpot_by_load(report: Mapping, which: str = "primary") -> dict[str, dict]:
+def tpot_by_load(report: Report, which: str = "primary") -> dict[str, dict]:
     """{load: {"n", "half_width_pct", "estimator"}} of the paired TPOT fit per load of one comparison
     (as spreads names them): which load the floor's noise comes from. Empty without intervals."""
     out = {}
@@ -95,25 +94,26 @@ def tpot_by_load(report: Mapping, which: str = "primary") -> dict[str, dict]:
     return out
 
 
-def noise_floor(report: Mapping, aa_report: Path | None) -> dict:
-    """The report's "noise_floor" entry (see the module docstring)."""
+def noise_floor(doc: Mapping, aa_report: Path | None) -> dict:
+    """The "noise_floor" entry of a report being written (`doc`, see the module docstring)."""
+    report = Report.from_json(doc)
     this = spreads(report)
     this_n = {k: v.get("n") or 0 for k, v in this.items()}
     base = {"target_half_width_pct": TARGET_HALF_WIDTH_PCT, "design_differences": [], "applied": True}
-    if report.get("aa_in_run"):
-        pair = report["aa_in_run"]["pair"]
+    if report.aa_in_run:
+        pair = report.aa_in_run["pair"]
         sp, same = spreads(report, "aa_in_run"), True
         by_load = tpot_by_load(report, "aa_in_run")
         source = f"this run: {pair[1]} vs {pair[0]} (interleaved)"
-    elif report["aa"]["is_aa"]:
+    elif report.aa.is_aa:
         sp, source, same, by_load = this, "this run (A/A)", True, tpot_by_load(report)
     elif aa_report is not None:
-        other = read_json(aa_report, REPORT_SCHEMA_VERSION, "A/A report")
-        if not (other.get("aa") or {}).get("is_aa"):
+        other = read_report(aa_report, "A/A report")
+        if not other.aa.is_aa:
             raise ValueError(f"{aa_report}: not the report of an A/A run (aa.is_aa is not true)")
         sp, source, same, by_load = spreads(other), str(aa_report), False, tpot_by_load(other)
-        diffs = comparisons.fingerprint_differences(report["design"]["fingerprint"],
-                                                    (other.get("design") or {}).get("fingerprint"))
+        diffs = comparisons.fingerprint_differences(report.design["fingerprint"],
+                                                    other.design.get("fingerprint"))
         base.update(design_differences=diffs, applied=not diffs)
     else:
         return {**base, "source": None, "sd_pct": {}, "n": {}, "windows_needed": {}, "band_pct": {},

@@ -3,7 +3,7 @@ plot of every comparison with its A/A band (Agg backend)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from experiments.reporting.schema import Report  # noqa: E402
 from experiments.stats.paired import METRIC_NAMES  # noqa: E402
 
 COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple")
@@ -86,35 +87,43 @@ def paired_differences(path: Path, series: Sequence[tuple[str, str, dict]],
     plt.close(fig)
 
 
-def forest_rows(report: dict) -> list[dict]:
-    """One row per compared metric of the primary comparison: label, estimate, 95% t interval (None
-    when there is none) and the A/A band (the floor's interval, None when not known)."""
-    treat = report["comparison"][1]
-    bands = (report.get("noise_floor") or {}).get("band_pct") or {}
+def forest_rows(report: Report) -> list[dict]:
+    """One row per compared metric of the primary comparison, then one per planted control (against its
+    reference, with its prediction): label, estimate, 95% t interval (None when there is none) and the
+    A/A band (the floor's interval, None when not known)."""
+    treat = report.treatment
+    bands = (report.noise_floor or {}).get("band_pct") or {}
     rows = []
-    for m, c in ((report.get("paired_latency") or {}).get(treat) or {}).items():
+    for m, c in (report.paired_latency.get(treat) or {}).items():
         rows.append({"label": f"{METRIC_NAMES.get(m, m)} paired per request",
                      "estimate": c.get("estimate_pct"),
                      "ci": c.get("ci95_pct"), "band": bands.get(f"paired:{m}")})
-    for m, sec in report["secondary"].items():
+    for m, sec in report.secondary.items():
         c = sec["comparison"]
         rows.append({"label": f"{m} per window", "estimate": c.get("mean"), "ci": c.get("t_ci95"),
                      "band": bands.get(m)})
-    for s in report["slos"]:
+    for s in report.slos:
         rows.append({"label": f"goodput {s['name']}", "estimate": s["delta_goodput_pct"], "ci": s["ci95_pct"],
                      "band": bands.get(f"goodput:{s['name']}")})
+    for p in report.planted:
+        ref = f" vs {p['reference']}" if p.get("reference") else ""
+        rows.append({"label": f"control {p['arm']}{ref}, TPOT", "estimate": p.get("measured_pct"),
+                     "ci": p.get("ci95_pct"), "band": bands.get("paired:tpot_ms"),
+                     "predicted": p.get("predicted_pct")})
     return rows
 
 
-def forest(path: Path, report: dict) -> None:
+def forest(path: Path, report: Report) -> None:
     """Estimate and 95% interval per metric (% change of the treatment vs the baseline), over the A/A
-    band of the same metric; rows without an interval are marked."""
+    band of the same metric, and the planted control's with its prediction; rows without an interval
+    are marked."""
     rows = forest_rows(report)
-    fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(rows) + 1.4))
+    fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(rows) + 1.8))
     for i, row in enumerate(reversed(rows)):
         if row["band"]:
+            marked = "A/A 95% band" in ax.get_legend_handles_labels()[1]
             ax.fill_betweenx([i - 0.35, i + 0.35], *row["band"], color="grey", alpha=0.3, lw=0,
-                             label=None if ax.get_legend_handles_labels()[0] else "A/A 95% band")
+                             label=None if marked else "A/A 95% band")
         if row["estimate"] is None:
             ax.text(0, i, "no comparison", va="center", fontsize=7, color="grey")
         elif row["ci"] is None:
@@ -123,33 +132,41 @@ def forest(path: Path, report: dict) -> None:
         else:
             err = [[row["estimate"] - row["ci"][0]], [row["ci"][1] - row["estimate"]]]
             ax.errorbar(row["estimate"], i, xerr=err, fmt="o", color="tab:red", capsize=3)
+        if row.get("predicted") is not None:
+            marked = "prediction" in ax.get_legend_handles_labels()[1]
+            ax.plot(row["predicted"], i, "D", color="tab:green", ms=6, label=None if marked else "prediction")
     ax.axvline(0, color="black", lw=0.8)
     ax.set_yticks(range(len(rows)), [r["label"] for r in reversed(rows)], fontsize=8)
-    base, treat = report["comparison"]
-    ax.set(xlabel=f"{treat} vs {base} (%), 95% interval", title="Every comparison, with the A/A band")
+    base, treat = report.comparison
+    planted = " (the planted control vs its reference)" if report.planted else ""
+    ax.set(xlabel=f"{treat} vs {base}{planted} (%), 95% interval",
+           title="Every comparison, with the A/A band")
     ax.title.set_fontsize(9)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.65 / (0.45 * len(rows) + 0.7)),
+                  ncol=2, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def write_plots(run_dir: Path, df: pd.DataFrame, per_slo: Sequence[dict], secondary: dict,
-                labels: Sequence[str], report: dict) -> list[str]:
+                labels: Sequence[str], report: Mapping) -> list[str]:
     """Write attainment.png, latency_cdf.png, paired_diffs.png and forest.png; return their names.
 
-    ``report`` is the report dict with its noise_floor: the A/A per-cell sd is drawn on the paired
-    differences and the A/A bands on the forest plot when the floor applies to this run.
+    ``report`` is the report.json document with its noise_floor, read as the typed report: the A/A
+    per-cell sd is drawn on the paired differences and the A/A bands on the forest plot when the floor
+    applies to this run.
     """
-    nf = report.get("noise_floor") or {}
+    typed = Report.from_json(report)
+    nf = typed.noise_floor or {}
     noise_sd = nf.get("sd_pct") if nf.get("applied") else None
-    attainment_vs_load(run_dir / "attainment.png", per_slo, report["comparison"])
+    attainment_vs_load(run_dir / "attainment.png", per_slo, typed.comparison)
     latency_cdfs(run_dir / "latency_cdf.png", df, labels)
     series = [(f"goodput:{item['slo'].name}", f"goodput {item['slo'].name} (% of baseline mean)",
                item["paired"])
               for item in per_slo]
     series += [(m, f"{m} per window (% of baseline mean)", p) for m, p in secondary.items()]
     paired_differences(run_dir / "paired_diffs.png", series, noise_sd)
-    forest(run_dir / "forest.png", report)
+    forest(run_dir / "forest.png", typed)
     return ["forest.png", "attainment.png", "latency_cdf.png", "paired_diffs.png"]

@@ -7,14 +7,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.jsonfile import write_json, write_text
+from common.jsonfile import write_text
 from experiments.core.slo import SLO
 from experiments.reporting.report_latency import aa_floor_text
 from experiments.reporting.report_md import render_markdown
+from experiments.reporting.schema import REPORT_SCHEMA_VERSION, Report, write_report_json
 from experiments.stats import comparisons, planted
 from experiments.stats import intervals as stats
 
-REPORT_SCHEMA_VERSION = 1
 NEAR_BOUND = 0.1  # a request is near an SLO bound when its TTFT or TPOT is within 10% of it
 
 
@@ -254,6 +254,7 @@ def _clean(x):
 
 
 def write_report(run_dir: Path, report: dict) -> None:
-    """Write report.json and report.md atomically (common.jsonfile)."""
-    write_json(run_dir / "report.json", _clean(report))
-    write_text(run_dir / "report.md", render_markdown(report))
+    """Write report.json and report.md atomically (common.jsonfile), both through the typed report
+    (report.json JSON-safe: NaN written as null)."""
+    write_report_json(run_dir / "report.json", Report.from_json(_clean(report)))
+    write_text(run_dir / "report.md", render_markdown(Report.from_json(report)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from experiments.reporting.schema import Report
 from experiments.stats.paired import METRIC_NAMES
 
 _ADJUSTED = {"gpu": "GPU"}  # the covariate of a duet's comparison (stats.duet), else the arm order
@@ -32,15 +33,14 @@ def aa_floor_text(pair, estimate: float, ci, digits: int = 2) -> str:
     return text
 
 
-def paired_lines(r: Mapping) -> list[str]:
+def paired_lines(r: Report) -> list[str]:
     """Per latency metric: the paired per-request change of the primary comparison, its intervals and
     MDE, and the A/A floor's interval from the same run; then the position effect; then the same
     change for every further arm that is not the A/A control (e.g. a planted slowdown)."""
-    base, treat = r["comparison"]
-    controls = set((r.get("aa") or {}).get("controls") or [])
-    others = [lab for lab in (r.get("paired_latency") or {}) if lab != treat and lab not in controls]
+    treat = r.treatment
+    others = [lab for lab in r.paired_latency if lab != treat and lab not in r.aa.controls]
     out = _metric_lines(r, treat, with_floor=True)
-    tpot = ((r.get("paired_latency") or {}).get(treat) or {}).get("tpot_ms") or {}
+    tpot = (r.paired_latency.get(treat) or {}).get("tpot_ms") or {}
     if tpot.get("position_pct") is not None:
         out.append(f"- position effect on TPOT (each later place in a cell's order vs an earlier one): "
                    f"{tpot['position_pct']:+.2f}% {fmt_ci(tpot['position_ci95_pct'])}, removed from the "
@@ -50,11 +50,11 @@ def paired_lines(r: Mapping) -> list[str]:
     return out
 
 
-def _metric_lines(r: Mapping, treat: str, with_floor: bool) -> list[str]:
-    base = r["comparison"][0]
-    lat = (r.get("paired_latency") or {}).get(treat) or {}
-    floor = ((r.get("aa_in_run") or {}).get("paired_latency")) or {}
-    nf = r.get("noise_floor") or {}
+def _metric_lines(r: Report, treat: str, with_floor: bool) -> list[str]:
+    base = r.baseline
+    lat = r.paired_latency.get(treat) or {}
+    floor = (r.aa_in_run or {}).get("paired_latency") or {}
+    nf = r.noise_floor or {}
     out = []
     for m, c in lat.items():
         name = METRIC_NAMES.get(m, m)
@@ -70,8 +70,8 @@ def _metric_lines(r: Mapping, treat: str, with_floor: bool) -> list[str]:
                 f"{fmt_ci(c['bootstrap_ci95_pct'])}); MDE {c['mde_pct']:.2f}%")
         f = floor.get(m) if with_floor else None
         if f and f.get("ci95_pct"):
-            text += aa_floor_text(r["aa_in_run"]["pair"], f["estimate_pct"], f["ci95_pct"])
-        elif (with_floor and nf.get("applied") and not (r.get("aa") or {}).get("is_aa") and nf.get("source")
+            text += aa_floor_text(r.aa_in_run["pair"], f["estimate_pct"], f["ci95_pct"])
+        elif (with_floor and nf.get("applied") and not r.aa.is_aa and nf.get("source")
               and (nf.get("band_pct") or {}).get(f"paired:{m}")):
             text += f"; A/A floor ({nf['source']}) +-{nf['band_pct'][f'paired:{m}'][1]:.2f}%"
         out.append(text)
@@ -91,12 +91,12 @@ def _fit_text(c: Mapping) -> str:
 _SECONDARY_NAMES = {"tpot_p50_ms": "median TPOT", "ttft_p90_ms": "p90 TTFT"}
 
 
-def latency_lines(r: Mapping) -> list[str]:
+def latency_lines(r: Report) -> list[str]:
     """One line per per-window latency metric (secondary): paired change, t interval (primary) and
     the percentile bootstrap (narrower than t over few windows), and the sign count."""
-    base, treat = r["comparison"]
+    base, treat = r.comparison
     out = []
-    for metric, sec in r["secondary"].items():
+    for metric, sec in r.secondary.items():
         c, diffs = sec["comparison"], [d["diff_pct"] for d in sec["per_window"]]
         if c.get("mean") is None:
             continue

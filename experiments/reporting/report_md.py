@@ -1,4 +1,5 @@
-"""report.md: verdict lines first (A/A and partial-run notices above them), then tables and detail."""
+"""report.md: the title, the summary table, the notices, the design, every comparison in full, then
+tables and detail."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from collections.abc import Mapping
 
 from experiments.reporting.duetreport import layout_lines
 from experiments.reporting.report_latency import fmt_num, latency_lines, noise_floor_lines, paired_lines
+from experiments.reporting.schema import Report
+from experiments.reporting.summary import summary_lines
 from experiments.stats.planted import planted_text
 
 
@@ -23,44 +26,44 @@ UNOBSERVED_SHARE = 0.01  # above this share of a cell's replies without observed
 BATCHED_SHARE = 0.2  # above this share of replies streamed several tokens per chunk, say so
 
 
-def headline(r: Mapping) -> list[str]:
-    """The first lines: notices (A/A, CPU, partial), the paired latency changes with the A/A floor of
-    the same run, one goodput verdict per SLO, then the per-window medians (secondary)."""
+def notices(r: Report) -> list[str]:
+    """The notices under the summary table: A/A, CPU, partial run, user-started servers, prompt lengths,
+    a load generator that fell behind, token timing not observed or streamed in batches."""
     lines = []
-    if r["aa"]["is_aa"]:
-        why = str(r["aa"]["why"])
+    if r.aa.is_aa:
+        why = str(r.aa.why)
         if why.lower().startswith("a/a run"):
             why = why[len("a/a run"):].lstrip(" :")
         tail = "" if "noise" in why else " Every difference below is noise: it shows the noise floor."
         lines.append(f"**A/A run** — {why}{tail}  ")  # trailing spaces: markdown line break
-    if r.get("device") == "cpu":
+    if r.device == "cpu":
         lines.append("**CPU run** — it checks the pipeline (servers, open-loop replay, pairing, statistics, "
                      "report), not the kernel.  ")
-    if r["status"] == "damaged":
+    if r.status == "damaged":
         lines.append("**DAMAGED RECORDS** — analysed anyway (--accept-damaged), so no figure below is a "
-                     f"whole run's: {'; '.join(r['records']['damage'])}.  ")
-    damaged_and_partial = r["status"] == "damaged" and (r["missing"] or r["run_status"] != "complete")
-    if r["status"] == "partial" or damaged_and_partial:
-        why = (r.get("stopped_reason") or f"run status is {r.get('run_status')!r}").splitlines()[0]
-        lines.append(f"**PARTIAL RUN** — {len(r['missing'])} arm-window cells missing "
+                     f"whole run's: {'; '.join(r.records.damage or [])}.  ")
+    damaged_and_partial = r.status == "damaged" and (r.missing or r.run_status != "complete")
+    if r.status == "partial" or damaged_and_partial:
+        why = (r.stopped_reason or f"run status is {r.run_status!r}").splitlines()[0]
+        lines.append(f"**PARTIAL RUN** — {len(r.missing)} arm-window cells missing "
                      f"(listed under Missing); reason: {why}.  ")
-    users = [lab for lab, d in (r.get("arm_definitions") or {}).items() if d.get("endpoint")]
+    users = [lab for lab, d in r.arm_definitions.items() if d.get("endpoint")]
     if users:
         lines.append(f"**Servers started by the user** — {', '.join(users)}: the kit started none of "
                      "them, so each arm's identity (kernels, flags, environment) is what the user "
                      "declared (see Arms).  ")
-    check = (r.get("prompts") or {}).get("check") or {}
+    check = r.prompts.get("check") or {}
     if check.get("mismatched"):
         lines.append(f"**Prompt lengths differ from the trace** — in {check['mismatched']} of "
                      f"{check['checked']} requests the server's usage.prompt_tokens is not the trace's "
                      "input_tokens (examples under Arms and prompts).  ")
-    late = [f"{row['arm']} {row['load']:g}x ({row['lateness_p99_ms']:.0f} ms)" for row in r["latency"]
+    late = [f"{row['arm']} {row['load']:g}x ({row['lateness_p99_ms']:.0f} ms)" for row in r.latency
             if (row.get("lateness_p99_ms") or 0.0) > LATENESS_BOUND_MS]
     if late:
         lines.append(f"**The load generator fell behind** — send lateness p99 above {LATENESS_BOUND_MS:g} "
                      f"ms in {', '.join(late)}: those cells did not replay the trace's arrival times.  ")
     blind = [f"{row['arm']} {row['load']:g}x ({row['tpot_unobserved']} of {row['n']})"
-             for row in r["latency"]
+             for row in r.latency
              if row.get("tpot_unobserved") and row["tpot_unobserved"] > UNOBSERVED_SHARE * row["n"]]
     if blind:
         lines.append("**Token timing not observed** — replies of 2+ tokens that the client read in one "
@@ -68,20 +71,27 @@ def headline(r: Mapping) -> list[str]:
                      "are left out of TPOT comparisons and meet no TPOT bound; a busy client machine is "
                      "the usual cause.  ")
     batched = [f"{row['arm']} {row['load']:g}x ({100 * row['batched'] / row['n']:.0f}%)"
-               for row in r["latency"] if row.get("batched") and row["batched"] > BATCHED_SHARE * row["n"]]
+               for row in r.latency if row.get("batched") and row["batched"] > BATCHED_SHARE * row["n"]]
     if batched:
         lines.append("**Tokens streamed in batches** — replies that came in fewer chunks than tokens in "
                      f"{', '.join(batched)}: the server sent several tokens per chunk (its output loop "
                      "fell behind the engine), so TPOT there follows the frontend's cadence, not the GPU "
                      "step's.  ")
-    lines += layout_lines(r) + paired_lines(r) + [f"- {planted_text(p)}" for p in r.get("planted") or []]
-    return lines + [f"- {s['verdict']}" for s in r["slos"]] + latency_lines(r)
+    return lines
 
 
-def _slo_tables(r: Mapping) -> list[str]:
-    labels = r["arm_labels"]
+def comparison_lines(r: Report) -> list[str]:
+    """Every comparison in full: the layout, the paired latency changes with their fit and the A/A floor
+    of the same run, the planted control, one goodput verdict per SLO, the per-window medians."""
+    lines = layout_lines(r) + paired_lines(r) + [f"- {planted_text(p)}" for p in r.planted]
+    lines += [f"- {s['verdict']}" for s in r.slos] + latency_lines(r)
+    return ["## Comparisons", "", *lines, ""]
+
+
+def _slo_tables(r: Report) -> list[str]:
+    labels = r.arm_labels
     out = ["## Attainment and goodput per load (pooled over windows)", ""]
-    for s in r["slos"]:
+    for s in r.slos:
         out += [f"### {s['name']} ({s['bounds']})", "",
                 ("| arm | load | requests | met | attainment | goodput (attainment x offered rate, req/s) "
                  "| achieved (met / real replay time, req/s) |"), "|---|---|---|---|---|---|---|"]
@@ -182,14 +192,14 @@ def _knee_check(r: Mapping, chosen: Mapping) -> list[str]:
             f"{chosen['knee']:.3g}x {verdict}"]
 
 
-def _latency_table(r: Mapping) -> list[str]:
+def _latency_table(r: Report) -> list[str]:
     """Latency percentiles per arm and load; inter-token latency columns where the records kept them."""
-    metrics = ["ttft", "tpot", "e2e"] + (["itl"] if any("itl_p50_ms" in x for x in r["latency"]) else [])
+    metrics = ["ttft", "tpot", "e2e"] + (["itl"] if any("itl_p50_ms" in x for x in r.latency) else [])
     head = " | ".join(f"{m.upper()} p50 | p90 | p99" for m in metrics)
     out = ["## Latency per arm and load (succeeded requests, ms)", "",
            f"| arm | load | n | failed | req/s | output tok/s | {head} | send lateness p99 | max |",
            "|---" * (8 + 3 * len(metrics)) + "|"]
-    for row in sorted(r["latency"], key=lambda x: (r["arm_labels"].index(x["arm"]), x["load"])):
+    for row in sorted(r.latency, key=lambda x: (r.arm_labels.index(x["arm"]), x["load"])):
         vals = [fmt_num(row.get("request_rps"), "{:.2f}"), fmt_num(row.get("output_tok_s"), "{:.0f}")]
         vals += [fmt_num(row.get(f"{m}_p{p}_ms"), "{:.1f}") for m in metrics for p in (50, 90, 99)]
         vals += [fmt_num(row.get(k), "{:.2f}") for k in ("lateness_p99_ms", "lateness_max_ms")]
@@ -199,19 +209,19 @@ def _latency_table(r: Mapping) -> list[str]:
                       "per second of the replays' real duration (t0 to the last request's end).", ""]
 
 
-def _power_and_attribution(r: Mapping) -> list[str]:
+def _power_and_attribution(r: Report) -> list[str]:
     out = ["## Minimum detectable effect (alpha 0.05, power 0.8, paired t over windows)", ""]
-    out += [f"- goodput, {k}: {fmt_num(v, '{:.2f}%')}" for k, v in r["mde_pct"]["goodput"].items()]
-    for m, sec in r["secondary"].items():
+    out += [f"- goodput, {k}: {fmt_num(v, '{:.2f}%')}" for k, v in r.mde_pct["goodput"].items()]
+    for m, sec in r.secondary.items():
         c = sec["comparison"]
         ci = "n/a" if c["t_ci95"] is None else f"[{c['t_ci95'][0]:+.2f}, {c['t_ci95'][1]:+.2f}]%"
         out.append(f"- {m} per window: mean change {fmt_num(c['mean'], '{:+.2f}%')}, 95% CI {ci}, "
                    f"MDE {fmt_num(c['mde'], '{:.2f}%')} over {c['n']} windows")
-    out += ["", *noise_floor_lines(r.get("noise_floor") or {})]
-    a = r["attribution"]
-    lat = ((r.get("paired_latency") or {}).get(r["comparison"][1]) or {}).get("tpot_ms") or {}
+    out += ["", *noise_floor_lines(r.noise_floor or {})]
+    a = r.attribution
+    lat = (r.paired_latency.get(r.treatment) or {}).get("tpot_ms") or {}
     tpot = ({"mean": lat.get("estimate_pct"), "t_ci95": lat.get("ci95_pct")} if lat.get("ci95_pct")
-            else r["secondary"].get("tpot_p50_ms", {}).get("comparison", {}))
+            else r.secondary.get("tpot_p50_ms", {}).get("comparison", {}))
     out += ["", "## Attribution: what the kernel can explain", "",
             "- predicted step-time change (upper bound): "
             f"{fmt_num(a.get('predicted_step_change_pct'), '{:+.3f}%')} "
@@ -317,34 +327,35 @@ def arm_lines(r: Mapping) -> list[str]:
                   f"usage{examples}.", ""]
 
 
-def render_markdown(r: Mapping) -> str:
+def render_markdown(r: Report) -> str:
     """The whole report.md text."""
-    cmd = r.get("command") or []
-    t, rec, d = r.get("trace") or {}, r["records"], r["design"]
+    cmd = r.command or []
+    t, rec, d, model = r.trace or {}, r.records, r.design, r.model
     durations = sorted({w["duration_s"] for w in d["windows"]})
-    lines = headline(r) + ["", f"# RMSNorm A/B goodput report ({r['status']})", "",
-                           f"- model {r['model'].get('name')} ({r['model'].get('dtype')}, eager "
-                           f"{r['model'].get('eager')}) on {r['gpu']}; arms {', '.join(r['arm_labels'])} "
-                           f"(kernels {', '.join(r['arms'])}), baseline first",
-                           f"- trace {t.get('path')} (sha256 {str(t.get('sha256'))[:12]}..., "
-                           f"{t.get('requests')} requests)",
-                           f"- design: {len(d['windows'])} windows of {durations} s x loads "
-                           f"{', '.join(f'{x:g}x' for x in d['loads'])}, arm order {d.get('order_method')}; "
-                           f"warm-up {d['warmup']}",
-                           f"- records: {rec['total']} in {rec['file']}; "
-                           f"{rec['warmup_excluded']} warm-up and "
-                           f"{rec.get('burnin_excluded', 0)} burn-in records are not compared",
-                           *_clipping_line(d.get("clipping")), ""]
-    if r["missing"]:
+    aa = "; A/A run" if r.aa.is_aa else ""
+    notes = notices(r)
+    lines = [f"# RMSNorm A/B goodput report ({r.status}{aa})", "", *summary_lines(r),
+             *notes, *([""] if notes else []),
+             f"- model {model.get('name')} ({model.get('dtype')}, eager {model.get('eager')}) on {r.gpu}; "
+             f"arms {', '.join(r.arm_labels)} (kernels {', '.join(r.arms)}), baseline first",
+             f"- trace {t.get('path')} (sha256 {str(t.get('sha256'))[:12]}..., {t.get('requests')} requests)",
+             f"- design: {len(d['windows'])} windows of {durations} s x loads "
+             f"{', '.join(f'{x:g}x' for x in d['loads'])}, arm order {d.get('order_method')}; "
+             f"warm-up {d['warmup']}",
+             f"- records: {rec.total} in {rec.file}; {rec.warmup_excluded} warm-up and "
+             f"{rec.burnin_excluded} burn-in records are not compared",
+             *_clipping_line(d.get("clipping")), "", *comparison_lines(r)]
+    if r.missing:
         lines += ["## Missing", ""] + [f"- {m['arm']} window {m['window']} load {m['load']:g}x: {m['reason']}"
-                                       for m in r["missing"]] + [""]
-    if r.get("stopped_reason"):
-        lines += ["## Why the run stopped", "", "```", r["stopped_reason"].rstrip(), "```", ""]
-    if r["warnings"]:
-        lines += ["## Warnings", ""] + [f"- {w}" for w in r["warnings"]] + [""]
-    lines += (arm_lines(r) + knee_lines(r) + _slo_tables(r) + _latency_table(r) + design_lines(r)
-              + _power_and_attribution(r))
-    lines += ["## Plots", ""] + [f"![{p}]({p})" for p in r.get("plots", [])] + [""]
+                                       for m in r.missing] + [""]
+    if r.stopped_reason:
+        lines += ["## Why the run stopped", "", "```", r.stopped_reason.rstrip(), "```", ""]
+    if r.warnings:
+        lines += ["## Warnings", ""] + [f"- {w}" for w in r.warnings] + [""]
+    sections = r.to_json()  # the three section writers below still read report.json's entries
+    lines += (arm_lines(sections) + knee_lines(sections) + _slo_tables(r) + _latency_table(r)
+              + design_lines(sections) + _power_and_attribution(r))
+    lines += ["## Plots", ""] + [f"![{p}]({p})" for p in r.plots or []] + [""]
     if cmd and str(cmd[0]).endswith(".py"):
         cmd = ["python", *cmd]
     lines += ["## Reproduce", "", "```",

@@ -48,7 +48,9 @@ def test_ab_report_json_and_markdown(tmp_path):
     assert s["delta_goodput_pct"] == pytest.approx(100 * 2 / (stock_met / 12))
     assert r["records"]["warmup_excluded"] == 6 and on_disk["aa"]["is_aa"] is False
     lines = (run_dir / "report.md").read_text().splitlines()
-    assert lines[0].startswith("- TPOT, paired per request: patched +0.00% vs stock over 12 cells")
+    assert lines[0] == "# RMSNorm A/B goodput report (complete)"
+    assert next(x for x in lines if x.startswith("- TPOT")).startswith(
+        "- TPOT, paired per request: patched +0.00% vs stock over 12 cells")
     first = next(x for x in lines if x.startswith("- chat"))
     assert first.startswith("- chat (TTFT<=2000 ms, TPOT<=100 ms): patched goodput +")
     assert "over 12 paired windows" in first and "MDE" in first
@@ -62,8 +64,10 @@ def test_aa_run_says_so_first(tmp_path):
                         device="cpu", mode_note=note, seed=4)
     r = analyze_run(run_dir, [CHAT])
     lines = (run_dir / "report.md").read_text().splitlines()
-    assert lines[0].startswith("**A/A run**") and note in lines[0]
-    assert lines[1].startswith("**CPU run** — it checks the pipeline") and "not the kernel" in lines[1]
+    first = lines.index(next(x for x in lines if x.startswith("**")))  # the first notice, under the table
+    assert lines[0].endswith("; A/A run)") and lines[first].startswith("**A/A run**") and note in lines[first]
+    cpu = lines[first + 1]
+    assert cpu.startswith("**CPU run** — it checks the pipeline") and "not the kernel" in cpu
     assert next(x for x in lines if x.startswith("- chat")).startswith(
         "- chat (TTFT<=2000 ms, TPOT<=100 ms): stock-b goodput")
     assert r["aa"] == {"is_aa": True, "why": note, "controls": []}
@@ -86,7 +90,8 @@ def test_partial_run_lists_what_is_missing(tmp_path):
     per_load = {(p["arm"], p["load"]): p["n"] for p in r["slos"][0]["per_load"]}
     assert per_load[("stock", 2.0)] == per_load[("patched", 2.0)] == 4 * 40
     md = (run_dir / "report.md").read_text().splitlines()
-    assert md[0].startswith("**PARTIAL RUN**") and reason in md[0] and "5 arm-window cells missing" in md[0]
+    notice = next(x for x in md if x.startswith("**PARTIAL RUN**"))
+    assert md[0].endswith("(partial)") and reason in notice and "5 arm-window cells missing" in notice
 
 
 def test_empty_run_reports_no_comparison(tmp_path):
@@ -182,7 +187,7 @@ def test_interleaved_aa_arm_is_the_noise_floor_of_the_same_run(tmp_path):
     assert r["noise_floor"]["source"] == "this run: stock-b vs stock (interleaved)"
     assert r["aa_in_run"]["paired_latency"]["tpot_ms"]["estimate_pct"] == pytest.approx(0.0, abs=1e-6)
     assert r["noise_floor"]["tpot_by_load"] == {}  # identical servers: no spread, no interval per load
-    first = (run_dir / "report.md").read_text().splitlines()[0]
+    first = next(x for x in (run_dir / "report.md").read_text().splitlines() if x.startswith("- TPOT"))
     assert first.startswith("- TPOT, paired per request: patched +2.00% vs stock")
     assert "forest.png" in r["plots"]
     with pytest.raises(ValueError, match=r"--aa-report .*: this run has its own A/A noise floor \(stock-b\)"):

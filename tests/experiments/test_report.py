@@ -1,6 +1,19 @@
+import json
+from pathlib import Path
+
 import pytest
 
 from experiments.reporting.report import aa_reason, verdict
+from experiments.reporting.schema import Report
+
+BASE = json.loads((Path(__file__).resolve().parents[2] / "experiments" / "results" / "h200-llama1b-ab" /
+                   "report.json").read_text(encoding="utf-8"))
+
+
+def typed(**entries) -> Report:
+    """A committed A/B report without an A/A arm, floor or planted control, `entries` replaced."""
+    return Report.from_json({**BASE, "aa_in_run": None, "noise_floor": None, "planted": [],
+                             "aa": {"is_aa": False, "why": None, "controls": []}, **entries})
 
 
 def entry(**kw):
@@ -57,9 +70,9 @@ def test_clipping_is_stated_beside_the_design():
 def test_latency_lines_give_change_intervals_and_sign_count():
     from experiments.reporting.report_latency import latency_lines
 
-    r = {"comparison": ["stock", "patched"], "secondary": {"tpot_p50_ms": {
+    r = typed(comparison=["stock", "patched"], secondary={"tpot_p50_ms": {
         "comparison": {"mean": 12.16, "t_ci95": [-0.04, 24.35], "bootstrap_ci95": [3.7, 22.6]},
-        "per_window": [{"diff_pct": d} for d in (2.6, 7.4, 10.4, -0.3)]}}}
+        "per_window": [{"diff_pct": d} for d in (2.6, 7.4, 10.4, -0.3)]}})
     assert latency_lines(r) == ["- median TPOT per window (secondary): patched +12.2% vs stock, 95% t CI "
                                 "[-0.0, +24.4]%; percentile bootstrap [+3.7, +22.6]%, optimistic over few "
                                 "windows; higher in 3 of 4 paired windows"]
@@ -84,8 +97,8 @@ def test_paired_lines_lead_with_the_change_its_intervals_and_the_floor_of_the_sa
          "n_cells": 48, "position_pct": -1.1, "position_ci95_pct": [-1.4, -0.8], "estimator": "huber",
          "downweighted_cells": 7, "least_squares_pct": 0.5, "least_squares_ci95_pct": [0.1, 0.9]}
     f = {"estimate_pct": 0.02, "ci95_pct": [-0.2, 0.24]}
-    r = {"comparison": ["stock", "patched"], "paired_latency": {"patched": {"tpot_ms": c}},
-         "aa_in_run": {"pair": ["stock", "stock-b"], "paired_latency": {"tpot_ms": f}}}
+    r = typed(comparison=["stock", "patched"], paired_latency={"patched": {"tpot_ms": c}},
+              aa_in_run={"pair": ["stock", "stock-b"], "paired_latency": {"tpot_ms": f}})
     assert paired_lines(r) == [
         "- TPOT, paired per request: patched +0.41% vs stock, 95% CI [+0.12, +0.70]% (Huber M-estimate with "
         "load effects, order-adjusted t over 48 cells (7 downweighted), primary; least squares +0.50% "
@@ -115,8 +128,8 @@ def test_further_arms_get_their_own_paired_lines_without_the_floor():
 
     c = {"estimate_pct": 0.5, "ci95_pct": [0.2, 0.8], "bootstrap_ci95_pct": [0.3, 0.7], "mde_pct": 0.3,
          "n_cells": 16}
-    r = {"comparison": ["stock", "patched"], "aa": {"controls": ["stock-b"]},
-         "paired_latency": {"patched": {"tpot_ms": c}, "stock-b": {"tpot_ms": c}, "planted": {"tpot_ms": c}}}
+    r = typed(comparison=["stock", "patched"], aa={"is_aa": False, "why": None, "controls": ["stock-b"]},
+              paired_latency={lab: {"tpot_ms": c} for lab in ("patched", "stock-b", "planted")})
     lines = paired_lines(r)
     assert [x.split(":")[1].split()[0] for x in lines] == ["patched", "planted"]
 
@@ -127,28 +140,27 @@ def test_an_aa_floor_off_zero_says_the_servers_differ():
     c = {"estimate_pct": 0.3, "ci95_pct": [-0.1, 0.7], "bootstrap_ci95_pct": [0.0, 0.6], "mde_pct": 0.6,
          "n_cells": 21}
     off = {"estimate_pct": 0.55, "ci95_pct": [0.20, 0.90]}
-    r = {"comparison": ["stock", "patched"], "paired_latency": {"patched": {"tpot_ms": c}},
-         "aa_in_run": {"pair": ["stock", "stock-b"], "paired_latency": {"tpot_ms": off}}}
+    r = typed(comparison=["stock", "patched"], paired_latency={"patched": {"tpot_ms": c}},
+              aa_in_run={"pair": ["stock", "stock-b"], "paired_latency": {"tpot_ms": off}})
     assert paired_lines(r)[0].endswith("A/A floor (stock-b vs stock, this run) +0.55% [+0.20, +0.90]% — the "
                                        "A/A interval excludes 0: the two servers of one arm differ, so a "
                                        "change of that size is not the arms'")
-    r["aa_in_run"]["paired_latency"]["tpot_ms"] = {"estimate_pct": 0.1, "ci95_pct": [-0.2, 0.4]}
+    r.aa_in_run["paired_latency"]["tpot_ms"] = {"estimate_pct": 0.1, "ci95_pct": [-0.2, 0.4]}
     assert "excludes 0" not in paired_lines(r)[0]
 
 
 def test_a_client_that_fell_behind_is_flagged_at_the_top():
-    from experiments.reporting.report_md import LATENESS_BOUND_MS, headline
+    from experiments.reporting.report_md import LATENESS_BOUND_MS, notices
 
     rows = [{"arm": "stock", "load": 4.0, "lateness_p99_ms": 0.7},
             {"arm": "patched", "load": 16.0, "lateness_p99_ms": 118.6}]
-    r = {"aa": {"is_aa": False}, "status": "complete", "latency": rows, "comparison": ["stock", "patched"],
-         "slos": [], "secondary": {}}
-    lines = headline(r)
+    r = typed(status="complete", latency=rows)
+    lines = notices(r)
     assert LATENESS_BOUND_MS < 118.6
     assert any(x.startswith("**The load generator fell behind**") and "patched 16x (119 ms)" in x
                and "stock 4x" not in x for x in lines)
     rows[1]["lateness_p99_ms"] = 0.8
-    assert not any("fell behind" in x for x in headline(r))
+    assert not any("fell behind" in x for x in notices(r))
 
 
 @pytest.mark.parametrize("key, counts, n, notice, shown", [
@@ -156,16 +168,15 @@ def test_a_client_that_fell_behind_is_flagged_at_the_top():
     ("batched", (94, 1121), 1380, "**Tokens streamed in batches**", "stock 2x (81%)"),  # 7% is not flagged
 ])
 def test_replies_without_the_engines_token_timing_are_flagged_at_the_top(key, counts, n, notice, shown):
-    from experiments.reporting.report_md import headline
+    from experiments.reporting.report_md import notices
 
     rows = [{"arm": "stock", "load": 1.0, "n": n, key: counts[0]},
             {"arm": "stock", "load": 2.0, "n": n, key: counts[1]}]
-    r = {"aa": {"is_aa": False}, "status": "complete", "latency": rows, "comparison": ["stock", "patched"],
-         "slos": [], "secondary": {}}
-    (line,) = [x for x in headline(r) if x.startswith(notice)]
+    r = typed(status="complete", latency=rows)
+    (line,) = [x for x in notices(r) if x.startswith(notice)]
     assert shown in line and "1x" not in line
     rows[1][key] = 0
-    assert not any(x.startswith(notice) for x in headline(r))
+    assert not any(x.startswith(notice) for x in notices(r))
 
 
 

@@ -1,0 +1,143 @@
+"""report.json as one typed object: the only module that writes and reads it.
+
+`Report` holds every top-level entry in report.json's order; `Report.from_json` refuses a key it does
+not know, `to_json` gives the same document back (keys, order and values), so a report read and
+written again is the same file. A report of an older schema version is upgraded when read, one
+function per old version (`UPGRADES[v]` turns version v into v + 1), so renderers see today's shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from common.jsonfile import ResultFileError, read_json, write_json
+
+REPORT_SCHEMA_VERSION = 1
+# version -> the function that turns a report of that version into the next one; none older than 1 yet
+UPGRADES: dict[int, Callable[[dict], dict]] = {}
+# entries written only when set: the layout of a duet run; the analysis inputs, noise floor and plots
+# of reports written before them (filled in by analyze before every write today)
+OPTIONAL = ("noise_floor", "layout", "inputs", "plots")
+
+Json = dict[str, Any]
+
+
+@dataclass
+class AA:
+    """Whether the run is A/A (every arm the same kernel), why, and the interleaved A/A control arms."""
+
+    is_aa: bool
+    why: str | None
+    controls: list[str]
+
+
+@dataclass
+class Records:
+    """The records file and how many records were not compared."""
+
+    file: str | None
+    total: int
+    warmup_excluded: int
+    burnin_excluded: int = 0
+    damage: list[str] | None = None  # what the integrity checks found (analysed anyway: --accept-damaged)
+
+
+@dataclass
+class Report:
+    """report.json, entry by entry (docs/DESIGN.md's contract keys first)."""
+
+    trace: Json | None
+    model: Json
+    gpu: str | None
+    arms: list[str]
+    arm_labels: list[str]
+    comparison: list[str]  # [baseline, primary treatment]
+    design: Json
+    slos: list[Json]
+    attribution: Json
+    schema_version: int
+    tool_version: str | None
+    device: str | None
+    aa: AA
+    status: str  # "complete" or "partial"
+    run_status: str | None
+    stopped_reason: str | None
+    missing: list[Json]
+    warnings: list[Any]
+    records: Records
+    arm_definitions: dict[str, Json]
+    prompts: Json
+    planted: list[Json]
+    paired_latency: dict[str, dict[str, Json]]  # treatment label -> metric -> paired comparison
+    aa_in_run: Json | None
+    burnin: list[Json]
+    drift: Json
+    knee: Json | None
+    latency: list[Json]
+    secondary: dict[str, Json]
+    mde_pct: Json
+    command: list[str] | str | None
+    noise_floor: Json | None = None
+    layout: Json | None = None
+    inputs: Json | None = None
+    plots: list[str] | None = None
+
+    @property
+    def baseline(self) -> str:
+        return self.comparison[0]
+
+    @property
+    def treatment(self) -> str:
+        return self.comparison[1]
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Report:
+        """The typed report of a report.json document of today's version."""
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(doc) - set(names))
+        if unknown:
+            raise ResultFileError(f"report: entries this schema does not know: {', '.join(unknown)}")
+        kw = dict(doc)
+        kw["aa"] = AA(**doc["aa"])
+        kw["records"] = Records(**doc["records"])
+        return cls(**kw)
+
+    def to_json(self) -> Json:
+        """The report.json document, entries in their order; unset optional entries left out."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None and f.name in OPTIONAL:
+                continue
+            out[f.name] = asdict(value) if f.name in ("aa", "records") else value
+        if self.records.damage is None:  # only a damaged run's report has the entry
+            del out["records"]["damage"]
+        return out
+
+
+def upgrade(doc: Mapping[str, Any], what: str = "report") -> Json:
+    """A report.json document brought to today's version, one upgrade per version it is behind."""
+    doc = dict(doc)
+    version = doc.get("schema_version")
+    if not isinstance(version, int) or version > REPORT_SCHEMA_VERSION:
+        raise ResultFileError(f"{what}: schema_version {version!r}, this reader knows up to "
+                              f"{REPORT_SCHEMA_VERSION}")
+    while version < REPORT_SCHEMA_VERSION:
+        if version not in UPGRADES:
+            raise ResultFileError(f"{what}: no upgrade from schema_version {version}")
+        doc = UPGRADES[version](doc)
+        version = doc["schema_version"] = version + 1
+    return doc
+
+
+def read_report(path: str | Path, what: str = "report") -> Report:
+    """The typed report in `path`, upgraded from an older schema version if need be."""
+    return Report.from_json(upgrade(read_json(path, None, what), f"{path} ({what})"))
+
+
+def write_report_json(path: str | Path, report: Report) -> None:
+    """Write report.json atomically (common.jsonfile)."""
+    write_json(path, report.to_json())
