@@ -13,6 +13,7 @@ from typing import Sequence
 
 from common.jsonfile import write_json
 from experiments.core.rundir import RUN_SCHEMA_VERSION
+from experiments.runner import readiness
 from experiments.runner.config import ConfigError, RunConfig
 from experiments.runner.metrics_scrape import accumulate
 from experiments.runner.plan import Plan
@@ -68,8 +69,10 @@ def patched_policy(cfg: RunConfig) -> dict | None:
 
 
 def default_name(cfg: RunConfig) -> str:
-    """Timestamp-based run name, e.g. 20261202-153012-cpu-tiny-llama."""
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.device}-{Path(cfg.model_dir).name}"
+    """Timestamp-based run name with the device, on a GPU its slug (kernels.environment.gpu_slug), so
+    two GPUs' runs never share a name: 20261202-153012-cpu-tiny-llama, 20261207-101500-h200-llama-3.1-8b."""
+    where = (readiness.gpu_of(cfg) or "cuda") if cfg.device == "cuda" else cfg.device
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{where}-{Path(cfg.model_dir).name}"
 
 
 def make_run_dir(cfg: RunConfig) -> Path:
