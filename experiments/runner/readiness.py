@@ -86,19 +86,37 @@ def _table(cfg: RunConfig, arm: arm_defs.Arm, gpu: str | None) -> str | None:
     return None if path is None else str(path)
 
 
+def _record(cfg: RunConfig, table: str) -> dict:
+    """choice.policy_record of a table for cfg's model: its row ranges [lo, hi, fused] per op."""
+    return arm_defs.policy_record(cfg.model_dir, cfg.dtype, "eager" if cfg.eager else "compiled", table)
+
+
+def _fuses(record: dict) -> bool:
+    return any(fused for segments in record["segments"].values() for *_, fused in segments)
+
+
 def check_tables(cfg: RunConfig, gpu: str | None) -> None:
-    """ConfigError when an arm that dispatches by the policy table has none for this GPU (it would
-    run stock: an A/A labelled as an A/B), unless cfg.allow_no_table; nothing on CPU or --endpoint."""
+    """ConfigError when an arm that dispatches by the policy table has none for this GPU, or one that
+    fuses no call of the model's shape (it would run stock: an A/A labelled as an A/B), unless
+    cfg.allow_no_table; nothing on CPU or --endpoint."""
     if cfg.device != "cuda" or cfg.endpoints or cfg.allow_no_table:
         return
     mode = "eager" if cfg.eager else "compiled"
+    stock = "so it would run stock, an A/A labelled as an A/B"
+    fix = (f"make the table first: {choice.MAKE_TABLES.format(gpu=gpu)}; or pass {ALLOW_FLAG} to run it as "
+           "an explicit A/A")
     for arm in dict.fromkeys(cfg.arm_definitions):
-        if arm_defs.uses_policy(arm) and _table(cfg, arm, gpu) is None:
+        if not arm_defs.uses_policy(arm):
+            continue
+        table = _table(cfg, arm, gpu)
+        if table is None:
             raise ConfigError(
                 f"--arm {arm.name}: no {mode} policy table for GPU {gpu} (kernels/results/"
-                f"{choice.TABLES[mode].format(gpu=gpu)}), so it would run stock, an A/A labelled as an A/B; "
-                f"make the table first: {choice.MAKE_TABLES.format(gpu=gpu)}; or pass {ALLOW_FLAG} to run "
-                "it as an explicit A/A")
+                f"{choice.TABLES[mode].format(gpu=gpu)}), {stock}; {fix}")
+        if table not in (choice.ALL_FUSED, choice.NONE_FUSED) and not _fuses(rec := _record(cfg, table)):
+            raise ConfigError(
+                f"--arm {arm.name}: {rec['table']} fuses no call of {cfg.model} (hidden {rec['hidden']}, "
+                f"{rec['dtype']}), {stock}; {fix}")
 
 
 def _ranges(segments: list[list]) -> str:
@@ -123,7 +141,7 @@ def describe_arm(cfg: RunConfig, label: str, arm: arm_defs.Arm, gpu: str | None)
     if table in (choice.ALL_FUSED, choice.NONE_FUSED):
         what = "every call fused" if table == choice.ALL_FUSED else "every call declined (stock)"
         return f"{label}: policy {table}: {what}{planted}"
-    rec = arm_defs.policy_record(cfg.model_dir, cfg.dtype, "eager" if cfg.eager else "compiled", table)
+    rec = _record(cfg, table)
     ops = "; ".join(f"{op} fused at rows {_ranges(segs)}" for op, segs in rec["segments"].items())
     shape = f"hidden {rec['hidden']}, {rec['dtype']}"
     return f"{label}: {rec['table']} ({shape}): {ops}; stock elsewhere{planted}"
