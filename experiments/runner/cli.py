@@ -188,9 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="interleaved: add a second server of the first arm (label <arm>-b) replayed in "
                          "the same "
                          "randomised order as the other arms, so the A/A noise floor comes from the same "
-                         "run, design, clocks and time (one server more, resident with the others; 8B "
-                         "shape on one "
-                         "H200: --gpu-memory-utilization 0.3); none: no A/A arm. Default: interleaved for "
+                         "run, design, clocks and time (one server more, resident with the others, "
+                         "counted in the GPU's memory); none: no A/A arm. Default: interleaved for "
                          "resident servers, none with --one-at-a-time, --endpoint or when the arms are "
                          "already A/A")
     d = ap.add_argument_group("layout (how the arms share the GPUs)")

@@ -25,8 +25,9 @@ ALLOW_FLAG = "--allow-no-table"
 
 
 def resident_servers(cfg: RunConfig) -> int:
-    """Servers on one GPU at once: every arm's, or one (--one-at-a-time, or a duet's GPU)."""
-    return 1 if cfg.one_at_a_time or cfg.layout == "duet" else len(cfg.labels)
+    """Servers on one GPU at once: one per arm (a duet's GPU too: one server per arm and GPU), or one
+    with --one-at-a-time."""
+    return 1 if cfg.one_at_a_time else len(cfg.labels)
 
 
 def need_tokens(cfg: RunConfig) -> int:
