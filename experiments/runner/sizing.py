@@ -207,8 +207,12 @@ def flags_that_fit(shapes: dict[str, Shape], model: str, arms: Sequence[str], aa
 @functools.cache
 def gpu_memory() -> tuple[int, int]:
     """(free, total) bytes of CUDA device 0 (torch.cuda.mem_get_info), asked in a child process so
-    that this one holds no CUDA context (and none of the GPU's memory) while the servers run."""
+    that this one holds no CUDA context (and none of the GPU's memory) while the servers run; OSError
+    naming the failure when it cannot."""
     code = "import torch; print(*torch.cuda.mem_get_info(0))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    free, total = (int(x) for x in out.split())
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if out.returncode != 0:
+        why = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise OSError(f"cannot read the GPU's memory (torch.cuda.mem_get_info in {sys.executable}): {why}")
+    free, total = (int(x) for x in out.stdout.split())
     return free, total

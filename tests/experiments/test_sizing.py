@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import subprocess
 
 import pytest
 
@@ -120,3 +121,11 @@ def test_one_server_at_a_time_sizes_one_server(design: RunConfig) -> None:
     one = dataclasses.replace(design, arms=DESIGN_ARMS[:3], one_at_a_time=True, knee_factors=None)
     out = _sized(one, 24, set())
     assert out.model == "llama-3.2-1b" and readiness.memory_fit(out, (24 * GB, 24 * GB)).servers == 1
+
+
+def test_an_unreadable_gpu_memory_is_one_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    why = "RuntimeError: No CUDA GPUs are available"
+    failed = subprocess.CompletedProcess([], 1, "", f"Traceback ...\n{why}\n")
+    monkeypatch.setattr(sizing.subprocess, "run", lambda *a, **k: failed)
+    with pytest.raises(OSError, match=rf"^cannot read the GPU's memory .*: {why}$"):
+        sizing.gpu_memory.__wrapped__()
