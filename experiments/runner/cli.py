@@ -25,6 +25,7 @@ from pathlib import Path
 
 from common.cliargs import fail
 from experiments.core.slo import DEFAULT_SLO_FILE, load_slo_file, parse_slo
+from experiments.runner import readiness
 from experiments.runner.config import (
     DEVICE_DEFAULTS,
     LAYOUTS,
@@ -301,7 +302,10 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                       layout=args.layout, gpus=args.gpus, **overrides,
                       **{k: v for k, v in clips.items() if isinstance(v, int)})
     unclipped = {k: None for k, v in clips.items() if v == NO_CLIP}
-    return dataclasses.replace(cfg, **unclipped) if unclipped else cfg
+    cfg = dataclasses.replace(cfg, **unclipped) if unclipped else cfg
+    if cfg.device == "cuda" and not cfg.endpoints:  # the model, KV cache and share that fit this GPU
+        cfg = readiness.sized(cfg, {k for k, v in overrides.items() if v is not None})
+    return cfg
 
 
 def _print_plan(cfg: RunConfig) -> None:

@@ -4,7 +4,7 @@ Without a CUDA GPU the defaults are the embedded run: the tiny random-weight Lla
 float32, a short slice of the trace with token counts clipped, a few minutes in all on two cores.
 With a CUDA GPU they are the kit's best design (h200-llama8b-confirm3's): stock, patched, the planted
 twin and the interleaved A/A resident at once with the same explicit KV cache, a knee search, 24
-windows of 10 s; the model, KV cache and memory share sized to the GPU's memory (readiness.sized).
+windows of 10 s; the CLI sizes the model, KV cache and memory share to the GPU (readiness.sized).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ ENDPOINT_ARM = "declared by the user: a server it started (--endpoint); the kit 
 # The arms when none are named: on a GPU the planted twin (the positive control) beside patched
 AB_ARMS = ("stock", "patched")
 DEFAULT_ARMS = {"cpu": AB_ARMS, "cuda": (*AB_ARMS, "planted:3us")}
-# Defaults sized to the GPU's memory (readiness.sized) unless given
+# Defaults the CLI sizes to the GPU's memory (readiness.sized) unless given
 SIZED = ("model", "kv_cache_memory_bytes", "gpu_memory_utilization")
 
 
@@ -54,7 +54,7 @@ DEVICE_DEFAULTS: dict[str, dict] = {
     # h200-llama8b-confirm3's design (its plan names the six flags it needed): the knee searched at 5x
     # and 8x, then measured at two loads bracketing it and a latency-sensitive one (5x and 8x when no
     # knee is found), 24 windows of 10 s, outputs clipped to 128 tokens. Model, KV cache and
-    # --gpu-memory-utilization here are the largest design; readiness.sized picks what fits the GPU.
+    # --gpu-memory-utilization here are the largest design; the CLI's readiness.sized picks what fits.
     "cuda": dict(model="llama-3.1-8b", dtype="bfloat16", eager=False, windows=24, window_s=10.0,
                  warmup_s=10.0, loads=(5.0, 8.0), knee_factors=(5.0, 8.0), max_input_tokens=None,
                  max_output_tokens=128, kv_cache_memory_bytes=10 * GIB, gpu_memory_utilization=None,
@@ -338,14 +338,9 @@ def make_config(trace: str | Path, device: str | None = None, **overrides) -> Ru
     if fields.get("layout") == "duet" and not fields.get("gpus"):
         fields["gpus"] = default_gpus(device, len(fields.get("arms") or RunConfig.arms))
     try:
-        cfg = RunConfig(trace=Path(trace), device=device, **fields)
+        return RunConfig(trace=Path(trace), device=device, **fields)
     except TypeError as exc:  # an unknown override name
         raise ConfigError(str(exc)) from None
-    if device == "cuda" and not cfg.endpoints:
-        from experiments.runner.readiness import sized  # deferred: it imports this module
-
-        cfg = sized(cfg, given)
-    return cfg
 
 
 def default_arms(device: str | None, layout: str = "turns") -> tuple[str, ...]:

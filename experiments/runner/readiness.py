@@ -5,13 +5,11 @@ arm runs, and how long the run will take."""
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Collection
 
 from experiments.runner import sizing
-from experiments.runner.config import ConfigError, RunConfig, resolve_model
+from experiments.runner.config import SIZED, ConfigError, RunConfig, resolve_model
 from integration import arms as arm_defs
-from integration import choice
 from traces.trace import clip_tokens, load_trace, time_window
 
 # Wall time of one run, from h200-llama8b-confirm3/console.log: two waves of server starts in 213 s,
@@ -76,19 +74,12 @@ def sized(cfg: RunConfig, given: Collection[str], memory: tuple[int, int] | None
 
 
 def gpu_of(cfg: RunConfig) -> str | None:
-    """The GPU's slug on a CUDA run (choice.current_gpu), None on CPU."""
-    return choice.current_gpu() if cfg.device == "cuda" else None
-
-
-def _table(cfg: RunConfig, arm: arm_defs.Arm, gpu: str | None) -> str | None:
-    """The policy table (or 'all'/'none') an arm that uses the kit's policy dispatches by."""
-    env = {**os.environ, **dict(arm.extra_env)}
-    path = choice.policy_path("eager" if cfg.eager else "compiled", gpu, env)
-    return None if path is None else str(path)
+    """The GPU's slug on a CUDA run (integration.arms.current_gpu), None on CPU."""
+    return arm_defs.current_gpu() if cfg.device == "cuda" else None
 
 
 def _record(cfg: RunConfig, table: str) -> dict:
-    """choice.policy_record of a table for cfg's model: its row ranges [lo, hi, fused] per op."""
+    """arm_defs.policy_record of a table for cfg's model: its row ranges [lo, hi, fused] per op."""
     return arm_defs.policy_record(cfg.model_dir, cfg.dtype, "eager" if cfg.eager else "compiled", table)
 
 
@@ -104,17 +95,17 @@ def check_tables(cfg: RunConfig, gpu: str | None) -> None:
         return
     mode = "eager" if cfg.eager else "compiled"
     stock = "so it would run stock, an A/A labelled as an A/B"
-    fix = (f"make the table first: {choice.MAKE_TABLES.format(gpu=gpu)}; or pass {ALLOW_FLAG} to run it as "
+    fix = (f"make the table first: {arm_defs.MAKE_TABLES.format(gpu=gpu)}; or pass {ALLOW_FLAG} to run it as "
            "an explicit A/A")
     for arm in dict.fromkeys(cfg.arm_definitions):
         if not arm_defs.uses_policy(arm):
             continue
-        table = _table(cfg, arm, gpu)
+        table = arm_defs.policy_table(arm, cfg.eager, gpu)
         if table is None:
             raise ConfigError(
                 f"--arm {arm.name}: no {mode} policy table for GPU {gpu} (kernels/results/"
-                f"{choice.TABLES[mode].format(gpu=gpu)}), {stock}; {fix}")
-        if table not in (choice.ALL_FUSED, choice.NONE_FUSED) and not _fuses(rec := _record(cfg, table)):
+                f"{arm_defs.TABLES[mode].format(gpu=gpu)}), {stock}; {fix}")
+        if table not in (arm_defs.ALL_FUSED, arm_defs.NONE_FUSED) and not _fuses(rec := _record(cfg, table)):
             raise ConfigError(
                 f"--arm {arm.name}: {rec['table']} fuses no call of {cfg.model} (hidden {rec['hidden']}, "
                 f"{rec['dtype']}), {stock}; {fix}")
@@ -135,12 +126,12 @@ def describe_arm(cfg: RunConfig, label: str, arm: arm_defs.Arm, gpu: str | None)
         return f"{label}: {arm.description or 'vLLM as shipped'}"
     if cfg.device == "cpu":
         return f"{label}: stock on CPU (the kit's kernel is CUDA only; every call declined){planted}"
-    table = _table(cfg, arm, gpu)
+    table = arm_defs.policy_table(arm, cfg.eager, gpu)
     if table is None:
         return (f"{label}: stock: no policy table for GPU {gpu}, every call declined ({ALLOW_FLAG}: an "
                 f"explicit A/A){planted}")
-    if table in (choice.ALL_FUSED, choice.NONE_FUSED):
-        what = "every call fused" if table == choice.ALL_FUSED else "every call declined (stock)"
+    if table in (arm_defs.ALL_FUSED, arm_defs.NONE_FUSED):
+        what = "every call fused" if table == arm_defs.ALL_FUSED else "every call declined (stock)"
         return f"{label}: policy {table}: {what}{planted}"
     rec = _record(cfg, table)
     ops = "; ".join(f"{op} fused at rows {_ranges(segs)}" for op, segs in rec["segments"].items())
@@ -172,6 +163,8 @@ def design(cfg: RunConfig, server_waves: int) -> dict:
     gpu = gpu_of(cfg)
     check_tables(cfg, gpu)
     fit = memory_fit(cfg) if cfg.device == "cuda" and not cfg.endpoints else None
+    if fit is not None and not fit.fits:  # as configured: refused with the flags that fit
+        sized(cfg, SIZED)
     return {"gpu": gpu, "arms_run": describe_arms(cfg, gpu), "memory": fit and fit.to_json(),
             "duration_s": round(duration_s(cfg, server_waves))}
 

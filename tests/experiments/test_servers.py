@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.runner import config, sizing
+from experiments.runner import config
 from experiments.runner.config import make_config
 from experiments.runner.servers import StartFailed, _stop_then_raise, start_waves
 
@@ -18,7 +18,6 @@ TRACE = Path(__file__).resolve().parents[2] / "traces" / "chat.jsonl"
 @pytest.fixture
 def gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(config, "detect_device", lambda: "cuda")
-    monkeypatch.setattr(sizing, "gpu_memory", lambda: (141 * 10**9, 141 * 10**9))  # an H200's, sized
 
 
 def test_gpu_servers_start_together_and_those_sharing_a_compile_cache_after(gpu: None) -> None:
