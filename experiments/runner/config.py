@@ -100,7 +100,6 @@ class RunConfig:
     extra_server_args: tuple[str, ...] = field(default_factory=tuple)
     layout: str = "turns"
     gpus: tuple[int, ...] = ()  # duet: the CUDA device index (on CPU: the server slot) of each placement
-
     allow_no_table: bool = False  # run policy arms on a GPU without a table (stock there: an A/A)
 
     def __post_init__(self) -> None:

@@ -118,7 +118,7 @@ def prepare(cfg: RunConfig) -> Plan:
     """Read and check the trace, cut windows and warm-up, build the schedule.
 
     Raises TraceError (file:line) for a bad trace and ConfigError for windows the trace cannot fill
-    or a policy arm without a table (readiness.check_tables).
+    or, on a GPU, a policy arm without a table or servers that do not fit (readiness.design).
     """
     original = load_trace(cfg.trace)
     reqs = clip_tokens(original, cfg.max_input_tokens, cfg.max_output_tokens)

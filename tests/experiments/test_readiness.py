@@ -110,6 +110,13 @@ def test_the_printed_plan_says_per_arm_memory_and_length(on_gpu, capsys) -> None
     assert any(line.startswith("GPU h100-80gb-hbm3: 4 x llama-3.2-1b") for line in readiness.summary(plan))
 
 
+def test_a_run_without_a_table_is_recorded_as_an_a_a(monkeypatch) -> None:
+    monkeypatch.setattr(choice, "current_gpu", lambda: NEW_GPU)
+    note = runrecord.mode_note(cuda_cfg(allow_no_table=True))
+    assert note is not None and note.startswith("A/A for patched, planted:3us: GPU h100-80gb-hbm3 has no")
+    assert runrecord.mode_note(cuda_cfg()) is None
+
+
 def test_run_directories_carry_the_gpu(monkeypatch) -> None:
     monkeypatch.setattr(choice, "current_gpu", lambda: NEW_GPU)
     assert "-h100-80gb-hbm3-llama-3.1-8b" in runrecord.default_name(cuda_cfg())
