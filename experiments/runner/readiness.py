@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection
+from pathlib import Path
 
 from experiments.runner import sizing
 from experiments.runner.config import SIZED, ConfigError, RunConfig, resolve_model
@@ -20,6 +21,7 @@ REPLAY_OVERHEAD_S = 1.0
 KNEE_WINDOWS = 5  # experiments.stats.knee.SEARCH_QUANTILES: windows replayed per searched factor
 ANALYSIS_S = 60.0
 ALLOW_FLAG = "--allow-no-table"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def resident_servers(cfg: RunConfig) -> int:
@@ -95,8 +97,9 @@ def check_tables(cfg: RunConfig, gpu: str | None) -> None:
         return
     mode = "eager" if cfg.eager else "compiled"
     stock = "so it would run stock, an A/A labelled as an A/B"
-    fix = (f"make the table first: {arm_defs.MAKE_TABLES.format(gpu=gpu)}; or pass {ALLOW_FLAG} to run it as "
-           "an explicit A/A")
+    model = cfg.model_dir.relative_to(ROOT) if cfg.model_dir.is_relative_to(ROOT) else cfg.model_dir
+    fix = (f"make the table first: {arm_defs.MAKE_TABLES.format(gpu=gpu)}, prove with --model {model}; or "
+           f"pass {ALLOW_FLAG} to run it as an explicit A/A")
     for arm in dict.fromkeys(cfg.arm_definitions):
         if not arm_defs.uses_policy(arm):
             continue

@@ -48,6 +48,7 @@ def test_a_policy_arm_without_a_table_is_refused_naming_the_commands() -> None:
     message = str(err.value)
     assert message.startswith("--arm patched: no compiled policy table for GPU h100-80gb-hbm3")
     assert choice.MAKE_TABLES.format(gpu=NEW_GPU) in message and "--allow-no-table" in message
+    assert "prove with --model integration/models/llama-3.1-8b;" in message
     readiness.check_tables(cuda_cfg(allow_no_table=True), NEW_GPU)  # an explicit A/A
     readiness.check_tables(cuda_cfg(), "h200")  # the committed table
     readiness.check_tables(cuda_cfg(arms=("stock", "plugin-idle")), NEW_GPU)  # sets its own policy
