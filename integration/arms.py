@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import re
 import sys
 import tomllib
@@ -22,6 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from integration import choice
+
+# re-exported for experiments/, which reads the policy through this module
+from integration.choice import ALL_FUSED as ALL_FUSED
+from integration.choice import MAKE_TABLES as MAKE_TABLES
+from integration.choice import NONE_FUSED as NONE_FUSED
+from integration.choice import TABLES as TABLES
 
 # re-exported: callers name them as arms.X (their home is integration.names)
 from integration.names import IR_OPS as IR_OPS
@@ -295,6 +302,19 @@ def uses_policy(arm: Arm) -> bool:
     """Whether the arm's norm calls go through the kit's provider and its policy table (patched,
     plugin-idle and the planted control)."""
     return arm.provider == PROVIDER
+
+
+def current_gpu() -> str | None:
+    """This process's GPU slug, None without one (choice.current_gpu)."""
+    return choice.current_gpu()
+
+
+def policy_table(arm: Arm, eager: bool, gpu: str | None) -> str | None:
+    """What a policy arm dispatches by on `gpu`: the table's path, or 'all'/'none' where its own
+    environment (or this process's) names one; None where that GPU has no table."""
+    env = {**os.environ, **dict(arm.extra_env)}
+    path = choice.policy_path("eager" if eager else "compiled", gpu, env)
+    return None if path is None else str(path)
 
 
 def compilation_config_for(range_ends: list[int]) -> dict:

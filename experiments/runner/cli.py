@@ -25,12 +25,15 @@ from pathlib import Path
 
 from common.cliargs import fail
 from experiments.core.slo import DEFAULT_SLO_FILE, load_slo_file, parse_slo
+from experiments.runner import readiness
 from experiments.runner.config import (
     DEVICE_DEFAULTS,
     LAYOUTS,
     RESULTS_DIR,
+    SIZED,
     ConfigError,
     RunConfig,
+    default_arms,
     make_config,
 )
 from traces.trace import TraceError
@@ -85,15 +88,17 @@ DEFAULT_ARMS = ("stock", "patched")
 AA_CHOICES = ("interleaved", "none")
 
 
-def chosen_arms(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(arm names, endpoint URLs aligned with them or ()) from --arm, --arms and --endpoint."""
+def chosen_arms(args: argparse.Namespace,
+                default: tuple[str, ...] = DEFAULT_ARMS) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(arm names, endpoint URLs aligned with them or ()) from --arm, --arms and --endpoint, else
+    `default`."""
     flags = (("--arms", args.arms), ("--arm", args.arm), ("--endpoint", args.endpoint))
     given = [flag for flag, v in flags if v]
     if len(given) > 1:
         raise ConfigError(f"{' and '.join(given)}: name the arms one way (--endpoint names them itself)")
     if args.endpoint:
         return tuple(n for n, _ in args.endpoint), tuple(u for _, u in args.endpoint)
-    return tuple(args.arms or args.arm or DEFAULT_ARMS), ()
+    return tuple(args.arms or args.arm or default), ()
 
 
 def with_aa_arm(arms: tuple[str, ...], aa: str | None, one_at_a_time: bool,
@@ -135,7 +140,8 @@ def clip(text: str) -> int | str:
 def _defaults(key: str) -> str:
     cpu, cuda = DEVICE_DEFAULTS["cpu"][key], DEVICE_DEFAULTS["cuda"][key]
     show = lambda v: ",".join(f"{x:g}" for x in v) if isinstance(v, tuple) else v  # noqa: E731
-    return f"default: {show(cpu)} on CPU, {show(cuda)} on CUDA"
+    sized = " or what fits the GPU's memory" if key in SIZED else ""
+    return f"default: {show(cpu)} on CPU, {show(cuda)}{sized} on CUDA"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -156,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "vllm_c (vLLM's own CUDA norm kernels), planted:<N>us or planted:<N>ns (positive "
                         "control: the patched arm with N of delay inside every fused norm call, compared "
                         "with patched; on CPU stock plus a host wait at every call); more in "
-                        "--arms-file (default: stock then patched)")
+                        "--arms-file (default: stock then patched, on CUDA then planted:3us)")
     a.add_argument("--arms", type=arms_list, metavar="A,B[,...]",
                    help="the same as repeated --arm, comma-separated (stock,stock is a plain A/A run, "
                         "labels stock-a/stock-b)")
@@ -164,6 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="TOML file of [[arm]] tables (name, description, plugins, provider, server_args, "
                         "env; format: integration/arms.toml) adding arms that --arm can name; run.json "
                         "records every arm's whole definition")
+    a.add_argument("--allow-no-table", action="store_true",
+                   help="run arms that dispatch by the GPU's policy table (patched, planted) on a GPU "
+                        "that has none: they are stock there, so the run is an explicit A/A (the plan says "
+                        "so per arm); refused otherwise, naming the commands that make the table")
     a.add_argument("--allow-arm-differences", action="store_true",
                    help="let an arm set flags every arm of a run must share (model, dtype, KV-cache size, "
                         "compile mode, ...: integration/arms.py SHARED_FLAGS); refused otherwise. The "
@@ -179,9 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="interleaved: add a second server of the first arm (label <arm>-b) replayed in "
                          "the same "
                          "randomised order as the other arms, so the A/A noise floor comes from the same "
-                         "run, design, clocks and time (one server more, resident with the others; 8B "
-                         "shape on one "
-                         "H200: --gpu-memory-utilization 0.3); none: no A/A arm. Default: interleaved for "
+                         "run, design, clocks and time (one server more, resident with the others, "
+                         "counted in the GPU's memory); none: no A/A arm. Default: interleaved for "
                          "resident servers, none with --one-at-a-time, --endpoint or when the arms are "
                          "already A/A")
     d = ap.add_argument_group("layout (how the arms share the GPUs)")
@@ -282,9 +291,10 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         "max_input_tokens", "max_output_tokens", "blocks", "seed", "request_timeout_s", "server_timeout_s")}
     overrides["knee_factors"] = args.knee
     clips = {k: overrides.pop(k) for k in ("max_input_tokens", "max_output_tokens")}
-    names, urls = chosen_arms(args)
+    device = None if args.device == "auto" else args.device
+    names, urls = chosen_arms(args, default_arms(device, args.layout))
     arms = with_aa_arm(names, args.aa, args.one_at_a_time, bool(urls), args.layout == "duet")
-    cfg = make_config(args.trace, None if args.device == "auto" else args.device, arms=arms,
+    cfg = make_config(args.trace, device, arms=arms, allow_no_table=args.allow_no_table,
                       arms_file=args.arms_file, endpoints=urls,
                       allow_arm_differences=args.allow_arm_differences,
                       one_at_a_time=args.one_at_a_time, slos=slos, slo_file=args.slo_file,
@@ -292,14 +302,17 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                       layout=args.layout, gpus=args.gpus, **overrides,
                       **{k: v for k, v in clips.items() if isinstance(v, int)})
     unclipped = {k: None for k, v in clips.items() if v == NO_CLIP}
-    return dataclasses.replace(cfg, **unclipped) if unclipped else cfg
+    cfg = dataclasses.replace(cfg, **unclipped) if unclipped else cfg
+    if cfg.device == "cuda" and not cfg.endpoints:  # the model, KV cache and share that fit this GPU
+        cfg = readiness.sized(cfg, {k for k, v in overrides.items() if v is not None})
+    return cfg
 
 
 def _print_plan(cfg: RunConfig) -> None:
     from experiments.runner.plan import prepare
 
     plan = prepare(cfg)
-    print(json.dumps({"config": cfg.to_json(), "windows": [w.to_json() for w in plan.windows],
+    print(json.dumps({"config": cfg.to_json(), **plan.design, "windows": [w.to_json() for w in plan.windows],
                       "warmup_requests": len(plan.warmup), "clipped_requests": plan.clipped_requests,
                       "schedule": [s.to_json() for s in plan.steps],
                       **({"placements": [p.to_json() for p in plan.placements]} if plan.placements else {})},

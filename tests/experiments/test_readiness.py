@@ -1,0 +1,125 @@
+"""What a run says and refuses before any server starts: a policy arm without its GPU's table, each
+arm's server, the GPU design by default, the run's length, run directories named by GPU."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments.runner import cli as run_cli
+from experiments.runner import config, orchestrate, readiness, runrecord, sizing
+from experiments.runner.config import DEVICE_DEFAULTS, GIB, ConfigError, RunConfig
+from integration import choice
+from tests.experiments.test_config import TRACE
+
+NEW_GPU = "h100-80gb-hbm3"  # no table in kernels/results
+
+
+@pytest.fixture(autouse=True)
+def no_policy_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (choice.POLICY_ENV, choice.POLICY_ENV_COMPILED, choice.GPU_ENV):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def on_gpu(monkeypatch: pytest.MonkeyPatch):
+    """This process as a CUDA machine of `gb` GB whose GPU is `gpu` (no GPU is used)."""
+
+    def set_gpu(gpu: str, gb: int = 80) -> None:
+        monkeypatch.setattr(config, "detect_device", lambda: "cuda")
+        monkeypatch.setattr(sizing, "gpu_memory", lambda: (gb * 10**9, gb * 10**9))
+        monkeypatch.setattr(choice, "current_gpu", lambda: gpu)
+
+    return set_gpu
+
+
+def cuda_cfg(**changes) -> RunConfig:
+    fields = {**DEVICE_DEFAULTS["cuda"], "kv_cache_memory_bytes": 11 * GIB,
+              "arms": ("stock", "patched", "planted:3us", "stock"), **changes}
+    return RunConfig(trace=TRACE, device="cuda", **fields)
+
+
+def test_a_policy_arm_without_a_table_is_refused_naming_the_commands() -> None:
+    with pytest.raises(ConfigError) as err:
+        readiness.check_tables(cuda_cfg(), NEW_GPU)
+    message = str(err.value)
+    assert message.startswith("--arm patched: no compiled policy table for GPU h100-80gb-hbm3")
+    assert choice.MAKE_TABLES.format(gpu=NEW_GPU) in message and "--allow-no-table" in message
+    assert "prove with --model integration/models/llama-3.1-8b;" in message
+    readiness.check_tables(cuda_cfg(allow_no_table=True), NEW_GPU)  # an explicit A/A
+    readiness.check_tables(cuda_cfg(), "h200")  # the committed table
+    readiness.check_tables(cuda_cfg(arms=("stock", "plugin-idle")), NEW_GPU)  # sets its own policy
+
+
+def test_a_table_that_fuses_nothing_of_the_model_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"^--arm patched: kernels/results/policy-h200-in-graph.json fuses "
+                                          r"no call of llama-3.2-1b \(hidden 2048, bf16\)"):
+        readiness.check_tables(cuda_cfg(model="llama-3.2-1b"), "h200")
+
+
+def test_each_arm_says_what_it_runs() -> None:
+    h200 = readiness.describe_arms(cuda_cfg(), "h200")
+    assert h200[0].startswith("stock: vLLM as shipped") and h200[3].startswith("stock-b: vLLM as shipped")
+    assert h200[1].startswith("patched: kernels/results/policy-h200-in-graph.json (hidden 4096, bf16)")
+    assert "rms_norm fused at rows " in h200[1] and h200[1].endswith("; stock elsewhere")
+    assert h200[2].endswith("stock elsewhere; plus 3000 ns inside every fused call")
+    new = readiness.describe_arms(cuda_cfg(allow_no_table=True), NEW_GPU)
+    assert new[1] == ("patched: stock: no policy table for GPU h100-80gb-hbm3, every call declined "
+                      "(--allow-no-table: an explicit A/A)")
+    cpu = readiness.describe_arms(config.make_config(TRACE, "cpu"), None)
+    assert cpu[1] == "patched: stock on CPU (the kit's kernel is CUDA only; every call declined)"
+
+
+def test_the_run_length_is_said() -> None:
+    minutes = readiness.duration_s(cuda_cfg(), server_waves=2) / 60
+    assert 15 < minutes < 25  # h200-llama8b-confirm3 took 19 min, server starts to the last replay
+
+
+def test_the_gpu_default_is_the_confirm3_design_sized_to_the_gpu(on_gpu) -> None:
+    on_gpu("h200", 141)
+    cfg = run_cli.config_from_args(run_cli.build_parser().parse_args(["--trace", str(TRACE)]))
+    assert cfg.labels == ("stock", "patched", "planted:3us", "stock-b") and cfg.knee_factors == (5.0, 8.0)
+    assert (cfg.windows, cfg.window_s, cfg.max_output_tokens, cfg.max_model_len) == (24, 10.0, 128, 16384)
+    assert cfg.model == "llama-3.1-8b" and cfg.kv_cache_memory_bytes == 11 * GIB
+    on_gpu(NEW_GPU, 80)
+    small = run_cli.config_from_args(run_cli.build_parser().parse_args(["--trace", str(TRACE)]))
+    assert small.model == "llama-3.2-1b" and small.kv_cache_memory_bytes == 10 * GIB
+    one_flags = ["--trace", str(TRACE), "--one-at-a-time"]
+    one = run_cli.config_from_args(run_cli.build_parser().parse_args(one_flags))
+    assert one.knee_factors is None and one.labels == ("stock", "patched", "planted:3us")
+
+
+def test_a_run_without_a_table_stops_before_any_server(on_gpu, monkeypatch, tmp_path: Path, capsys) -> None:
+    on_gpu(NEW_GPU, 80)
+    monkeypatch.setattr(orchestrate, "start_servers", lambda *a, **k: pytest.fail("a server was started"))
+    assert run_cli.main(["--trace", str(TRACE), "--results-dir", str(tmp_path)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "--arm patched: no compiled policy table for GPU h100-80gb-hbm3" in err[0]
+    assert "python -m kernels.suite" in err[0] and not any(tmp_path.iterdir())
+
+
+def test_the_printed_plan_says_per_arm_memory_and_length(on_gpu, capsys) -> None:
+    on_gpu(NEW_GPU, 80)
+    assert run_cli.main(["--trace", str(TRACE), "--allow-no-table", "--dry-run"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["gpu"] == NEW_GPU and plan["config"]["allow_no_table"] is True
+    assert [line.split(":")[0] for line in plan["arms_run"]] == ["stock", "patched", "planted", "stock-b"]
+    assert plan["memory"]["model"] == "llama-3.2-1b" and plan["memory"]["fits"] and plan["duration_s"] > 0
+    assert any(line.startswith("GPU h100-80gb-hbm3: 4 x llama-3.2-1b") for line in readiness.summary(plan))
+
+
+def test_a_run_without_a_table_is_recorded_as_an_a_a(monkeypatch) -> None:
+    monkeypatch.setattr(choice, "current_gpu", lambda: NEW_GPU)
+    note = runrecord.mode_note(cuda_cfg(allow_no_table=True))
+    assert note is not None and note.startswith("A/A for patched, planted:3us: GPU h100-80gb-hbm3 has no")
+    assert runrecord.mode_note(cuda_cfg()) is None
+
+
+def test_run_directories_carry_the_gpu(monkeypatch) -> None:
+    monkeypatch.setattr(choice, "current_gpu", lambda: NEW_GPU)
+    assert "-h100-80gb-hbm3-llama-3.1-8b" in runrecord.default_name(cuda_cfg())
+    cpu = config.make_config(TRACE, "cpu")
+    assert runrecord.default_name(dataclasses.replace(cpu)).endswith("-cpu-tiny-llama")

@@ -1,0 +1,131 @@
+"""The GPU-memory arithmetic of a run: weights from config.json, KV bytes per token, the trace's KV
+need, and the design picked (or refused, with flags that fit) for 24, 40, 80 and 141 GB GPUs."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+
+import pytest
+
+from experiments.runner import readiness, sizing
+from experiments.runner.config import DEVICE_DEFAULTS, GIB, ConfigError, RunConfig
+from integration.launcher import MODELS_DIR
+from tests.experiments.test_config import TRACE
+from traces.trace import TraceRequest
+
+GB = 10**9
+DESIGN_ARMS = ("stock", "patched", "planted:3us", "stock")  # the GPU default with the interleaved A/A
+
+
+@pytest.fixture(scope="module")
+def design() -> RunConfig:
+    return RunConfig(trace=TRACE, device="cuda", arms=DESIGN_ARMS, **DEVICE_DEFAULTS["cuda"])
+
+
+@pytest.fixture(scope="module")
+def need(design: RunConfig) -> int:
+    return readiness.need_tokens(design)
+
+
+def test_weights_and_kv_per_token_come_from_config_json() -> None:
+    eight = sizing.shape(MODELS_DIR / "llama-3.1-8b", "bfloat16")
+    one = sizing.shape(MODELS_DIR / "llama-3.2-1b", "bfloat16")
+    assert eight.weight_bytes == 2 * 8_030_261_248  # vLLM logs "Model loading took 15.0 GiB"
+    assert one.weight_bytes == 2 * 1_235_814_400  # tied lm_head; vLLM logs 2.32 GiB
+    assert eight.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2 and one.kv_bytes_per_token == 2 * 16 * 8 * 64 * 2
+    assert sizing.shape(MODELS_DIR / "tiny-llama", "auto").weight_bytes % 4 == 0  # float32 from config
+
+
+def test_in_flight_tokens_counts_requests_held_at_once() -> None:
+    reqs = [TraceRequest(0.0, 100, 10), TraceRequest(0.1, 50, 10), TraceRequest(100.0, 1000, 1)]
+    assert sizing.in_flight_tokens(reqs, 1.0) == 1001  # the last alone is the most
+    assert sizing.in_flight_tokens(reqs[:2], 1.0) == 170  # the first two overlap
+    assert sizing.kv_need_tokens([reqs[:2]], [1.0], 16384) == 16384  # vLLM's cache holds max-model-len
+
+
+def _sized(cfg: RunConfig, gb: float, given: set[str]) -> RunConfig:
+    return readiness.sized(cfg, {"arms", *given}, (int(gb * GB), int(gb * GB)))
+
+
+def _apply(cfg: RunConfig, flags: str) -> tuple[RunConfig, set[str]]:
+    """cfg with a suggested flag set applied (the flags the CLI would pass), and the names given."""
+    words, changes, given = flags.split(), {}, {"kv_cache_memory_bytes"}
+    arms = list(cfg.arms)
+    for i, w in enumerate(words):
+        if w == "--model":
+            changes["model"] = words[i + 1]
+            given.add("model")
+        elif w == "--kv-cache-memory-bytes":
+            changes["kv_cache_memory_bytes"] = int(words[i + 1].removesuffix("GiB")) * GIB
+        elif w == "--one-at-a-time":
+            changes.update(one_at_a_time=True, knee_factors=None)
+            arms = arms[:-1]  # no interleaved A/A with one server at a time
+        elif w == "--arms":
+            arms = words[i + 1].split(",") + arms[-1:]
+        elif w == "--aa":
+            arms = arms[:-1]
+    return dataclasses.replace(cfg, arms=tuple(arms), **changes), given
+
+
+# (GB, --model or None for the default) -> (model picked, KV GiB) or None for a refusal
+EXPECTED = {
+    (24, None): None, (24, "llama-3.2-1b"): None, (24, "llama-3.1-8b"): None,
+    (40, None): ("llama-3.2-1b", 3), (40, "llama-3.2-1b"): ("llama-3.2-1b", 3), (40, "llama-3.1-8b"): None,
+    (80, None): ("llama-3.2-1b", 10), (80, "llama-3.2-1b"): ("llama-3.2-1b", 10), (80, "llama-3.1-8b"): None,
+    (141, None): ("llama-3.1-8b", 11), (141, "llama-3.2-1b"): ("llama-3.2-1b", 10),
+    (141, "llama-3.1-8b"): ("llama-3.1-8b", 11),
+}
+
+
+@pytest.mark.parametrize("gb,model", sorted(EXPECTED, key=str))
+def test_the_design_fits_or_is_refused_with_flags_that_fit(design: RunConfig, need: int, gb: int,
+                                                          model: str | None) -> None:
+    cfg = dataclasses.replace(design, model=model or design.model)
+    given = {"model"} if model else set()
+    expected = EXPECTED[(gb, model)]
+    if expected is None:
+        with pytest.raises(ConfigError) as err:
+            _sized(cfg, gb, given)
+        message = str(err.value)
+        assert "\n" not in message and message.startswith("GPU memory: 4 x ")
+        flags = re.findall(r"`([^`]+)`", message)
+        assert flags, message
+        for f in flags:  # every suggestion fits when applied
+            fixed, fixed_given = _apply(cfg, f)
+            assert readiness.memory_fit(_sized(fixed, gb, fixed_given | given), (gb * GB, gb * GB)).fits, f
+        return
+    out = _sized(cfg, gb, given)
+    fit = readiness.memory_fit(out, (gb * GB, gb * GB))
+    assert (out.model, out.kv_cache_memory_bytes // GIB) == expected
+    assert fit.fits and fit.servers == 4 and fit.kv_tokens >= need
+    assert fit.total_bytes <= gb * GB and 4 * out.gpu_memory_utilization <= 1
+
+
+def test_the_default_fits_an_h100_and_an_h200_as_torch_reports_them(design: RunConfig) -> None:
+    h100 = (85_029_158_912 - GIB // 2, 85_029_158_912)  # "NVIDIA H100 80GB HBM3": 79.2 GiB
+    h200 = (int(139.29 * GIB), 150_754_820_096)  # the first server's "Initial free memory 139.29 GiB"
+    assert readiness.sized(design, {"arms"}, h100).model == "llama-3.2-1b"
+    on_h200 = readiness.sized(design, {"arms"}, h200)
+    assert on_h200.model == "llama-3.1-8b" and on_h200.kv_cache_memory_bytes == 11 * GIB
+
+
+def test_a_given_kv_cache_too_small_for_the_trace_is_refused(design: RunConfig) -> None:
+    small = dataclasses.replace(design, kv_cache_memory_bytes=2 * GIB)
+    with pytest.raises(ConfigError, match=r"holds 16,384 tokens of llama-3.1-8b, the trace needs"):
+        readiness.sized(small, {"arms", "kv_cache_memory_bytes"}, (141 * GB, 141 * GB))
+
+
+def test_one_server_at_a_time_sizes_one_server(design: RunConfig) -> None:
+    one = dataclasses.replace(design, arms=DESIGN_ARMS[:3], one_at_a_time=True, knee_factors=None)
+    out = _sized(one, 24, set())
+    assert out.model == "llama-3.2-1b" and readiness.memory_fit(out, (24 * GB, 24 * GB)).servers == 1
+
+
+def test_an_unreadable_gpu_memory_is_one_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    why = "RuntimeError: No CUDA GPUs are available"
+    failed = subprocess.CompletedProcess([], 1, "", f"Traceback ...\n{why}\n")
+    monkeypatch.setattr(sizing.subprocess, "run", lambda *a, **k: failed)
+    with pytest.raises(OSError, match=rf"^cannot read the GPU's memory .*: {why}$"):
+        sizing.gpu_memory.__wrapped__()
