@@ -25,6 +25,7 @@ from experiments.core.schedule import Step
 from experiments.runner.config import RunConfig, make_config
 from experiments.runner.orchestrate import run_experiment
 from experiments.stats import knee
+from experiments.stats.runframe import load_run
 from integration.launcher import MODELS_DIR, ServerConfig, VllmServer, free_port
 from loadgen.records import read_records
 
@@ -299,6 +300,10 @@ def test_instances_restart_every_arm_between_blocks(cfg: RunConfig, tmp_path: Pa
     scheduled = {(lab, w["id"], ld, i) for lab in ("stock", "patched") for w in run["windows"]
                  for ld in run["loads"] for i in range(w["requests"])}
     assert set(measured) == scheduled and set(measured.values()) == {1}  # one record per request
+    assert "analysis_error" not in run and (run_dir / "report.json").is_file()
+    df = load_run(run_dir)
+    measured_df = df[df["phase"] == "measure"]
+    assert measured_df.groupby("instance")["window"].agg(set).to_dict() == {0: {0}, 1: {1}}
 
 
 def test_one_instance_leaves_records_and_run_json_as_they_were(cfg: RunConfig,
