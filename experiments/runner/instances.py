@@ -11,7 +11,9 @@ was not the same between an arm's instances. `--instances 1` (the default) chang
 
 `--precision PCT` or `--budget-min MIN` choose instances x windows by experiments.stats.design from
 the committed prior (experiments/results/instance-floor.json: its variance components and costs,
-the costs rescaled to this run's servers and loads) and say what they predict before a server starts.
+the costs rescaled to this run's servers and loads: a start costs what the prior's run took per
+server from its start to its first replay, warm-up included, burn-in not) and say what they predict
+before a server starts.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from scipy import stats as sps
+
 from common.jsonfile import read_json
 from experiments.core.schedule import Segment, Step, split_blocks
 from experiments.runner.config import ConfigError, RunConfig
@@ -31,7 +35,6 @@ from experiments.runner.runrecord import RunRecord
 from experiments.runner.servers import Server
 from experiments.stats import design
 from experiments.stats.paired import pct
-from integration.endpoint import Endpoint
 
 PRIOR = Path(__file__).resolve().parents[1] / "results" / "instance-floor.json"
 _KV_RE = re.compile(r"KV cache size: ([\d,]+) tokens")
@@ -95,6 +98,12 @@ class Instances:
         if n > 1:
             record.data["instances"] = {"count": n, "arms": {}, "differences": {}}
 
+    def segments(self, steps: Sequence[Step]) -> list[Segment]:
+        """`segments` of the run's steps, the windows of each instance kept in run.json."""
+        segs = segments(steps, self.n)
+        self.record.data["instances"]["windows"] = [sorted({s.window for s in seg.steps}) for seg in segs]
+        return segs
+
     def tags(self, label: str) -> dict:
         """The tag every record of `label` gets now ({} with one instance: records as before)."""
         return {"instance": self.current.get(label, 0)} if self.n > 1 else {}
@@ -106,13 +115,12 @@ class Instances:
         arms = self.record.data["instances"]["arms"]
         entries = arms.setdefault(label, [])
         self.current[label] = len(entries)
-        proc = None if isinstance(server, Endpoint) else server.proc
+        proc, config = getattr(server, "proc", None), getattr(server, "config", None)  # none: an endpoint
         started_at = dt.datetime.fromtimestamp(at, dt.timezone.utc).isoformat(timespec="milliseconds")
         entries.append({"index": len(entries), "started_at": started_at, "ready_s": round(ready_s, 3),
                         "pid": proc.pid if proc else None, "gpu_state": gpu_state(),
-                        "port": getattr(getattr(server, "config", None), "port", None),
-                        "kv_cache_memory_bytes": getattr(getattr(server, "config", None),
-                                                         "kv_cache_memory_bytes", None),
+                        "port": getattr(config, "port", None),
+                        "kv_cache_memory_bytes": getattr(config, "kv_cache_memory_bytes", None),
                         **engine_start(server.log_tail(400))})
         self.record.data["instances"]["differences"][label] = differences(entries)
 
@@ -137,11 +145,7 @@ def prior(cfg: RunConfig, path: Path = PRIOR) -> tuple[design.Components, design
 def predict(c: design.Components, costs: design.Costs, instances: int, windows: int, window_s: float) -> dict:
     """Half-width (percent, over instance pairs) and GPU minutes of `instances` x `windows` per instance."""
     var = design.variance(c, costs, instances, windows, window_s)
-    half = None
-    if instances >= 2:
-        from scipy import stats as sps
-
-        half = pct(float(sps.t.ppf(0.975, instances - 1)) * math.sqrt(var))
+    half = pct(float(sps.t.ppf(0.975, instances - 1)) * math.sqrt(var)) if instances >= 2 else None
     return {"instances": instances, "windows": windows * instances, "windows_per_instance": windows,
             "half_width_pct": half, "gpu_minutes": float(design.cost(costs, instances, windows, window_s))}
 

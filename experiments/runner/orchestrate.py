@@ -92,8 +92,8 @@ class Runner:
             self._ensure(tuple(self.cfg.labels), burn_in=False)
             self._knee_search()
         n = self.instances.n
-        segs = instances.segments(self.plan.steps, n) if n > 1 else segments(self.plan.steps,
-                                                                             self.cfg.one_at_a_time)
+        segs = self.instances.segments(self.plan.steps) if n > 1 else segments(self.plan.steps,
+                                                                               self.cfg.one_at_a_time)
         for k, seg in enumerate(segs):
             if k and n > 1:
                 self._restart()
@@ -113,13 +113,12 @@ class Runner:
 
     def _restart(self) -> None:
         """Stop every server and start them again in the order of their first start (the next
-        instance of every arm), each warmed up again; _ensure burns them in."""
+        instance of every arm), each warmed up as new; the block's _ensure burns them in."""
         for label in list(self.start_order):
             log.info("stopping %s server (next instance)", label)
             self.servers[label].stop()
             self.owned.discard(label)
             self.burned.discard(label)
-            self.record.unmark_warmed(label)
         self._ensure(tuple(self.start_order), burn_in=False)
 
     def _ensure(self, arms: tuple[str, ...], burn_in: bool = True) -> None:

@@ -200,9 +200,6 @@ class RunRecord:
     def mark_warmed(self, label: str) -> None:
         self._warmed.add(label)
 
-    def unmark_warmed(self, label: str) -> None:
-        self._warmed.discard(label)
-
     def finish(self, status: str, reason: str | None) -> None:
         self.data.update(status=status, stopped_reason=reason,
                          finished=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))

@@ -281,7 +281,7 @@ def test_instances_restart_every_arm_between_blocks(cfg: RunConfig, tmp_path: Pa
     assert events[2:6] == ["w0"] * 4 and events[6:8] == first and events[8:] == ["w1"] * 4  # same order
     assert {lab: s["starts"] for lab, s in run["servers"].items()} == {"stock": 2, "patched": 2}
     inst = run["instances"]
-    assert inst["count"] == 2 and set(inst["arms"]) == {"stock", "patched"}
+    assert inst["count"] == 2 and set(inst["arms"]) == {"stock", "patched"} and inst["windows"] == [[0], [1]]
     for entries in inst["arms"].values():
         assert [e["index"] for e in entries] == [0, 1]
         assert all(e["ready_s"] > 0 and e["pid"] and "gpu_state" in e for e in entries)
