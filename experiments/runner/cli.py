@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from common.cliargs import fail, positive_float, positive_int
+from common.cliargs import OneLineParser, fail, positive_float, positive_int
 from experiments.core.slo import DEFAULT_SLO_FILE, load_slo_file, parse_slo
 from experiments.runner.config import (
     DEVICE_DEFAULTS,
@@ -139,7 +139,7 @@ def _defaults(key: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python experiments/run.py", description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(prog="python experiments/run.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", type=Path, required=True, help="JSONL request trace (traces/*.jsonl format)")
     ap.add_argument("--name",
                     help="run directory name under --results-dir (default: <timestamp>-<device>-<model>)")

@@ -113,7 +113,8 @@ def test_cli_bad_instance_flags_get_one_line(tmp_path, capsys, flags, message) -
 
 @pytest.mark.parametrize("flags", [("--instances", "0"), ("--precision", "-1"),
                                    ("--precision", "1", "--budget-min", "5")])
-def test_cli_refuses_bad_values_by_argparse(tmp_path, capsys, flags) -> None:
+def test_cli_refuses_bad_values_in_one_line(tmp_path, capsys, flags) -> None:
     with pytest.raises(SystemExit) as exc:
         _main(tmp_path, *flags)
-    assert exc.value.code == 2 and "Traceback" not in capsys.readouterr().err
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and err[0].startswith("python experiments/run.py: error: ")
