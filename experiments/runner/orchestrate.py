@@ -6,7 +6,8 @@ started are waited for and measured alike; every replay of a run uses the same p
 After each server start the runner warms the server up (phase "warmup", at the highest load) and
 then replays one burn-in cell on the freshly started arms (phase "burnin": recorded, shown in the
 report, never compared). Every replay's start, wall time and, where a GPU exists, its clocks and
-temperature right after it are appended to run.json's "replays".
+temperature right after it are appended to run.json's "replays". With --instances N every server is
+restarted between N blocks of windows (experiments.runner.instances).
 
     run_dir = run_experiment(make_config("traces/chat.jsonl"))
 
@@ -138,9 +139,10 @@ class Runner:
         for label in new:
             self.servers[label] = started[label]
             self.owned.add(label)
-            self.start_order += [label] if label not in self.start_order else []
+            if label not in self.start_order:
+                self.start_order.append(label)
             self.record.add_server(label, self.servers[label])
-            self.instances.started(label, self.servers[label], *times.get(label, (time.time(), 0.0)))
+            self.instances.started(label, self.servers[label], *times[label])
         for label in arms:
             if label in new or not self.record.warmed(label):
                 self._warm_up(label)
