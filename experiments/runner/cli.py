@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from common.cliargs import fail
+from common.cliargs import OneLineParser, fail, positive_float, positive_int
 from experiments.core.slo import DEFAULT_SLO_FILE, load_slo_file, parse_slo
 from experiments.runner import readiness
 from experiments.runner.config import (
@@ -145,7 +145,7 @@ def _defaults(key: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python experiments/run.py", description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(prog="python experiments/run.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", type=Path, required=True, help="JSONL request trace (traces/*.jsonl format)")
     ap.add_argument("--name",
                     help="run directory name under --results-dir (default: <timestamp>-<device>-<model>)")
@@ -243,6 +243,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0,
                    help="seed of the prompts (the same for every arm) and of the randomised arm order "
                         "(default: 0)")
+    i = ap.add_argument_group("server instances (experiments/runner/instances.py)")
+    i.add_argument("--instances", type=positive_int, metavar="N",
+                   help="run every arm on N server instances: the windows in N equal blocks, every server "
+                        "restarted (warm-up and burn-in again) before each block but the first; records "
+                        "carry the instance, run.json 'instances' each start (default: 1, no restart)")
+    ix = i.add_mutually_exclusive_group()
+    ix.add_argument("--precision", type=positive_float, metavar="PCT",
+                    help="choose instances x windows (at --window-s) whose interval over instances has this "
+                         "half-width in %%, at the least GPU time, from the committed prior "
+                         "(experiments/results/instance-floor.json); printed before any server starts; "
+                         "--instances and --windows given still win")
+    ix.add_argument("--budget-min", type=positive_float, metavar="MIN",
+                    help="the same, the narrowest interval this many GPU minutes buy")
     s = ap.add_argument_group("servers (identical for every arm the kit starts)")
     s.add_argument("--model", help=f"model name under integration/models, a directory with config.json only "
                                    f"(random weights, token-id prompts), or a Hugging Face-format directory "
@@ -341,15 +354,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
                         datefmt="%H:%M:%S")
+    from experiments.runner import instances
     from experiments.runner.orchestrate import run_experiment  # deferred: imports vLLM-side dependencies
 
     try:
-        cfg = config_from_args(args)
+        cfg, n_instances, design = instances.choose(config_from_args(args), args.instances,
+                                                    args.windows is not None, args.precision, args.budget_min)
+        if design is not None:
+            print(instances.describe(design), file=sys.stderr)
+        instances.check(cfg, n_instances)
         if args.dry_run:
             _print_plan(cfg)
             return 0
         check_results_dir(cfg.results_dir)
-        run_dir = run_experiment(cfg, argv=["experiments/run.py", *argv])
+        run_dir = run_experiment(cfg, argv=["experiments/run.py", *argv], n_instances=n_instances,
+                                 design=design)
     except (ConfigError, TraceError, ValueError, OSError) as exc:
         return fail(ap.prog, str(exc))
     run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))

@@ -6,7 +6,8 @@ started are waited for and measured alike; every replay of a run uses the same p
 After each server start the runner warms the server up (phase "warmup", at the highest load) and
 then replays one burn-in cell on the freshly started arms (phase "burnin": recorded, shown in the
 report, never compared). Every replay's start, wall time and, where a GPU exists, its clocks and
-temperature right after it are appended to run.json's "replays".
+temperature right after it are appended to run.json's "replays". With --instances N every server is
+restarted between N blocks of windows (experiments.runner.instances).
 
     run_dir = run_experiment(make_config("traces/chat.jsonl"))
 
@@ -43,7 +44,7 @@ from experiments.core.schedule import (
     segments,
 )
 from experiments.core.slo import DEFAULT_SLO_FILE, load_slo_file, meets
-from experiments.runner import duetrun, readiness
+from experiments.runner import duetrun, instances, readiness
 from experiments.runner.config import RunConfig
 from experiments.runner.environment import capture_environment, gpu_clocks
 from experiments.runner.metrics_scrape import CumulativeHistogram, difference, scrape
@@ -63,8 +64,11 @@ class Runner:
     """Executes a plan's segments against the servers and records every replay."""
 
     def __init__(self, plan: Plan, record: RunRecord, servers: Mapping[str, Server] | None,
-                 before_replay: BeforeReplay | None, prompts: PromptSource | None = None) -> None:
+                 before_replay: BeforeReplay | None, prompts: PromptSource | None = None,
+                 n_instances: int = 1) -> None:
         self.plan, self.cfg, self.record, self.prompts = plan, plan.cfg, record, prompts
+        self.instances = instances.Instances(record, n_instances)
+        self.start_order: list[str] = []  # the labels in the order their servers first started
         self.servers: dict[str, Server] = dict(servers or {})
         self.owned: set[str] = set()  # servers this runner started (and must stop)
         self.before_replay = before_replay
@@ -83,11 +87,17 @@ class Runner:
     def execute(self) -> None:
         """Run every segment: bring up its arms (warming each new one up and burning it in), replay
         its steps; with --knee, search the knee on the baseline first (the servers warmed up, the
-        burn-in left for the loads the search chooses) and measure at the loads it chose."""
+        burn-in left for the loads the search chooses) and measure at the loads it chose. With
+        --instances N, every server is restarted before each of the N blocks of windows but the first."""
         if self.cfg.knee_factors:
             self._ensure(tuple(self.cfg.labels), burn_in=False)
             self._knee_search()
-        for seg in segments(self.plan.steps, self.cfg.one_at_a_time):
+        n = self.instances.n
+        segs = self.instances.segments(self.plan.steps) if n > 1 else segments(self.plan.steps,
+                                                                               self.cfg.one_at_a_time)
+        for k, seg in enumerate(segs):
+            if k and n > 1:
+                self._restart()
             self._ensure(seg.arms)
             for step in seg.steps:
                 for label in step.order:
@@ -102,6 +112,16 @@ class Runner:
         self.owned.clear()
         self.bar.close()
 
+    def _restart(self) -> None:
+        """Stop every server and start them again in the order of their first start (the next
+        instance of every arm), each warmed up as new; the block's _ensure burns them in."""
+        for label in list(self.start_order):
+            log.info("stopping %s server (next instance)", label)
+            self.servers[label].stop()
+            self.owned.discard(label)
+            self.burned.discard(label)
+        self._ensure(tuple(self.start_order), burn_in=False)
+
     def _ensure(self, arms: tuple[str, ...], burn_in: bool = True) -> None:
         for label in [lab for lab in self.owned if lab not in arms]:
             log.info("stopping %s server (one at a time)", label)
@@ -109,16 +129,20 @@ class Runner:
             self.owned.discard(label)
             self.burned.discard(label)
         new = [lab for lab in arms if lab not in self.servers or not self.servers[lab].is_alive()]
+        times: dict[str, tuple[float, float]] = {}
         if new:
             self.where = f"while starting the {', '.join(new)} server(s)"
             try:
-                started = start_servers(self.cfg, new, self.record.run_dir)
+                started = start_servers(self.cfg, new, self.record.run_dir, times)
             except StartFailed as exc:
                 raise StopRun(f"server {exc.label} failed to start: {exc}") from None
         for label in new:
             self.servers[label] = started[label]
             self.owned.add(label)
+            if label not in self.start_order:
+                self.start_order.append(label)
             self.record.add_server(label, self.servers[label])
+            self.instances.started(label, self.servers[label], *times[label])
         for label in arms:
             if label in new or not self.record.warmed(label):
                 self._warm_up(label)
@@ -244,7 +268,8 @@ class Runner:
         server = self.servers[label]
         try:
             outcome: list[RequestRecord] | BaseException = replay_sync(
-                server.url, reqs, out=self.record.requests_path, model=server.model_name, tags=tags,
+                server.url, reqs, out=self.record.requests_path, model=server.model_name,
+                tags={**tags, **self.instances.tags(label)},
                 timeout_s=self.cfg.request_timeout_s, seed=seed, progress=self.cfg.progress,
                 vocab_size=self.plan.vocab_size, prompts=self.prompts)
         except (OSError, RuntimeError, ValueError) as exc:  # ReplayStopped among them
@@ -272,15 +297,18 @@ def compress(path: Path) -> Path | None:
 
 def run_experiment(cfg: RunConfig, *, argv: Sequence[str] | None = None,
                    servers: Mapping[str, Server] | None = None,
-                   before_replay: BeforeReplay | None = None, analyze: bool = True) -> Path:
+                   before_replay: BeforeReplay | None = None, analyze: bool = True, n_instances: int = 1,
+                   design: dict | None = None) -> Path:
     """Run the experiment `cfg` describes; return its run directory (run.json, records, report).
 
     `servers`: already-healthy servers for every label (resident mode only); they are used and left
     running (each is warmed up and burnt in first, like a server the run starts). `before_replay` is
-    called before every measured replay (a hook for tests and tools).
+    called before every measured replay (a hook for tests and tools). `n_instances`: server instances
+    per arm (experiments.runner.instances), `design` the record of the design that chose them.
     Raises ConfigError/TraceError before any server starts; never raises for a failed run
     (status "partial" with stopped_reason in run.json).
     """
+    instances.check(cfg, n_instances, servers is not None)
     plan = prepare(cfg)
     keys = duetrun.slot_keys(cfg) if cfg.layout == "duet" else list(cfg.labels)
     if servers is not None and (cfg.one_at_a_time or set(servers) != set(keys)):
@@ -290,6 +318,8 @@ def run_experiment(cfg: RunConfig, *, argv: Sequence[str] | None = None,
     run_dir = make_run_dir(cfg)
     record = RunRecord.create(run_dir, plan, argv)
     record.data["prompts"] = prompt_record
+    if design is not None:
+        record.data["instance_design"] = design
     write_json(run_dir / "environment.json", capture_environment(cfg.trace, cfg.model_dir))
     for label, server in (servers or {}).items():
         record.add_server(label, server)
@@ -297,8 +327,8 @@ def run_experiment(cfg: RunConfig, *, argv: Sequence[str] | None = None,
              len(cfg.labels), record.data["mode_note"] or "A/B")
     for line in readiness.summary(plan.design):
         log.info("%s", line)
-    runner = (duetrun.DuetRunner if cfg.layout == "duet" else Runner)(plan, record, servers, before_replay,
-                                                                      prompts)
+    runner = (duetrun.DuetRunner(plan, record, servers, before_replay, prompts) if cfg.layout == "duet" else
+              Runner(plan, record, servers, before_replay, prompts, n_instances))
     with logging_redirect_tqdm(), sigterm_as_interrupt():
         try:
             runner.execute()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn, TypeVar
@@ -118,41 +119,51 @@ def start_waves(cfg: RunConfig, labels: list[str]) -> list[list[str]]:
     return cache_waves(cfg, labels, lambda label: label)
 
 
-def start_servers(cfg: RunConfig, labels: list[str], run_dir: Path) -> dict[str, Server]:
+def start_servers(cfg: RunConfig, labels: list[str], run_dir: Path,
+                  times: dict[str, tuple[float, float]] | None = None) -> dict[str, Server]:
     """The servers of `labels`, started in the waves of `start_waves` (a wave's servers started
     together, then each waited for) or, for endpoints, waited for. StartFailed names the first that
-    did not come up; every server this call started is stopped then."""
+    did not come up; every server this call started is stopped then. `times` gets label -> (wall-clock
+    start, seconds until it answered; in a wave, checked in turn, at most that)."""
+    times = {} if times is None else times
     arm_of = dict(zip(cfg.labels, cfg.arm_definitions))
     servers: dict[str, Server] = {}
     label = labels[0] if labels else ""
     try:
         for wave in start_waves(cfg, labels):
             if len(wave) == 1:
-                label = wave[0]
+                label, at = wave[0], time.time()
                 servers[label] = start_arm(cfg, label, arm_of[label], run_dir)
+                times[label] = (at, time.time() - at)
                 continue
             servers.update(launch_waves([{label: VllmServer(server_config(cfg, arm_of[label]),
                                                             Path(run_dir) / f"server-{label}.log")
-                                          for label in wave}], cfg.server_timeout_s))
+                                          for label in wave}], cfg.server_timeout_s, times))
     except BaseException as exc:
         _stop_then_raise(servers, label, exc)
     return servers
 
 
-def launch_waves(waves: Sequence[Mapping[str, VllmServer]], timeout_s: float) -> dict[str, VllmServer]:
+def launch_waves(waves: Sequence[Mapping[str, VllmServer]], timeout_s: float,
+                 times: dict[str, tuple[float, float]] | None = None) -> dict[str, VllmServer]:
     """Start the servers of each wave together, wait until each is healthy, then the next wave.
-    StartFailed names the first that did not come up; every server started is stopped then."""
+    StartFailed names the first that did not come up; every server started is stopped then. `times`
+    as start_servers fills it."""
     started: dict[str, VllmServer] = {}
+    at: dict[str, float] = {}
     key = ""
     try:
         for wave in waves:
             for key, server in wave.items():
                 log.info("starting %s server (%s) on port %d", key, arm_of(server.config).name,
                          server.config.port)
+                at[key] = time.time()
                 server.start()
                 started[key] = server
             for key, server in wave.items():
                 server.wait_healthy(timeout_s)
+                if times is not None:
+                    times[key] = (at[key], time.time() - at[key])
                 log.info("%s server healthy at %s", key, server.url)
     except BaseException as exc:
         _stop_then_raise(started, key, exc)

@@ -24,13 +24,13 @@ committed A/A pairs, `external_instance_var`) to its within-pair standard error.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 from experiments.stats.intervals import t_interval
-from experiments.stats.paired import order_adjusted_t, pct
+from experiments.stats.paired import cell_medians, order_adjusted_t, order_gaps, pct, request_pairs
 
 MEDIAN_FACTOR2 = math.pi / 2  # variance of a normal sample's median / variance of its mean
 
@@ -134,6 +134,42 @@ def fit_cells(cells: pd.DataFrame, pairs: pd.DataFrame | None = None, confidence
             "within_pair_ci95_pct": [pct(within["lo"]), pct(within["hi"])],
             "within_pair_df": within["df"],
             "within_pair_interval": "least squares over all cells as one pair: no instance variance"}
+
+
+Orders = Mapping[tuple[int, float], Sequence[str]]  # (window, load) -> arm order: comparisons.cell_orders
+
+
+def cells_from_run(df: pd.DataFrame, baseline: str, treatment: str, metric: str = "tpot_ms",
+                   orders: Orders | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(cells, pairs) of a run's measured requests for `fit_cells`: ``df`` a frame of
+    experiments.stats.runframe.load_run (an instance column; without one, instance 0). A cell's
+    instance is the instance pair that replayed its window; its window is renumbered by position within
+    that instance, so that the pairs line up cell by cell (the trace window kept as trace_window);
+    ``orders`` (comparisons.cell_orders of run.json) give the gap. ValueError when the two arms
+    replayed a window on instances of different index."""
+    m = df[df["phase"] == "measure"].rename(columns={"succeeded": "ok"})
+    m = m.assign(instance=m["instance"] if "instance" in m else 0)
+    of = m[m["arm"].isin([baseline, treatment])].groupby("window")["instance"].unique()
+    mixed = [int(w) for w, v in of.items() if len(v) > 1]
+    if mixed:
+        raise ValueError(f"{baseline} and {treatment} replayed window {mixed[0]} on different instances")
+    pairs = request_pairs(m, baseline, treatment, metric)
+    pairs["instance"] = pairs["window"].map(lambda w: int(of[w][0]))
+    cells = cell_medians(pairs)
+    cells["instance"] = cells["window"].map(lambda w: int(of[w][0]))
+    if orders is not None:
+        cells["gap"] = order_gaps(cells, orders, baseline, treatment)
+    cells["trace_window"] = cells["window"]
+    cells["window"] = cells.groupby("instance")["trace_window"].rank(method="dense").astype(int) - 1
+    return cells, pairs
+
+
+def from_run(df: pd.DataFrame, baseline: str, treatment: str, metric: str = "tpot_ms",
+             orders: Orders | None = None, confidence: float = 0.95) -> dict:
+    """`fit_cells` of a run's cells (`cells_from_run`): the interval over its server instances, the
+    within-pair one and the variance components. ValueError for a run of one instance."""
+    cells, pairs = cells_from_run(df, baseline, treatment, metric, orders)
+    return fit_cells(cells, pairs, confidence)
 
 
 def external_instance_var(estimates: Sequence[float], ses: Sequence[float]) -> dict:

@@ -24,7 +24,8 @@ from experiments.stats import goodput
 
 def load_run(path: str | Path, slos: Sequence[SLO] | None = None) -> pd.DataFrame:
     """Every request of the run directory `path`: arm (label), arm_name, window, load, phase, burnin
-    (the burn-in replay's number, else NA), index, succeeded, error, token counts asked and reported
+    (the burn-in replay's number, else NA), instance (the arm's server instance, 0 for records
+    written before runs had more than one), index, succeeded, error, token counts asked and reported
     (prompt_tokens_match: the server's usage.prompt_tokens equals the trace's input_tokens), times
     and latencies in ms, tpot_unobserved (2+ tokens read in one network read: no TPOT), and
     met:<tier> per SLO (`slos`, default experiments/slos.toml).
@@ -40,6 +41,7 @@ def load_run(path: str | Path, slos: Sequence[SLO] | None = None) -> pd.DataFram
     names = dict(zip(run["arm_labels"], run["arms"]))
     df.insert(1, "arm_name", df["arm"].map(names))
     df.insert(5, "burnin", pd.array([r.tags.get("burnin") for r in records], dtype="Int64"))
+    df.insert(6, "instance", [int(r.tags.get("instance", 0)) for r in records])
     reported = df["prompt_tokens"].astype("Int64")
     df["prompt_tokens"] = reported
     df["prompt_tokens_match"] = (reported == df["input_tokens"]).astype("boolean")

@@ -25,6 +25,7 @@ from experiments.core.schedule import Step
 from experiments.runner.config import RunConfig, make_config
 from experiments.runner.orchestrate import run_experiment
 from experiments.stats import knee
+from experiments.stats.runframe import load_run
 from integration.launcher import MODELS_DIR, ServerConfig, VllmServer, free_port
 from loadgen.records import read_records
 
@@ -261,3 +262,68 @@ def test_knee_needs_resident_servers(cfg: RunConfig) -> None:
         dataclasses.replace(cfg, knee_factors=(1.0, 2.0), one_at_a_time=True)
     with pytest.raises(ValueError, match="--knee must be two or more increasing"):
         dataclasses.replace(cfg, knee_factors=(2.0, 1.0))
+
+
+def test_instances_restart_every_arm_between_blocks(cfg: RunConfig, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[VllmServer] = []
+    events: list[str] = []
+
+    def start_fake(c: RunConfig, label: str, arm: str, run_dir: Path) -> VllmServer:
+        events.append(f"start {label}")
+        started.append(_fake_server(tmp_path / f"{label}-{len(started)}.log"))
+        return started[-1]
+
+    def watch(step: Step, label: str, live: Mapping[str, VllmServer]) -> None:
+        events.append(f"w{step.window}")
+
+    monkeypatch.setattr("experiments.runner.servers.start_arm", start_fake)
+    run_dir = run_experiment(cfg, before_replay=watch, n_instances=2)
+    run = _run(run_dir)
+    assert run["status"] == "complete" and not any(s.is_alive() for s in started)
+    first = events[:2]
+    assert sorted(first) == ["start patched", "start stock"]
+    assert events[2:6] == ["w0"] * 4 and events[6:8] == first and events[8:] == ["w1"] * 4  # same order
+    assert {lab: s["starts"] for lab, s in run["servers"].items()} == {"stock": 2, "patched": 2}
+    inst = run["instances"]
+    assert inst["count"] == 2 and set(inst["arms"]) == {"stock", "patched"} and inst["windows"] == [[0], [1]]
+    for entries in inst["arms"].values():
+        assert [e["index"] for e in entries] == [0, 1]
+        assert all(e["ready_s"] > 0 and e["pid"] and "gpu_state" in e for e in entries)
+        assert entries[0]["pid"] != entries[1]["pid"]
+    assert all("port" in d for d in inst["differences"].values())  # a fresh port each start
+    assert [b["done"] for b in run["burnin"]] and len(run["burnin"]) == 2  # each instance burnt in
+    records = read_records(run_dir / "requests.jsonl.gz")
+    assert {r.tags["instance"] for r in records} == {0, 1}
+    assert all(r.tags["instance"] == r.tags["window"] for r in records if r.tags["phase"] == "measure")
+    unmeasured = Counter((r.tags["phase"], r.tags["instance"]) for r in records
+                         if r.tags["phase"] != "measure")
+    assert unmeasured == {("warmup", 0): 2 * 2, ("warmup", 1): 2 * 2,  # 2 arms x 2 requests
+                          ("burnin", 0): 2 * 4, ("burnin", 1): 2 * 4}
+    measured = Counter((r.tags["arm"], r.tags["window"], r.tags["load"], r.index)
+                       for r in records if r.tags["phase"] == "measure")
+    scheduled = {(lab, w["id"], ld, i) for lab in ("stock", "patched") for w in run["windows"]
+                 for ld in run["loads"] for i in range(w["requests"])}
+    assert set(measured) == scheduled and set(measured.values()) == {1}  # one record per request
+    assert "analysis_error" not in run and (run_dir / "report.json").is_file()
+    df = load_run(run_dir)
+    measured_df = df[df["phase"] == "measure"]
+    assert measured_df.groupby("instance")["window"].agg(set).to_dict() == {0: {0}, 1: {1}}
+
+
+def test_one_instance_leaves_records_and_run_json_as_they_were(cfg: RunConfig,
+                                                                fakes: dict[str, VllmServer]) -> None:
+    run_dir = run_experiment(cfg, servers=fakes, analyze=False)
+    assert "instances" not in _run(run_dir) and "instance_design" not in _run(run_dir)
+    assert all("instance" not in r.tags for r in read_records(run_dir / "requests.jsonl.gz"))
+
+
+@pytest.mark.parametrize(("change", "n", "message"), [
+    ({}, 3, "--windows 2 is not a multiple"),
+    ({"one_at_a_time": True}, 2, "not with --one-at-a-time"),
+    ({}, 0, "must be 1 or more"),
+])
+def test_instances_refused_before_a_server_starts(cfg: RunConfig, change: dict, n: int, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        run_experiment(dataclasses.replace(cfg, **change), n_instances=n)
+    assert not (cfg.results_dir / "run").exists()

@@ -1,0 +1,191 @@
+"""Server instances as a level of the design: every arm restarted between blocks of windows.
+
+With `--instances N` (N > 1) the measured windows are cut into N contiguous blocks of equal size;
+before each block after the first every resident server is stopped and started again (every arm, in
+the order of the first start, waited for as then), warmed up and burnt in as a fresh server is, so
+each arm runs on N server instances. Every record of the run carries its arm's instance index (tag
+"instance"); run.json "instances" lists each arm's instances: when each started, how long it took to
+answer (`ready_s`, the cost of a restart: the compile cache is warm after the first), its pid, the
+GPU's state then, the KV cache and engine start-up its log reported, and under "differences" what
+was not the same between an arm's instances. `--instances 1` (the default) changes nothing.
+
+`--precision PCT` or `--budget-min MIN` choose instances x windows by experiments.stats.design from
+the committed prior (experiments/results/instance-floor.json: its variance components and costs,
+the costs rescaled to this run's servers and loads: a start costs what the prior's run took per
+server from its start to its first replay, warm-up included, burn-in not) and say what they predict
+before a server starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import math
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from scipy import stats as sps
+
+from common.jsonfile import read_json
+from experiments.core.schedule import Segment, Step, split_blocks
+from experiments.runner.config import ConfigError, RunConfig
+from experiments.runner.replays import gpu_state
+from experiments.runner.runrecord import RunRecord
+from experiments.runner.servers import Server
+from experiments.stats import design
+from experiments.stats.paired import pct
+
+PRIOR = Path(__file__).resolve().parents[1] / "results" / "instance-floor.json"
+_KV_RE = re.compile(r"KV cache size: ([\d,]+) tokens")
+_INIT_RE = re.compile(r"init engine .* took ([\d.]+) s(?: \(compilation: ([\d.]+) s\))?")
+# what is expected to differ between two instances of an arm, so not listed under "differences"
+_ALWAYS_DIFFERENT = ("index", "started_at", "ready_s", "pid", "engine_init_s", "compile_s")
+
+
+def check(cfg: RunConfig, n: int, handed_in: bool = False) -> None:
+    """ConfigError for an --instances the run cannot restart its servers for."""
+    if n < 1:
+        raise ConfigError(f"--instances must be 1 or more, got {n}")
+    if n == 1:
+        return
+    refused = [(cfg.one_at_a_time, "--one-at-a-time (it restarts each arm per --blocks already)"),
+               (bool(cfg.endpoints), "--endpoint (the kit cannot restart servers the user started)"),
+               (cfg.layout == "duet", "--layout duet"), (handed_in, "servers handed in")]
+    for bad, what in refused:
+        if bad:
+            raise ConfigError(f"--instances {n}: not with {what}")
+    if cfg.windows % n:
+        raise ConfigError(f"--instances {n}: --windows {cfg.windows} is not a multiple of it (every "
+                          "instance replays the same number of windows)")
+
+
+def segments(steps: Sequence[Step], n: int) -> list[Segment]:
+    """The resident run's steps in n blocks of contiguous windows, one per instance, every block with
+    the arms of the first step's order."""
+    if not steps:
+        return []
+    windows = sorted({s.window for s in steps})
+    blocks = [set(windows[i] for i in b) for b in split_blocks(len(windows), n)]
+    arms = tuple(steps[0].order)
+    return [Segment(arms, tuple(s for s in steps if s.window in b)) for b in blocks]
+
+
+def engine_start(log_text: str) -> dict:
+    """What a server's log says of its last start: KV-cache tokens, engine start-up and compile s."""
+    text = log_text.rsplit("\n$ ", 1)[-1]  # the launcher writes "$ <command>" before every start
+    kv, init = _KV_RE.findall(text), _INIT_RE.findall(text)
+    return {"kv_cache_tokens": int(kv[-1].replace(",", "")) if kv else None,
+            "engine_init_s": float(init[-1][0]) if init else None,
+            "compile_s": float(init[-1][1]) if init and init[-1][1] else None}
+
+
+def differences(entries: Sequence[Mapping]) -> dict:
+    """field -> its value per instance, for the fields (gpu_state's one level down) not the same in
+    every entry, leaving out those that always differ (_ALWAYS_DIFFERENT)."""
+    flat = [{**{k: v for k, v in e.items() if k not in _ALWAYS_DIFFERENT and k != "gpu_state"},
+             **{f"gpu_state.{k}": v for k, v in (e.get("gpu_state") or {}).items()}} for e in entries]
+    keys = sorted({k for f in flat for k in f})
+    return {k: [f.get(k) for f in flat] for k in keys if len({repr(f.get(k)) for f in flat}) > 1}
+
+
+class Instances:
+    """The instance index of every arm, the "instance" tag of its records and run.json "instances"."""
+
+    def __init__(self, record: RunRecord, n: int) -> None:
+        self.record, self.n = record, n
+        self.current: dict[str, int] = {}
+        if n > 1:
+            record.data["instances"] = {"count": n, "arms": {}, "differences": {}}
+
+    def segments(self, steps: Sequence[Step]) -> list[Segment]:
+        """`segments` of the run's steps, the windows of each instance kept in run.json."""
+        segs = segments(steps, self.n)
+        self.record.data["instances"]["windows"] = [sorted({s.window for s in seg.steps}) for seg in segs]
+        return segs
+
+    def tags(self, label: str) -> dict:
+        """The tag every record of `label` gets now ({} with one instance: records as before)."""
+        return {"instance": self.current.get(label, 0)} if self.n > 1 else {}
+
+    def started(self, label: str, server: Server, at: float, ready_s: float) -> None:
+        """Record a start of `label`'s server (`at` wall-clock, `ready_s` until it answered)."""
+        if self.n == 1:
+            return
+        arms = self.record.data["instances"]["arms"]
+        entries = arms.setdefault(label, [])
+        self.current[label] = len(entries)
+        proc, config = getattr(server, "proc", None), getattr(server, "config", None)  # none: an endpoint
+        started_at = dt.datetime.fromtimestamp(at, dt.timezone.utc).isoformat(timespec="milliseconds")
+        entries.append({"index": len(entries), "started_at": started_at, "ready_s": round(ready_s, 3),
+                        "pid": proc.pid if proc else None, "gpu_state": gpu_state(),
+                        "port": getattr(config, "port", None),
+                        "kv_cache_memory_bytes": getattr(config, "kv_cache_memory_bytes", None),
+                        **engine_start(server.log_tail(400))})
+        self.record.data["instances"]["differences"][label] = differences(entries)
+
+
+# --- the design: instances x windows from a wanted precision or a GPU-minute budget ---
+
+
+def prior(cfg: RunConfig, path: Path = PRIOR) -> tuple[design.Components, design.Costs, str]:
+    """The committed components and costs, the costs rescaled to this run's servers and loads (a
+    server start and a replay cost what they cost in the prior's run), and where they come from."""
+    doc = read_json(path, 1, "instance floor")
+    p = doc["plan"]
+    base = design.Costs(**p["costs"])
+    servers = len(cfg.labels)
+    costs = dataclasses.replace(base, start_min=base.start_min * servers / base.arms, arms=servers,
+                                loads=len(cfg.loads))
+    source = (f"{path.name}: instance variance of {', '.join(doc['instance'])}, timings of "
+              f"{p['basis']['timing_run']}")
+    return design.Components(**p["components"]), costs, source
+
+
+def predict(c: design.Components, costs: design.Costs, instances: int, windows: int, window_s: float) -> dict:
+    """Half-width (percent, over instance pairs) and GPU minutes of `instances` x `windows` per instance."""
+    var = design.variance(c, costs, instances, windows, window_s)
+    half = pct(float(sps.t.ppf(0.975, instances - 1)) * math.sqrt(var)) if instances >= 2 else None
+    return {"instances": instances, "windows": windows * instances, "windows_per_instance": windows,
+            "half_width_pct": half, "gpu_minutes": float(design.cost(costs, instances, windows, window_s))}
+
+
+def choose(cfg: RunConfig, instances: int | None, windows_given: bool, precision: float | None,
+           budget_min: float | None, path: Path = PRIOR) -> tuple[RunConfig, int, dict | None]:
+    """(config, instances, the design's record or None): with --precision or --budget-min, the
+    cheapest design reaching it (or the narrowest the budget buys) at the run's window length, its
+    instances and windows taken where the user gave none; without them, the user's (default 1)."""
+    if precision is None and budget_min is None:
+        return cfg, instances or 1, None
+    c, costs, source = prior(cfg, path)
+    if precision is not None:
+        chosen = design.plan(c, costs, precision, window_s=(cfg.window_s,))
+        goal = f"--precision {precision:g}%"
+    else:
+        chosen = design.plan_for_budget(c, costs, budget_min, window_s=(cfg.window_s,))
+        goal = f"--budget-min {budget_min:g}"
+    n = instances or chosen["instances"]
+    per = cfg.windows // n if windows_given else chosen["windows"]
+    if windows_given and cfg.windows % n:
+        raise ConfigError(f"--windows {cfg.windows} is not a multiple of {n} instances (every instance "
+                          "replays the same number of windows)")
+    if per < 1:
+        raise ConfigError(f"--windows {cfg.windows} is fewer than {n} instances")
+    run = predict(c, costs, n, per, cfg.window_s)
+    record = {"goal": goal, "prior": source, "plan": chosen, "run": run}
+    return dataclasses.replace(cfg, windows=n * per), n, record
+
+
+def describe(rec: dict) -> str:
+    """What the design chose and predicts, and what the run will do if the user's flags differ."""
+    p, r = rec["plan"], rec["run"]
+    lines = [f"design for {rec['goal']}: {p['instances']} instances x {p['windows']} windows of "
+             f"{p['window_s']:g} s per instance at {p['loads']} loads on {p['costs']['arms']} servers: "
+             f"{p['gpu_minutes']:.1f} GPU minutes, half-width +-{p['half_width_pct']:.3f}% over "
+             f"instances ({p['df']} df), MDE {p['mde_pct']:.2f}% (prior: {rec['prior']})"]
+    if (r["instances"], r["windows_per_instance"]) != (p["instances"], p["windows"]):
+        half = "no interval over instances (one instance)" if r["half_width_pct"] is None else \
+            f"half-width +-{r['half_width_pct']:.3f}%"
+        lines.append(f"running {r['instances']} instances x {r['windows_per_instance']} windows (the flags "
+                     f"given): {r['gpu_minutes']:.1f} GPU minutes, {half}")
+    return "\n".join(lines)

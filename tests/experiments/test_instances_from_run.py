@@ -1,0 +1,66 @@
+"""experiments.stats.instances.from_run: a synthetic run of three instance pairs, records labelled as
+the runner labels them, read through experiments.load_run."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import experiments
+from experiments.stats import instances
+from experiments.stats.comparisons import cell_orders
+from loadgen.records import RecordWriter, read_records
+from tests.experiments.synthetic_run import write_run
+
+OFFSET = {0: 0.004, 1: -0.003, 2: 0.001}  # each instance pair's own difference (log units)
+EFFECT = 0.01
+PER = 2  # windows per instance
+
+
+def _cell(arm: str, window: int, load: float, rng: np.random.Generator) -> list:
+    inst = window // PER
+    shift = EFFECT + OFFSET[inst] + 0.0005 * (window % 2) if arm == "patched" else 0.0
+    return [(50.0, 20.0 * (1 + 0.01 * i) * math.exp(shift), None) for i in range(40)]
+
+
+def _labelled_run(tmp_path: Path) -> Path:
+    run_dir = write_run(tmp_path / "run", _cell, windows=3 * PER)
+    path = run_dir / "requests.jsonl"
+    records = read_records(path)
+    path.unlink()
+    with RecordWriter(path) as w:
+        for r in records:
+            w.write(type(r)(**{**r.__dict__, "tags": {**r.tags, "instance": r.tags["window"] // PER}}))
+    return run_dir
+
+
+def test_from_run_fits_over_the_instances_of_a_run(tmp_path: Path) -> None:
+    run_dir = _labelled_run(tmp_path)
+    df = experiments.load_run(run_dir)
+    assert sorted(df["instance"].unique()) == [0, 1, 2]
+    run = json.loads((run_dir / "run.json").read_text())
+    cells, pairs = instances.cells_from_run(df, "stock", "patched", orders=cell_orders(run))
+    assert sorted(cells["window"].unique()) == [0, 1] and sorted(cells["trace_window"]) == sorted(
+        [w for w in range(6) for _ in (1.0, 2.0)])
+    assert set(pairs["instance"]) == {0, 1, 2} and "gap" in cells
+    fit = instances.from_run(df, "stock", "patched", orders=cell_orders(run))
+    assert (fit["instance_pairs"], fit["cells_per_pair"], fit["cells_left_out"], fit["df"]) == (3, 4, 0, 2)
+    want = EFFECT + np.mean(list(OFFSET.values())) + 0.00025
+    assert fit["estimate_pct"] == pytest.approx(100 * math.expm1(want), abs=0.02)
+    spread = np.var(list(OFFSET.values()), ddof=1)  # the pair means' spread is the instance offsets'
+    assert fit["components"]["instance_var"] == pytest.approx(spread / 2, rel=0.05)
+    lo, hi = fit["ci95_pct"]
+    within = fit["within_pair_ci95_pct"]
+    assert lo < fit["estimate_pct"] < hi and within[1] - within[0] < hi - lo  # the instances widen it
+
+
+def test_runs_of_one_instance_read_as_instance_0_and_get_no_interval_over_instances(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "run", _cell, windows=4)
+    df = experiments.load_run(run_dir)
+    assert set(df["instance"]) == {0}
+    with pytest.raises(ValueError, match="2\\+ instance pairs"):
+        instances.from_run(df, "stock", "patched")
