@@ -68,8 +68,11 @@ class CheckedRecords:
 
 
 def _key(r: RequestRecord) -> tuple:
+    """What names one scheduled request: its arm, window, load, phase and index, and where a run
+    replays a window more than once, the server (a duet's GPU, an instance) and the burn-in round."""
     t = r.tags
-    return str(t.get("arm")), t.get("window"), t.get("load"), t.get("phase"), r.index
+    return (str(t.get("arm")), t.get("window"), t.get("load"), t.get("phase"), r.index, t.get("gpu"),
+            t.get("instance"), t.get("burnin"))
 
 
 class DamagedRecords(ValueError):
@@ -78,7 +81,7 @@ class DamagedRecords(ValueError):
 
 def check_records(run_dir: Path, run: dict, accept_damaged: bool = False) -> CheckedRecords:
     """The records of RUN_DIR checked against themselves and run.json: a missing file (when a cell
-    finished), a torn last line, records that repeat an (arm, window, load, phase, index), and cells
+    finished), a torn last line, records that repeat a scheduled request's key (`_key`), and cells
     run.json says finished whose measured records are not one per request of their window. Damage
     raises DamagedRecords unless `accept_damaged`."""
     checked = _checked(run_dir, run)
@@ -110,8 +113,8 @@ def _checked(run_dir: Path, run: dict) -> CheckedRecords:
     repeats = {k: n for k, n in seen.items() if n > 1}
     if repeats:
         extra = sum(repeats.values()) - len(repeats)
-        damage.append(f"{path.name}: {extra} records repeat an (arm, window, load, phase, index) already "
-                      f"recorded (first: {next(iter(repeats))}); the first of each is analysed")
+        damage.append(f"{path.name}: {extra} records repeat an (arm, window, load, phase, index, gpu, "
+                      f"instance, burn-in) already recorded (first: {next(iter(repeats))}); the first of each is analysed")
     counts = Counter((k[0], k[1], k[2]) for k in seen if k[3] == "measure")  # goodput.MEASURE
     expected = {int(w["id"]): int(w["requests"]) for w in run["windows"]}
     wrong = [f"{lab} window {w} load {ld:g}: {counts.get((lab, w, ld), 0)} of {expected.get(w)}"
