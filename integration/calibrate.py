@@ -16,7 +16,8 @@ run by hand; docs/DESIGN.md, "A new GPU"):
 The record `kernels/results/calibration-<gpu>.json` holds the key (GPU name and memory, driver, torch,
 vLLM, CuPy, the kernel source's hash, the model shape), each step's command, wall time and outputs.
 A second call with the same key and every output present reuses it; a changed key recalibrates and
-says which part changed. `--dry-run` prints the steps and the estimate and runs nothing.
+says which part changed. `--dry-run` prints the steps and the estimate and runs nothing. A GPU's files
+hold one model shape at a time: calibrating another shape rewrites them (the key says which).
 """
 
 from __future__ import annotations

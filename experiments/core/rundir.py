@@ -114,7 +114,8 @@ def _checked(run_dir: Path, run: dict) -> CheckedRecords:
     if repeats:
         extra = sum(repeats.values()) - len(repeats)
         damage.append(f"{path.name}: {extra} records repeat an (arm, window, load, phase, index, gpu, "
-                      f"instance, burn-in) already recorded (first: {next(iter(repeats))}); the first of each is analysed")
+                      f"instance, burn-in) already recorded (first: {next(iter(repeats))}); the first of "
+                      "each is analysed")
     counts = Counter((k[0], k[1], k[2]) for k in seen if k[3] == "measure")  # goodput.MEASURE
     expected = {int(w["id"]): int(w["requests"]) for w in run["windows"]}
     wrong = [f"{lab} window {w} load {ld:g}: {counts.get((lab, w, ld), 0)} of {expected.get(w)}"

@@ -174,6 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run arms that dispatch by the GPU's policy table (patched, planted) on a GPU "
                         "that has none: they are stock there, so the run is an explicit A/A (the plan says "
                         "so per arm); refused otherwise, naming the commands that make the table")
+    a.add_argument("--no-calibrate", action="store_true",
+                   help="never calibrate: on a GPU without a policy table, refuse the patched arm before any "
+                        "server starts and name the command that makes the table (default: run "
+                        "python -m integration.calibrate first, saying so)")
     a.add_argument("--allow-arm-differences", action="store_true",
                    help="let an arm set flags every arm of a run must share (model, dtype, KV-cache size, "
                         "compile mode, ...: integration/arms.py SHARED_FLAGS); refused otherwise. The "
@@ -363,6 +367,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if design is not None:
             print(instances.describe(design), file=sys.stderr)
         instances.check(cfg, n_instances)
+        gpu = readiness.gpu_of(cfg)
+        if readiness.needs_calibration(cfg, gpu) and not args.no_calibrate:
+            if args.dry_run:
+                print(f"no policy table for GPU {gpu}: a run calibrates first ("
+                      f"{readiness.calibrate_command(cfg)}); the plan follows from its tables",
+                      file=sys.stderr)
+                return 0
+            readiness.calibrate(cfg, gpu)
         if args.dry_run:
             _print_plan(cfg)
             return 0

@@ -5,6 +5,9 @@ arm runs, and how long the run will take."""
 from __future__ import annotations
 
 import dataclasses
+import shlex
+import subprocess
+import sys
 from collections.abc import Collection
 from pathlib import Path
 
@@ -89,6 +92,32 @@ def _fuses(record: dict) -> bool:
     return any(fused for segments in record["segments"].values() for *_, fused in segments)
 
 
+def calibrate_command(cfg: RunConfig) -> str:
+    """The one command that makes this GPU's tables for the run's model (integration.calibrate)."""
+    model = cfg.model_dir.relative_to(ROOT) if cfg.model_dir.is_relative_to(ROOT) else cfg.model_dir
+    return f"python -m integration.calibrate --model {model} --dtype {cfg.dtype}"
+
+
+def needs_calibration(cfg: RunConfig, gpu: str | None) -> bool:
+    """True on a CUDA run the kit starts when an arm that dispatches by the policy table has no table
+    for this GPU (and the user did not ask to run it as an A/A)."""
+    if cfg.device != "cuda" or cfg.endpoints or cfg.allow_no_table:
+        return False
+    return any(arm_defs.uses_policy(arm) and arm_defs.policy_table(arm, cfg.eager, gpu) is None
+               for arm in dict.fromkeys(cfg.arm_definitions))
+
+
+def calibrate(cfg: RunConfig, gpu: str | None) -> None:
+    """Calibrate this GPU for the run's model before any server starts, in its own process (its progress
+    on stderr); ConfigError when it fails."""
+    command = calibrate_command(cfg)
+    print(f"no policy table for GPU {gpu}: calibrating first ({command})", file=sys.stderr)
+    rc = subprocess.call([sys.executable, *shlex.split(command)[1:]], cwd=ROOT)
+    if rc != 0:
+        raise ConfigError(f"calibration for GPU {gpu} failed (exit {rc}): {command}; or pass {ALLOW_FLAG} "
+                          "to run the policy arms as an explicit A/A")
+
+
 def check_tables(cfg: RunConfig, gpu: str | None) -> None:
     """ConfigError when an arm that dispatches by the policy table has none for this GPU, or one that
     fuses no call of the model's shape (it would run stock: an A/A labelled as an A/B), unless
@@ -98,7 +127,8 @@ def check_tables(cfg: RunConfig, gpu: str | None) -> None:
     mode = "eager" if cfg.eager else "compiled"
     stock = "so it would run stock, an A/A labelled as an A/B"
     model = cfg.model_dir.relative_to(ROOT) if cfg.model_dir.is_relative_to(ROOT) else cfg.model_dir
-    fix = (f"make the table first: {arm_defs.MAKE_TABLES.format(gpu=gpu)}, prove with --model {model}; or "
+    fix = (f"make the table first: {calibrate_command(cfg)} (or by hand: "
+           f"{arm_defs.MAKE_TABLES.format(gpu=gpu)}, prove with --model {model}); or "
            f"pass {ALLOW_FLAG} to run it as an explicit A/A")
     for arm in dict.fromkeys(cfg.arm_definitions):
         if not arm_defs.uses_policy(arm):

@@ -48,7 +48,8 @@ def test_a_policy_arm_without_a_table_is_refused_naming_the_commands() -> None:
     message = str(err.value)
     assert message.startswith("--arm patched: no compiled policy table for GPU h100-80gb-hbm3")
     assert choice.MAKE_TABLES.format(gpu=NEW_GPU) in message and "--allow-no-table" in message
-    assert "prove with --model integration/models/llama-3.1-8b;" in message
+    assert "prove with --model integration/models/llama-3.1-8b);" in message
+    assert "python -m integration.calibrate --model integration/models/llama-3.1-8b --dtype" in message
     readiness.check_tables(cuda_cfg(allow_no_table=True), NEW_GPU)  # an explicit A/A
     readiness.check_tables(cuda_cfg(), "h200")  # the committed table
     readiness.check_tables(cuda_cfg(arms=("stock", "plugin-idle")), NEW_GPU)  # sets its own policy
@@ -95,10 +96,27 @@ def test_the_gpu_default_is_the_confirm3_design_sized_to_the_gpu(on_gpu) -> None
 def test_a_run_without_a_table_stops_before_any_server(on_gpu, monkeypatch, tmp_path: Path, capsys) -> None:
     on_gpu(NEW_GPU, 80)
     monkeypatch.setattr(orchestrate, "start_servers", lambda *a, **k: pytest.fail("a server was started"))
-    assert run_cli.main(["--trace", str(TRACE), "--results-dir", str(tmp_path)]) == 2
+    assert run_cli.main(["--trace", str(TRACE), "--results-dir", str(tmp_path), "--no-calibrate"]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and "--arm patched: no compiled policy table for GPU h100-80gb-hbm3" in err[0]
+    assert "python -m integration.calibrate --model integration/models/llama-3.2-1b" in err[0]
     assert "python -m kernels.suite" in err[0] and not any(tmp_path.iterdir())
+
+
+def test_a_run_without_a_table_calibrates_first_and_says_so(on_gpu, monkeypatch, tmp_path: Path,
+                                                             capsys) -> None:
+    on_gpu(NEW_GPU, 80)
+    monkeypatch.setattr(orchestrate, "start_servers", lambda *a, **k: pytest.fail("a server was started"))
+    calls = []
+    monkeypatch.setattr(readiness.subprocess, "call", lambda cmd, cwd: calls.append(cmd) or 1)
+    assert run_cli.main(["--trace", str(TRACE), "--results-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no policy table for GPU h100-80gb-hbm3: calibrating first (python -m integration.calibrate" in err
+    assert calls and calls[0][1:5] == ["-m", "integration.calibrate", "--model",
+                                       "integration/models/llama-3.2-1b"]
+    assert "calibration for GPU h100-80gb-hbm3 failed (exit 1)" in err and not any(tmp_path.iterdir())
+    assert not readiness.needs_calibration(cuda_cfg(), "h200")  # the committed table
+    assert not readiness.needs_calibration(cuda_cfg(allow_no_table=True), NEW_GPU)
 
 
 def test_the_printed_plan_says_per_arm_memory_and_length(on_gpu, capsys) -> None:
