@@ -28,12 +28,14 @@ from common.jsonfile import ResultFileError, project_relative, read_json
 from experiments.core.rundir import check_records, read_run_record
 from experiments.core.slo import DEFAULT_SLO_FILE, SLO, load_slo_file, parse_slo
 from experiments.reporting import duetreport, noisefloor, plots, report
-from experiments.stats import attribution, comparisons, goodput, knee, planted
+from experiments.stats import attribution, comparisons, goodput, instances, knee, planted
 from integration.proof import profiles
 from kernels.environment import gpu_slug
 
 PROG = "python -m experiments.analyze"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# the external server-instance variance of each GPU and model (python -m research.instancefloor)
+INSTANCE_FLOOR = PROJECT_ROOT / "experiments" / "results" / "instance-floor.json"
 SECONDARY = ("tpot_p50_ms", "ttft_p90_ms")  # per-window latency summaries, beside the paired ratios
 REANALYSIS = "reanalysis"  # the folder inside a run directory a re-analysis writes into by default
 
@@ -109,6 +111,32 @@ def _policy_override(run: dict, table: Path) -> dict:
     except ValueError as exc:
         raise ValueError(f"run.json model {model.get('name')!r}: {exc} "
                          "(needed for --patched-policy)") from None
+
+
+def _over_instances(complete: pd.DataFrame, run: dict, env: dict, pair: list[str], paired_lat: dict,
+                    planted_lines: list[dict] | None) -> dict | None:
+    """Paired TPOT with the server-instance variance: over the run's own instances where each arm ran on
+    several, else with the external estimate for its GPU and model (INSTANCE_FLOOR); None without one."""
+    if complete["instance"].nunique() > 1:
+        fit = instances.from_run(complete.rename(columns={"ok": "succeeded"}), pair[0], pair[1], "tpot_ms",
+                                 comparisons.cell_orders(run))
+        return {"source": f"this run's {fit['instance_pairs']} server instance pairs", "fit": fit,
+                "rows": [{"comparison": f"{pair[1]} vs {pair[0]}", "estimate_pct": fit["estimate_pct"],
+                          "within_pair_ci95_pct": fit["within_pair_ci95_pct"], "ci95_pct": fit["ci95_pct"],
+                          "df": fit["df"]}]}
+    model = (run.get("model") or {}).get("name")
+    try:
+        floors = read_json(INSTANCE_FLOOR, 1, "instance floor")["instance"]
+    except (ResultFileError, KeyError):
+        return None
+    key = instances.floor_key(env.get("gpu"), model)
+    rows = instances.restated(paired_lat, planted_lines or [], pair[0], floors.get(key))
+    if not rows:
+        return None
+    f = floors[key]
+    return {"source": f"external: {f['pairs']} in-run A/A pairs of {key} ({_shown(INSTANCE_FLOOR)}), "
+                      "the server-instance variance added to each one-pair interval",
+            "instance_sd_pct": f["instance_sd_pct"], "df": f["df"], "rows": rows}
 
 
 def run_slos(run: dict) -> list[SLO]:
@@ -229,6 +257,12 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
         planted_steps = PROJECT_ROOT / found if found else None
     latency_rows = goodput.latency_table(complete)
     paired_lat = comparisons.paired_latency(complete, run)
+    planted_lines = planted.planted_lines(
+        run, latency_rows, paired_lat, attrib,
+        None if planted_steps is None else (_shown(planted_steps), read_json(planted_steps, None,
+                                                                             "graph-steps file")),
+        planted.reference_comparisons(complete, run, comparisons.cell_orders(run)),
+        planted.decode_totals(complete))
     analysis = report.Analysis(
         run=run, env=env, slos=slos, per_slo=per_slo, secondary=secondary,
         latency=latency_rows, attribution=attrib, missing=missing,
@@ -236,13 +270,9 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
         paired_latency=paired_lat, in_run_floor=in_run_floor,
         burnin=comparisons.burnin_summary(df, complete), drift=comparisons.drift(complete, run),
         knee=knee.summary(df, run, slos),
-        planted=planted.planted_lines(
-            run, latency_rows, paired_lat, attrib,
-            None if planted_steps is None else (_shown(planted_steps), read_json(planted_steps, None,
-                                                                                 "graph-steps file")),
-            planted.reference_comparisons(complete, run, comparisons.cell_orders(run)),
-            planted.decode_totals(complete)),
+        planted=planted_lines,
         damage=checked.damage,
+        over_instances=_over_instances(complete, run, env, pair, paired_lat, planted_lines),
     )
     result = report.build_report(analysis)
     result["noise_floor"] = noisefloor.noise_floor(result, aa_report)

@@ -41,6 +41,7 @@ class Analysis:
     drift: dict
     knee: dict | None  # experiments.stats.knee.summary
     planted: list[dict] | None = None  # experiments.stats.planted.planted_lines
+    over_instances: dict | None = None  # analyze._over_instances: intervals that carry the instance variance
     damage: tuple[str, ...] = ()  # what the records' integrity checks found (analysed anyway when set)
 
 
@@ -237,6 +238,7 @@ def build_report(a: Analysis) -> dict:
                     "goodput": {s["name"]: s["mde_pct"] for s in slos},
                     **{m: r["comparison"]["mde"] for m, r in a.secondary.items()}},
         "command": run.get("command"),
+        **({"over_instances": a.over_instances} if a.over_instances else {}),
     }
 
 

@@ -92,6 +92,17 @@ def _planted_rows(r: Report) -> list[str]:
     return out
 
 
+def _instance_rows(r: Report) -> list[str]:
+    """Paired TPOT with the server-instance variance (report.json over_instances), where known."""
+    oi = r.over_instances or {}
+    out = []
+    for row in oi.get("rows") or []:
+        treat = row["comparison"].split(" vs ")[0]
+        out.append(_row(f"TPOT {row['comparison']}, over server instances", row["estimate_pct"],
+                        row["ci95_pct"], "-", _direction(treat, row["ci95_pct"])))
+    return out
+
+
 def _unit_note(r: Report) -> str:
     base, treat = r.comparison
     nf = r.noise_floor or {}
@@ -104,11 +115,15 @@ def _unit_note(r: Report) -> str:
     return (f"Changes of {treat} against {base}{planted}, 95% t intervals over windows x loads of one "
             "server per arm (the paired cells of one pair of server processes, so they leave out how much "
             "two servers of one build differ); paired rows: the per-request log ratio, median per cell; "
-            f"goodput rows: the per-window change in % of the baseline's mean. {source}.")
+            f"goodput rows: the per-window change in % of the baseline's mean. {source}."
+            + (f" Rows over server instances: {r.over_instances['source']}." if r.over_instances else
+               " No estimate of how much two servers differ exists for this GPU and model, so no interval "
+               "here carries it."))
 
 
 def summary_lines(r: Report) -> list[str]:
     """The summary table and the note under it."""
     treat = r.treatment
     return ["| comparison | change | 95% interval | A/A band | verdict |", "|---|---|---|---|---|",
-            *_latency_rows(r, treat), *_goodput_rows(r), *_planted_rows(r), "", _unit_note(r), ""]
+            *_latency_rows(r, treat), *_goodput_rows(r), *_planted_rows(r), *_instance_rows(r), "",
+            _unit_note(r), ""]

@@ -43,7 +43,8 @@ def met_column(slo: SLO) -> str:
 
 def records_frame(records: Sequence[RequestRecord], slos: Sequence[SLO]) -> pd.DataFrame:
     """One row per record: tags, success, latencies (ms, NaN when undefined), the request's inter-token
-    latencies (a list, empty when not recorded) and one met column per SLO."""
+    latencies (a list, empty when not recorded), the arm's server instance (0 for a run of one) and
+    one met column per SLO."""
     rows = []
     for pos, r in enumerate(records):
         missing = [t for t in REQUIRED_TAGS if t not in r.tags]
@@ -57,12 +58,13 @@ def records_frame(records: Sequence[RequestRecord], slos: Sequence[SLO]) -> pd.D
             "prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
             "ttft_ms": ttft_ms(r), "tpot_ms": tpot_ms(r), "e2e_ms": e2e_ms(r), "lateness_ms": lateness_ms(r),
             "tpot_unobserved": tpot_unobserved(r), "batched": batched(r), "itl_ms": itl_ms(r),
+            "instance": int(r.tags.get("instance", 0)),
         }
         row.update({met_column(s): meets(r, s) for s in slos})
         rows.append(row)
     columns = [*REQUIRED_TAGS, "index", "ok", "error", "due_ms", "end_ms", "input_tokens", "output_tokens",
                "prompt_tokens", "completion_tokens", "ttft_ms", "tpot_ms", "e2e_ms", "lateness_ms",
-               "tpot_unobserved", "batched", "itl_ms", *(met_column(s) for s in slos)]
+               "tpot_unobserved", "batched", "itl_ms", "instance", *(met_column(s) for s in slos)]
     df = pd.DataFrame(rows, columns=columns)
     # typed also when empty (a run stopped before its first request): "ok" a mask, never a column
     # selection; the numbers numeric for the pairing's comparisons

@@ -204,3 +204,35 @@ def se_from_interval(lo_pct: float, hi_pct: float, df: float, confidence: float 
     """The log-ratio standard error behind a reported percent t interval on df degrees of freedom."""
     q = t_interval(0.0, 1.0, df, confidence)[1]
     return (math.log1p(hi_pct / 100.0) - math.log1p(lo_pct / 100.0)) / (2.0 * q)
+
+
+def floor_key(gpu: str | None, model: str | None) -> str:
+    """How instance-floor.json names an external estimate: the GPU's name and the model's."""
+    return f"{gpu} {model}"
+
+
+def restated(paired_latency: Mapping, planted: Sequence[Mapping], baseline: str, floor: Mapping | None,
+             metric: str = "tpot_ms") -> list[dict]:
+    """Each paired comparison of `metric` of a one-pair run (every treatment against the baseline, and
+    the planted control against its reference) with the external instance variance `floor` (an entry
+    of experiments/results/instance-floor.json) added: the interval over instances, beside the
+    within-pair one it came from. Empty without a floor."""
+    if not floor or floor.get("instance_var") is None:
+        return []
+    rows = [(f"{treat} vs {baseline}", c.get(metric) or {}) for treat, c in paired_latency.items()]
+    for p in planted:
+        fit = (paired_latency.get(p["arm"]) or {}).get(metric) or {}
+        if p.get("reference") and p["reference"] != baseline and p.get("ci95_pct") is not None:
+            rows.append((f"{p['arm']} vs {p['reference']}",
+                         {**fit, "estimate_pct": p["measured_pct"], "ci95_pct": p["ci95_pct"]}))
+    out = []
+    for label, c in rows:
+        if c.get("ci95_pct") is None or c.get("df") is None:
+            continue
+        lo, hi = c["ci95_pct"]
+        se = se_from_interval(lo, hi, c["df"])
+        w = with_external(math.log1p(c["estimate_pct"] / 100), se, c["df"], floor["instance_var"],
+                          floor["df"])
+        out.append({"comparison": label, "estimate_pct": c["estimate_pct"], "within_pair_ci95_pct": [lo, hi],
+                    "ci95_pct": [pct(w["lo"]), pct(w["hi"])], "df": w["df"]})
+    return out

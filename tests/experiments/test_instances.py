@@ -158,3 +158,21 @@ def test_se_from_interval_round_trips() -> None:
 def test_too_few_pairs_is_refused() -> None:
     with pytest.raises(ValueError, match="2\\+ instance pairs"):
         instances.over_instances(np.zeros((1, 10)))
+
+
+def test_a_one_pair_interval_restated_with_an_external_floor_widens_and_keeps_its_estimate() -> None:
+    paired = {"patched": {"tpot_ms": {"estimate_pct": -0.21, "ci95_pct": [-0.36, -0.06], "df": 60}},
+              "planted:3us": {"tpot_ms": {"estimate_pct": 1.09, "ci95_pct": [0.82, 1.36], "df": 60}}}
+    planted = [{"arm": "planted:3us", "reference": "patched", "measured_pct": 1.41, "ci95_pct": [1.16, 1.66]}]
+    floor = {"instance_var": (0.0016450428266136868) ** 2, "df": 4.379211548985632}
+    rows = instances.restated(paired, planted, "stock", floor)
+    assert [r["comparison"] for r in rows] == ["patched vs stock", "planted:3us vs stock",
+                                               "planted:3us vs patched"]
+    first = rows[0]
+    assert first["estimate_pct"] == -0.21 and first["within_pair_ci95_pct"] == [-0.36, -0.06]
+    lo, hi = first["ci95_pct"]
+    assert lo < -0.36 and hi > -0.06 and lo < 0 < hi  # the committed confirm3 reading: [-0.82, +0.41]
+    assert round(lo, 2) == -0.82 and round(hi, 2) == 0.41
+    assert instances.restated(paired, planted, "stock", None) == []  # no floor, no restated interval
+    no_var = instances.restated(paired, [], "stock", {"instance_var": 0.0, "df": 4.0})
+    assert no_var[0]["ci95_pct"] == pytest.approx([-0.36, -0.06], abs=1e-3)  # zero variance: as it was
