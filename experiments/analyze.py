@@ -118,8 +118,11 @@ def _over_instances(complete: pd.DataFrame, run: dict, env: dict, pair: list[str
     """Paired TPOT with the server-instance variance: over the run's own instances where each arm ran on
     several, else with the external estimate for its GPU and model (INSTANCE_FLOOR); None without one."""
     if complete["instance"].nunique() > 1:
-        fit = instances.from_run(complete.rename(columns={"ok": "succeeded"}), pair[0], pair[1], "tpot_ms",
-                                 comparisons.cell_orders(run))
+        try:
+            fit = instances.from_run(complete.rename(columns={"ok": "succeeded"}), pair[0], pair[1],
+                                     "tpot_ms", comparisons.cell_orders(run))
+        except ValueError as exc:
+            return {"source": f"this run's server instances: no interval ({exc})", "rows": []}
         return {"source": f"this run's {fit['instance_pairs']} server instance pairs", "fit": fit,
                 "rows": [{"comparison": f"{pair[1]} vs {pair[0]}", "estimate_pct": fit["estimate_pct"],
                           "within_pair_ci95_pct": fit["within_pair_ci95_pct"], "ci95_pct": fit["ci95_pct"],

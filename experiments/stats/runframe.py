@@ -41,7 +41,7 @@ def load_run(path: str | Path, slos: Sequence[SLO] | None = None) -> pd.DataFram
     names = dict(zip(run["arm_labels"], run["arms"]))
     df.insert(1, "arm_name", df["arm"].map(names))
     df.insert(5, "burnin", pd.array([r.tags.get("burnin") for r in records], dtype="Int64"))
-    df.insert(6, "instance", [int(r.tags.get("instance", 0)) for r in records])
+    df.insert(6, "instance", df.pop("instance"))  # records_frame's, beside the other tags
     reported = df["prompt_tokens"].astype("Int64")
     df["prompt_tokens"] = reported
     df["prompt_tokens_match"] = (reported == df["input_tokens"]).astype("boolean")
