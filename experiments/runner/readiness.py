@@ -141,7 +141,9 @@ def check_tables(cfg: RunConfig, gpu: str | None) -> None:
         if table not in (arm_defs.ALL_FUSED, arm_defs.NONE_FUSED) and not _fuses(rec := _record(cfg, table)):
             raise ConfigError(
                 f"--arm {arm.name}: {rec['table']} fuses no call of {cfg.model} (hidden {rec['hidden']}, "
-                f"{rec['dtype']}), {stock}; {fix}")
+                f"{rec['dtype']}): where it was made for this shape, the fused kernel was faster inside "
+                f"vLLM at no size; {stock}; pass {ALLOW_FLAG} to run it as an explicit A/A, or, if the "
+                f"table was made for another model, {calibrate_command(cfg)}")
 
 
 def _ranges(segments: list[list]) -> str:

@@ -15,7 +15,7 @@ from experiments.runner.config import DEVICE_DEFAULTS, GIB, ConfigError, RunConf
 from integration import choice
 from tests.experiments.test_config import TRACE
 
-NEW_GPU = "h100-80gb-hbm3"  # no table in kernels/results
+NEW_GPU = "a100-sxm4-40gb"  # no table in kernels/results
 
 
 @pytest.fixture(autouse=True)
@@ -46,7 +46,7 @@ def test_a_policy_arm_without_a_table_is_refused_naming_the_commands() -> None:
     with pytest.raises(ConfigError) as err:
         readiness.check_tables(cuda_cfg(), NEW_GPU)
     message = str(err.value)
-    assert message.startswith("--arm patched: no compiled policy table for GPU h100-80gb-hbm3")
+    assert message.startswith("--arm patched: no compiled policy table for GPU a100-sxm4-40gb")
     assert choice.MAKE_TABLES.format(gpu=NEW_GPU) in message and "--allow-no-table" in message
     assert "prove with --model integration/models/llama-3.1-8b);" in message
     assert "python -m integration.calibrate --model integration/models/llama-3.1-8b --dtype" in message
@@ -68,7 +68,7 @@ def test_each_arm_says_what_it_runs() -> None:
     assert "rms_norm fused at rows " in h200[1] and h200[1].endswith("; stock elsewhere")
     assert h200[2].endswith("stock elsewhere; plus 3000 ns inside every fused call")
     new = readiness.describe_arms(cuda_cfg(allow_no_table=True), NEW_GPU)
-    assert new[1] == ("patched: stock: no policy table for GPU h100-80gb-hbm3, every call declined "
+    assert new[1] == ("patched: stock: no policy table for GPU a100-sxm4-40gb, every call declined "
                       "(--allow-no-table: an explicit A/A)")
     cpu = readiness.describe_arms(config.make_config(TRACE, "cpu"), None)
     assert cpu[1] == "patched: stock on CPU (the kit's kernel is CUDA only; every call declined)"
@@ -98,7 +98,7 @@ def test_a_run_without_a_table_stops_before_any_server(on_gpu, monkeypatch, tmp_
     monkeypatch.setattr(orchestrate, "start_servers", lambda *a, **k: pytest.fail("a server was started"))
     assert run_cli.main(["--trace", str(TRACE), "--results-dir", str(tmp_path), "--no-calibrate"]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(err) == 1 and "--arm patched: no compiled policy table for GPU h100-80gb-hbm3" in err[0]
+    assert len(err) == 1 and "--arm patched: no compiled policy table for GPU a100-sxm4-40gb" in err[0]
     assert "python -m integration.calibrate --model integration/models/llama-3.2-1b" in err[0]
     assert "python -m kernels.suite" in err[0] and not any(tmp_path.iterdir())
 
@@ -111,10 +111,10 @@ def test_a_run_without_a_table_calibrates_first_and_says_so(on_gpu, monkeypatch,
     monkeypatch.setattr(readiness.subprocess, "call", lambda cmd, cwd: calls.append(cmd) or 1)
     assert run_cli.main(["--trace", str(TRACE), "--results-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "no policy table for GPU h100-80gb-hbm3: calibrating first (python -m integration.calibrate" in err
+    assert "no policy table for GPU a100-sxm4-40gb: calibrating first (python -m integration.calibrate" in err
     assert calls and calls[0][1:5] == ["-m", "integration.calibrate", "--model",
                                        "integration/models/llama-3.2-1b"]
-    assert "calibration for GPU h100-80gb-hbm3 failed (exit 1)" in err and not any(tmp_path.iterdir())
+    assert "calibration for GPU a100-sxm4-40gb failed (exit 1)" in err and not any(tmp_path.iterdir())
     assert not readiness.needs_calibration(cuda_cfg(), "h200")  # the committed table
     assert not readiness.needs_calibration(cuda_cfg(allow_no_table=True), NEW_GPU)
 
@@ -126,18 +126,18 @@ def test_the_printed_plan_says_per_arm_memory_and_length(on_gpu, capsys) -> None
     assert plan["gpu"] == NEW_GPU and plan["config"]["allow_no_table"] is True
     assert [line.split(":")[0] for line in plan["arms_run"]] == ["stock", "patched", "planted", "stock-b"]
     assert plan["memory"]["model"] == "llama-3.2-1b" and plan["memory"]["fits"] and plan["duration_s"] > 0
-    assert any(line.startswith("GPU h100-80gb-hbm3: 4 x llama-3.2-1b") for line in readiness.summary(plan))
+    assert any(line.startswith("GPU a100-sxm4-40gb: 4 x llama-3.2-1b") for line in readiness.summary(plan))
 
 
 def test_a_run_without_a_table_is_recorded_as_an_a_a(monkeypatch) -> None:
     monkeypatch.setattr(choice, "current_gpu", lambda: NEW_GPU)
     note = runrecord.mode_note(cuda_cfg(allow_no_table=True))
-    assert note is not None and note.startswith("A/A for patched, planted:3us: GPU h100-80gb-hbm3 has no")
+    assert note is not None and note.startswith("A/A for patched, planted:3us: GPU a100-sxm4-40gb has no")
     assert runrecord.mode_note(cuda_cfg()) is None
 
 
 def test_run_directories_carry_the_gpu(monkeypatch) -> None:
     monkeypatch.setattr(choice, "current_gpu", lambda: NEW_GPU)
-    assert "-h100-80gb-hbm3-llama-3.1-8b" in runrecord.default_name(cuda_cfg())
+    assert "-a100-sxm4-40gb-llama-3.1-8b" in runrecord.default_name(cuda_cfg())
     cpu = config.make_config(TRACE, "cpu")
     assert runrecord.default_name(dataclasses.replace(cpu)).endswith("-cpu-tiny-llama")
