@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 
@@ -17,8 +15,9 @@ import pytest
 
 from loadgen.__main__ import main
 from loadgen.bench import schedule
-from loadgen.fakeserver import FakeServerConfig, fake_server
+from loadgen.fakeserver import FakeServerConfig
 from loadgen.records import read_records, succeeded
+from tests.loadgen.serving import serving
 
 FAKE = ("from loadgen.fakeserver import FakeServerConfig as C, serve_forever as s; "
         "s(C(ttft_s=0.01, itl_s=0.05), {port})")
@@ -27,22 +26,8 @@ FAKE = ("from loadgen.fakeserver import FakeServerConfig as C, serve_forever as 
 @pytest.fixture
 def server_url() -> Iterator[str]:
     """The fake server on its own event loop in a thread (the CLI runs its own loop)."""
-    ready: list[str] = []
-    stop = threading.Event()
-
-    async def serve() -> None:
-        async with fake_server(FakeServerConfig(model="tiny")) as url:
-            ready.append(url)
-            while not stop.is_set():
-                await asyncio.sleep(0.02)
-
-    t = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
-    t.start()
-    while not ready:
-        t.join(0.01)
-    yield ready[0]
-    stop.set()
-    t.join(5)
+    with serving(FakeServerConfig(model="tiny")) as url:
+        yield url
 
 
 def write_trace(path, rows) -> None:

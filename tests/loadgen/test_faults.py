@@ -13,7 +13,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +24,7 @@ from loadgen.__main__ import main
 from loadgen.fakeserver import FakeServerConfig, fake_server
 from loadgen.records import read_records, succeeded
 from loadgen.replay import ReplayStopped, ServerNotReady, replay
+from tests.loadgen.serving import serving as fake_serving
 from traces.trace import TraceRequest
 
 FAST = FakeServerConfig(ttft_s=0.001, itl_s=0.001, model="tiny")
@@ -32,25 +32,9 @@ FAST = FakeServerConfig(ttft_s=0.001, itl_s=0.001, model="tiny")
 
 @contextmanager
 def serving(cfg: FakeServerConfig = FAST) -> Iterator[str]:
-    """The fake server on its own event loop in a thread (the CLI runs its own loop); its URL."""
-    ready: list[str] = []
-    stop = threading.Event()
-
-    async def serve() -> None:
-        async with fake_server(cfg) as url:
-            ready.append(url)
-            while not stop.is_set():
-                await asyncio.sleep(0.02)
-
-    t = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
-    t.start()
-    while not ready:
-        t.join(0.01)
-    try:
-        yield ready[0]
-    finally:
-        stop.set()
-        t.join(5)
+    """The fake server (FAST unless told) on its own event loop in a thread; its URL."""
+    with fake_serving(cfg) as url:
+        yield url
 
 
 @contextmanager
