@@ -100,17 +100,18 @@ def _per_slo(slo: SLO, measured: pd.DataFrame, cells: pd.DataFrame, pair: list[s
             "n_near_bound": comparisons.near_bound(m, slo.ttft_ms, slo.tpot_ms, pair)}
 
 
-def _policy_override(run: dict, table: Path) -> dict:
-    """arms.policy_record of `table` for the run's model shape."""
-    from integration import arms
+POLICY_RECORD_KEYS = ("mode", "table", "dtype", "hidden", "segments")
 
-    model = run.get("model") or {}
-    try:
-        return arms.policy_record(model.get("config") or {}, model.get("dtype") or "auto",
-                                  "eager" if model.get("eager") else "compiled", table=table)
-    except ValueError as exc:
-        raise ValueError(f"run.json model {model.get('name')!r}: {exc} "
-                         "(needed for --patched-policy)") from None
+
+def _policy_record(path: Path) -> dict:
+    """A policy record file (what run.json's patched_policy holds: the table, the model shape and the
+    row ranges the patched arm fused); the analysis reads what was dispatched, never the plugin."""
+    rec = read_json(path, None, "patched policy record")
+    missing = [k for k in POLICY_RECORD_KEYS if k not in rec]
+    if missing:
+        raise ResultFileError(f"{path}: a patched policy record needs {', '.join(missing)} (run.json's "
+                              "patched_policy format)")
+    return rec
 
 
 def _over_instances(complete: pd.DataFrame, run: dict, env: dict, pair: list[str], paired_lat: dict,
@@ -207,8 +208,9 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
 
     ``slos`` defaults to the tiers in run.json, else experiments/slos.toml; ``aa_report`` is an A/A
     run's report.json whose per-window spread is drawn as the noise floor (an A/A run is its own noise
-    floor); ``patched_policy`` is the policy table the patched arm used, for a run.json that does not
-    record it; ``profile`` and ``kernel_results`` replace the attribution's defaults for the run's GPU;
+    floor); ``patched_policy`` is a record of what the patched arm dispatched (run.json's patched_policy
+    format), for a run.json that does not record it; ``profile`` and ``kernel_results`` replace the
+    attribution's defaults for the run's GPU;
     ``planted_steps`` is a graph-steps file (integration.proof.graphtime) with a planted arm's step
     time inside vLLM, which the planted control's prediction then uses (default for a run with a
     planted arm: the GPU's and model's committed one, integration/results/profiles.json);
@@ -252,7 +254,7 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
     gpu = gpu_slug(env["gpu"]) if isinstance(env.get("gpu"), str) else None
     policy = None
     if patched_policy is not None:
-        policy = {**_policy_override(run, patched_policy), "table": _shown(patched_policy)}
+        policy = _policy_record(patched_policy)
     attrib = attribution.attribute(run, labels[0], PROJECT_ROOT, gpu, profile_path=profile,
                                    kernel_path=kernel_results, policy=policy, graph_path=graph_steps)
     if planted_steps is None and planted.has_planted_arm(run):  # the GPU's committed one, if any
@@ -316,11 +318,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="report.json of an A/A run: its per-window spread is the noise floor drawn and "
                          "reported (default: the one recorded in report.json); refused for a run with its "
                          "own floor (an interleaved A/A arm, or an A/A run)")
-    ap.add_argument("--patched-policy", type=Path, default=None, metavar="POLICY_JSON",
-                    help="the policy table the patched arm dispatched by, for a run.json that does not "
-                         "record it (runs before patched_policy was recorded); the attribution counts the "
-                         "kernel's saving only at step sizes this table sends to the fused kernel (default: "
-                         "the one recorded in report.json)")
+    ap.add_argument("--patched-policy", type=Path, default=None, metavar="RECORD_JSON",
+                    help="what the patched arm dispatched, for a run.json that does not record it (runs "
+                         "before patched_policy was recorded): a record in run.json's patched_policy format "
+                         "(table, model shape, fused row ranges; the three such committed runs keep theirs "
+                         "as patched-policy.json); the attribution counts the kernel's saving only where "
+                         "it fused (default: the one recorded in report.json)")
     ap.add_argument("--profile", type=Path, default=None, metavar="PROFILE_JSON",
                     help="the step profile of the attribution (default: the one recorded in report.json, "
                          "else the committed profile of the GPU named in environment.json)")
