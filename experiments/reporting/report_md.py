@@ -138,9 +138,9 @@ def _capacity_line(s: Mapping) -> list[str]:
     return [f"Capacity per window (90% attainment crossing): {'; '.join(parts)}{change}.  "]
 
 
-def knee_lines(r: Mapping) -> list[str]:
+def knee_lines(r: Report) -> list[str]:
     """The knee search: attainment per factor and tier (from the records), the knees and the loads chosen."""
-    k = r.get("knee")
+    k = r.knee
     if not k:
         return []
     names = list(k["points"])
@@ -174,7 +174,7 @@ def _knee_check(r: Mapping, chosen: Mapping) -> list[str]:
     """The search's knee against the measured windows' own crossing of 90% for the baseline arm: the
     search pools a few windows, so it must land inside the per-window capacity interval to stand for
     the windows measured."""
-    tier = next((s for s in r.get("slos", []) if s["name"] == chosen.get("tier")), None)
+    tier = next((s for s in r.slos or [] if s["name"] == chosen.get("tier")), None)
     if tier is None or chosen.get("knee") is None:
         return []
     base = tier["baseline"]
@@ -237,10 +237,10 @@ def _power_and_attribution(r: Report) -> list[str]:
     return out + [""]
 
 
-def design_lines(r: Mapping) -> list[str]:
+def design_lines(r: Report) -> list[str]:
     """Burn-in replays against the measured ones, and the drift check."""
     out = ["## Burn-in and drift", ""]
-    if r.get("burnin"):
+    if r.burnin:
         out += ["Burn-in after each server start (phase 'burnin', recorded, not compared), against the "
                 "measured replay of the same window and load:", "",
                 "| arm | window | load | n | median TPOT (ms) | vs measured | p90 TTFT (ms) | vs measured |",
@@ -249,10 +249,10 @@ def design_lines(r: Mapping) -> list[str]:
                 f"{fmt_num(b['tpot_p50_ms'], '{:.2f}')} | "
                 f"{fmt_num(b['tpot_p50_ms_vs_measured_pct'], '{:+.1f}%')} | "
                 f"{fmt_num(b['ttft_p90_ms'], '{:.1f}')} | "
-                f"{fmt_num(b['ttft_p90_ms_vs_measured_pct'], '{:+.1f}%')} |" for b in r["burnin"]]
+                f"{fmt_num(b['ttft_p90_ms_vs_measured_pct'], '{:+.1f}%')} |" for b in r.burnin]
     else:
         out.append("No burn-in replays in this run (it predates them, or handed-in servers were used).")
-    d = r.get("drift") or {}
+    d = r.drift or {}
     for key, what in (("baseline", f"{d.get('baseline_arm')} per-cell median TPOT (% of its load's mean)"),
                       ("paired", "paired TPOT log ratio (%) of "
                        + " vs ".join(reversed(d.get("paired_arms") or [])))):
@@ -289,13 +289,13 @@ def _explained(a: Mapping, tpot: Mapping) -> list[str]:
             + ("" if inside else ": the difference is not explained by the norm kernels' GPU time")]
 
 
-def arm_lines(r: Mapping) -> list[str]:
+def arm_lines(r: Report) -> list[str]:
     """Every arm: its description, its difference from the first arm, who started its server (and
     what an endpoint said of itself), then the prompts and the server-reported prompt lengths."""
-    defs = r.get("arm_definitions") or {}
+    defs = r.arm_definitions or {}
     if not defs:
         return []
-    base = r["arm_labels"][0]
+    base = r.arm_labels[0]
     out = ["## Arms and prompts", ""]
     for lab, d in defs.items():
         diff = d.get("vs_baseline")
@@ -314,7 +314,7 @@ def arm_lines(r: Mapping) -> list[str]:
             line += (f". It said of itself: model {model.get('id')} (root {model.get('root')}, max_model_len "
                      f"{model.get('max_model_len')}); /metrics info: {names or 'none'}")
         out.append(line)
-    p = r.get("prompts") or {}
+    p = r.prompts or {}
     check = p.get("check") or {}
     kind = ("text, exact token counts under " + str(p.get("tokenizer")) if p.get("kind") == "text"
             else f"token ids below {p.get('vocab_size')}" if p.get("kind") else "token ids (not recorded)")
@@ -352,9 +352,8 @@ def render_markdown(r: Report) -> str:
         lines += ["## Why the run stopped", "", "```", r.stopped_reason.rstrip(), "```", ""]
     if r.warnings:
         lines += ["## Warnings", ""] + [f"- {w}" for w in r.warnings] + [""]
-    sections = r.to_json()  # the three section writers below still read report.json's entries
-    lines += (arm_lines(sections) + knee_lines(sections) + _slo_tables(r) + _latency_table(r)
-              + design_lines(sections) + _power_and_attribution(r))
+    lines += (arm_lines(r) + knee_lines(r) + _slo_tables(r) + _latency_table(r)
+              + design_lines(r) + _power_and_attribution(r))
     lines += ["## Plots", ""] + [f"![{p}]({p})" for p in r.plots or []] + [""]
     if cmd and str(cmd[0]).endswith(".py"):
         cmd = ["python", *cmd]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -82,9 +84,10 @@ def test_a_drifting_baseline_is_read_beside_the_paired_line_in_the_report() -> N
 
     line = {"slope": 6.1, "ci95": [4.6, 7.7], "significant": True}
     flat = {"slope": -0.05, "ci95": [-0.2, 0.1], "significant": False}
-    r = {"burnin": [], "drift": {"unit": "per minute", "baseline_arm": "stock",
-                                 "paired_arms": ["stock", "patched"], "baseline": line, "paired": flat}}
+    drift = {"unit": "per minute", "baseline_arm": "stock", "paired_arms": ["stock", "patched"],
+             "baseline": line, "paired": flat}
+    r = SimpleNamespace(burnin=[], drift=drift)  # the entries of a Report that design_lines reads
     text = "\n".join(design_lines(r))
     assert "— drifting" in text and "its trend can be the trace's" in text
-    r["drift"]["baseline"] = flat
+    r.drift["baseline"] = flat
     assert "trace's" not in "\n".join(design_lines(r))

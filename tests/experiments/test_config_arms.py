@@ -4,6 +4,7 @@ refusal names its flag, and run.json / the report carry each arm's definition an
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -67,8 +68,8 @@ def test_run_record_holds_each_arms_whole_definition_and_difference(arm_file: Pa
     assert mode_note(make_config(TRACE, "cpu")).startswith("A/A run: on CPU the patched arm")
     # the planted control is the patched provider too, but delays every call on CPU: an A/B
     assert mode_note(make_config(TRACE, "cpu", arms=("stock", "planted:400us"))) is None
-    report = {"arm_labels": ["base", "logprobs7"], "arm_definitions": {
-        lab: {**d, "recorded": True} for lab, d in rec.items()}, "prompts": {}}
+    report = SimpleNamespace(arm_labels=["base", "logprobs7"], arm_definitions={
+        lab: {**d, "recorded": True} for lab, d in rec.items()}, prompts={})  # the entries arm_lines reads
     text = "\n".join(arm_lines(report))
     assert "**logprobs7** (logprobs7): stock with a harmless extra flag and variable — " \
            "differs from base in: + --max-logprobs=7; + VLLM_LOG_STATS_INTERVAL=60; " \

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pandas as pd
 import pytest
 
@@ -86,10 +88,11 @@ def test_a_search_whose_windows_shared_prompt_seeds_is_flagged_in_the_report() -
     old = knee.summary(df, run, [CHAT])
     assert old["shared_prompts"] and old["points"]["chat"] == [(4.0, 1.0), (8.0, 0.5)]
     line = "prefix cache served the repeats"
-    assert any(line in x for x in knee_lines({"knee": old}))
+    assert any(line in x for x in knee_lines(SimpleNamespace(knee=old, slos=[])))
     run["knee"]["prompt_seeds"] = "per window"  # what orchestrate records since 2026-12-05
     new = knee.summary(df, run, [CHAT])
-    assert "shared_prompts" not in new and not any(line in x for x in knee_lines({"knee": new}))
+    assert "shared_prompts" not in new
+    assert not any(line in x for x in knee_lines(SimpleNamespace(knee=new, slos=[])))
     one = knee.summary(df, {"knee": {**run["knee"], "windows": [3], "prompt_seeds": None}}, [CHAT])
     assert "shared_prompts" not in one  # one window: nothing to share
 
@@ -103,7 +106,7 @@ def test_the_report_checks_the_searched_knee_against_the_measured_windows() -> N
     tier = {"name": "chat", "baseline": "stock", "stock": {"capacity_by_attainment":
                                                            {"load": 8.2, "status": "interpolated"}},
             "capacity_per_window": {"arms": {"stock": {"mean": 11.8, "ci95": [8.6, 15.0], "n": 17}}}}
-    r = {"knee": k, "slos": [tier]}
+    r = SimpleNamespace(knee=k, slos=[tier])  # the entries knee_lines reads of a Report
     check = [x for x in knee_lines(r) if x.startswith("Check against the measured windows")]
     assert check and "8.2x (interpolated) pooled" in check[0] and "24x lies outside" in check[0]
     k["chosen"]["knee"] = 10.0
