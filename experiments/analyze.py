@@ -27,7 +27,7 @@ from common.cliargs import OneLineParser, add_debug_flag, fail, same_file
 from common.jsonfile import ResultFileError, project_relative, read_json
 from experiments.core.rundir import check_records, read_run_record
 from experiments.core.slo import DEFAULT_SLO_FILE, SLO, load_slo_file, parse_slo
-from experiments.reporting import duetreport, noisefloor, plots, report
+from experiments.reporting import duetreport, noisefloor, plots, report, schema
 from experiments.stats import attribution, comparisons, goodput, instances, knee, planted
 from integration.proof import profiles
 from kernels.environment import gpu_slug
@@ -186,7 +186,7 @@ def recorded_inputs(run_dir: Path) -> Inputs:
     path = Path(run_dir) / "report.json"
     if not path.is_file():
         return Inputs()
-    rec = read_json(path, report.REPORT_SCHEMA_VERSION, "report").get("inputs")
+    rec = schema.read_report(path).inputs  # the one reader of report.json, older versions upgraded
     if rec is None:
         return Inputs(notes=(f"{path} records no inputs (an older report): the run's SLO tiers and today's "
                              "defaults are used",))
