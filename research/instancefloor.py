@@ -90,7 +90,7 @@ def floor_by_model(aa: list[dict]) -> dict[str, dict]:
             continue
         est = instances.external_instance_var([math.log1p(r["estimate_pct"] / 100) for r in rows],
                                               [r["se_pct"] / 100 for r in rows])
-        out[f"{key[0]} {key[1]}"] = {
+        out[instances.floor_key(*key)] = {
             **est, "runs": [r["run"] for r in rows], "sd_estimates_pct": 100 * est["sd_estimates"],
             "rms_se_pct": 100 * math.sqrt(est["mean_se2"]),
             "instance_sd_pct": 100 * math.sqrt(est["instance_var"]),
@@ -103,7 +103,7 @@ def restate(arms: list[dict], floors: dict[str, dict]) -> list[dict]:
     """Each arm's interval with the instance variance of its GPU and model added (None where none)."""
     out = []
     for r in arms:
-        f = floors.get(f"{r['gpu']} {r['model']}")
+        f = floors.get(instances.floor_key(r["gpu"], r["model"]))
         row = {k: r[k] for k in ("run", "arm", "role", "cells", "estimate_pct", "ci95_pct", "df",
                                  "excludes_zero")}
         if f is None:
