@@ -19,7 +19,7 @@ import os
 import re
 import sys
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from integration import choice
@@ -315,6 +315,19 @@ def policy_table(arm: Arm, eager: bool, gpu: str | None) -> str | None:
     env = {**os.environ, **dict(arm.extra_env)}
     path = choice.policy_path("eager" if eager else "compiled", gpu, env)
     return None if path is None else str(path)
+
+
+FUSE_ALL_NOTE = "--fuse-all: instead, every norm call fused, whatever the GPU's policy table says"
+
+
+def fusing_every_call(arm: Arm) -> Arm:
+    """A policy arm that follows the GPU's table (patched, its planted twin) made to fuse every norm
+    call (both policy variables 'all'); any other arm, and one that sets a policy itself, unchanged."""
+    env = dict(arm.extra_env)
+    if not uses_policy(arm) or POLICY_ENV in env or POLICY_ENV_COMPILED in env:
+        return arm
+    env |= {POLICY_ENV: ALL_FUSED, POLICY_ENV_COMPILED: ALL_FUSED}
+    return replace(arm, extra_env=tuple(env.items()), description=f"{arm.description}; {FUSE_ALL_NOTE}")
 
 
 def compilation_config_for(range_ends: list[int]) -> dict:

@@ -79,22 +79,29 @@ def policy_path(mode: str, gpu: str | None = None, env: Mapping[str, str] | None
     return candidate if candidate.is_file() else None
 
 
+def _load(path: str | Path) -> Any:
+    """The policy a table names: 'all' every call fused, 'none' every call declined, else the file."""
+    from kernels.policy import EveryCallFused, Policy, load_policy
+
+    if str(path) == ALL_FUSED:
+        return EveryCallFused(f"{ALL_FUSED}: every call fused (fused:auto)")
+    if str(path) == NONE_FUSED:
+        return Policy({}, source=f"{NONE_FUSED}: every call declined (stock)")
+    return load_policy(path)
+
+
 @functools.cache
 def policy(mode: str = "compiled") -> Any:
     """The shape policy of a mode, loaded once per process (see policy_path; $RMSNORM_FUSED_POLICY=all:
     every call fused, =none: every call declined). Where this GPU has no table, a policy that declines
     every call (stock), said once in the log with how to make one."""
     try:
-        from kernels.policy import EveryCallFused, Policy, load_policy
+        from kernels.policy import Policy
     except ImportError as exc:
         raise PolicyUnavailable(f"kernels/policy.py is not importable: {exc}") from exc
     path = policy_path(mode)
-    if path is not None and str(path) == ALL_FUSED:
-        return EveryCallFused(f"{ALL_FUSED}: every call fused (fused:auto)")
-    if path is not None and str(path) == NONE_FUSED:
-        return Policy({}, source=f"{NONE_FUSED}: every call declined (stock)")
     if path is not None:
-        return load_policy(path)
+        return _load(path)
     gpu = current_gpu()
     if gpu is None:
         logger.warning("rmsnorm_fused: no CUDA GPU, so no %s policy table; cupy_fused declines every call "
@@ -172,11 +179,10 @@ def policy_record(dtype: str, hidden: int, mode: str = "compiled", max_rows: int
                   table: str | Path | None = None) -> dict:
     """What a patched arm's policy picks for one model shape, for a run record: the table's path
     and, per op, the row ranges [lo, hi, fused] over 1..max_rows (read by experiments' attribution).
-    `table`: a policy file to describe instead of the mode's own (choice.policy_path)."""
+    `table`: a policy file (or 'all', 'none') to describe instead of the mode's own (choice.policy_path)."""
     from common.jsonfile import project_relative
-    from kernels.policy import load_policy
 
-    pol = load_policy(table) if table is not None else policy(mode)
+    pol = policy(mode) if table is None else _load(table)
     segs = {op: [list(r) for r in _runs(lambda rows, op=op: pol.choose(op, dtype, rows, hidden) != "stock",
                                           max_rows)] for op in OPS}
     # the table relative to the project, so a run record names the same file on another machine

@@ -174,6 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run arms that dispatch by the GPU's policy table (patched, planted) on a GPU "
                         "that has none: they are stock there, so the run is an explicit A/A (the plan says "
                         "so per arm); refused otherwise, naming the commands that make the table")
+    a.add_argument("--fuse-all", action="store_true",
+                   help="the patched arm and its planted twin fuse every norm call instead of following the "
+                        "GPU's policy table (what the kernel's isolated win would deploy). Chosen by itself, "
+                        "and said, when the arms are the default ones and the GPU's table fuses no call of "
+                        "the run's model (the calibration found the kernel faster inside vLLM at no size)")
     a.add_argument("--no-calibrate", action="store_true",
                    help="never calibrate: on a GPU without a policy table, refuse the patched arm before any "
                         "server starts and name the command that makes the table (default: run "
@@ -251,7 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--instances", type=positive_int, metavar="N",
                    help="run every arm on N server instances: the windows in N equal blocks, every server "
                         "restarted (warm-up and burn-in again) before each block but the first; records "
-                        "carry the instance, run.json 'instances' each start (default: 1, no restart)")
+                        "carry the instance, run.json 'instances' each start (default: 3 on a GPU run of "
+                        "resident servers the kit starts, for intervals over instance pairs; else 1)")
     ix = i.add_mutually_exclusive_group()
     ix.add_argument("--precision", type=positive_float, metavar="PCT",
                     help="choose instances x windows (at --window-s) whose interval over instances has this "
@@ -312,6 +318,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     names, urls = chosen_arms(args, default_arms(device, args.layout))
     arms = with_aa_arm(names, args.aa, args.one_at_a_time, bool(urls), args.layout == "duet")
     cfg = make_config(args.trace, device, arms=arms, allow_no_table=args.allow_no_table,
+                      fuse_all=args.fuse_all,
                       arms_file=args.arms_file, endpoints=urls,
                       allow_arm_differences=args.allow_arm_differences,
                       one_at_a_time=args.one_at_a_time, slos=slos, slo_file=args.slo_file,
@@ -325,10 +332,10 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     return cfg
 
 
-def _print_plan(cfg: RunConfig) -> None:
+def _print_plan(cfg: RunConfig, n_instances: int) -> None:
     from experiments.runner.plan import prepare
 
-    plan = prepare(cfg)
+    plan = prepare(cfg, n_instances)
     print(json.dumps({"config": cfg.to_json(), **plan.design, "windows": [w.to_json() for w in plan.windows],
                       "warmup_requests": len(plan.warmup), "clipped_requests": plan.clipped_requests,
                       "schedule": [s.to_json() for s in plan.steps],
@@ -367,16 +374,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if design is not None:
             print(instances.describe(design), file=sys.stderr)
         instances.check(cfg, n_instances)
-        gpu = readiness.gpu_of(cfg)
-        if readiness.needs_calibration(cfg, gpu) and not args.no_calibrate:
-            if args.dry_run:
-                print(f"no policy table for GPU {gpu}: a run calibrates first ("
-                      f"{readiness.calibrate_command(cfg)}); the plan follows from its tables",
-                      file=sys.stderr)
-                return 0
-            readiness.calibrate(cfg, gpu)
+        cfg = readiness.tables(cfg, may_calibrate=not args.no_calibrate,
+                               default_arms=not (args.arm or args.arms), dry_run=args.dry_run)
+        if cfg is None:  # a dry run that would calibrate first
+            return 0
         if args.dry_run:
-            _print_plan(cfg)
+            _print_plan(cfg, n_instances)
             return 0
         check_results_dir(cfg.results_dir)
         run_dir = run_experiment(cfg, argv=["experiments/run.py", *argv], n_instances=n_instances,

@@ -101,6 +101,7 @@ class RunConfig:
     layout: str = "turns"
     gpus: tuple[int, ...] = ()  # duet: the CUDA device index (on CPU: the server slot) of each placement
     allow_no_table: bool = False  # run policy arms on a GPU without a table (stock there: an A/A)
+    fuse_all: bool = False  # patched and its planted twin fuse every norm call, whatever the GPU's table says
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -124,7 +125,7 @@ class RunConfig:
                     hint = "" if self.arms_file else " (or define it in an --arms-file)"
                     raise ConfigError(f"--arm {name}: {exc}{hint}") from None
                 out.append(arm_defs.Arm(name, description=ENDPOINT_ARM))
-        return tuple(out)
+        return tuple(arm_defs.fusing_every_call(a) for a in out) if self.fuse_all else tuple(out)
 
     @property
     def model_dir(self) -> Path:
@@ -147,8 +148,9 @@ class RunConfig:
         d["gpus"] = list(self.gpus)
         if self.layout == "turns":  # the record of a turns run stays as it was before the duet layout
             del d["layout"], d["gpus"]
-        if not self.allow_no_table:
-            del d["allow_no_table"]
+        for flag in ("allow_no_table", "fuse_all"):  # records of runs without them stay as they were
+            if not d[flag]:
+                del d[flag]
         d["start_s"] = self.first_window_s
         return d
 

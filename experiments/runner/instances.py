@@ -37,6 +37,8 @@ from experiments.stats import design
 from experiments.stats.paired import pct
 
 PRIOR = Path(__file__).resolve().parents[1] / "results" / "instance-floor.json"
+GPU_INSTANCES = 3  # a GPU run the kit starts, without --instances: the fewest that give an interval over
+# instance pairs with 2 df (two instances give one; experiments.stats.instances)
 _KV_RE = re.compile(r"KV cache size: ([\d,]+) tokens")
 _INIT_RE = re.compile(r"init engine .* took ([\d.]+) s(?: \(compilation: ([\d.]+) s\))?")
 # what is expected to differ between two instances of an arm, so not listed under "differences"
@@ -58,6 +60,18 @@ def check(cfg: RunConfig, n: int, handed_in: bool = False) -> None:
     if cfg.windows % n:
         raise ConfigError(f"--instances {n}: --windows {cfg.windows} is not a multiple of it (every "
                           "instance replays the same number of windows)")
+
+
+def default_count(cfg: RunConfig) -> int:
+    """Instances when none are asked for: GPU_INSTANCES on a GPU run of resident servers the kit starts
+    (ConfigError when --windows does not split into them), else 1."""
+    if cfg.device != "cuda" or cfg.endpoints or cfg.one_at_a_time or cfg.layout != "turns":
+        return 1
+    if cfg.windows % GPU_INSTANCES:
+        raise ConfigError(f"--windows {cfg.windows}: a GPU run has {GPU_INSTANCES} server instances per arm "
+                          f"unless --instances says otherwise, and every instance replays the same number "
+                          f"of windows: give a multiple of {GPU_INSTANCES}, or --instances")
+    return GPU_INSTANCES
 
 
 def segments(steps: Sequence[Step], n: int) -> list[Segment]:
@@ -156,7 +170,7 @@ def choose(cfg: RunConfig, instances: int | None, windows_given: bool, precision
     cheapest design reaching it (or the narrowest the budget buys) at the run's window length, its
     instances and windows taken where the user gave none; without them, the user's (default 1)."""
     if precision is None and budget_min is None:
-        return cfg, instances or 1, None
+        return cfg, instances or default_count(cfg), None
     c, costs, source = prior(cfg, path)
     if precision is not None:
         chosen = design.plan(c, costs, precision, window_s=(cfg.window_s,))

@@ -309,7 +309,7 @@ def run_experiment(cfg: RunConfig, *, argv: Sequence[str] | None = None,
     (status "partial" with stopped_reason in run.json).
     """
     instances.check(cfg, n_instances, servers is not None)
-    plan = prepare(cfg)
+    plan = prepare(cfg, n_instances)
     keys = duetrun.slot_keys(cfg) if cfg.layout == "duet" else list(cfg.labels)
     if servers is not None and (cfg.one_at_a_time or set(servers) != set(keys)):
         raise ValueError(f"servers must map every label (a duet: every server) {keys} and the run must be "

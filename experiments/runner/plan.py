@@ -114,7 +114,7 @@ def _check_lengths(cfg: RunConfig, reqs: list[TraceRequest], spans: list[tuple[f
                 "--max-input-tokens/--max-output-tokens")
 
 
-def prepare(cfg: RunConfig) -> Plan:
+def prepare(cfg: RunConfig, n_instances: int = 1) -> Plan:
     """Read and check the trace, cut windows and warm-up, build the schedule.
 
     Raises TraceError (file:line) for a bad trace and ConfigError for windows the trace cannot fill
@@ -148,5 +148,5 @@ def prepare(cfg: RunConfig) -> Plan:
         clipped_requests=changed,
         placements=(duet.placements(cfg.labels, cfg.gpus, cfg.windows, cfg.seed) if cfg.layout == "duet"
                     else []),
-        design=readiness.design(cfg, len(start_waves(cfg, list(cfg.labels)))),
+        design=readiness.design(cfg, len(start_waves(cfg, list(cfg.labels))) * n_instances),
     )

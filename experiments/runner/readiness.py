@@ -24,6 +24,7 @@ REPLAY_OVERHEAD_S = 1.0
 KNEE_WINDOWS = 5  # experiments.stats.knee.SEARCH_QUANTILES: windows replayed per searched factor
 ANALYSIS_S = 60.0
 ALLOW_FLAG = "--allow-no-table"
+FUSE_ALL_FLAG = "--fuse-all"
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -118,6 +119,47 @@ def calibrate(cfg: RunConfig, gpu: str | None) -> None:
                           "to run the policy arms as an explicit A/A")
 
 
+def fuses_nothing(cfg: RunConfig, gpu: str | None) -> str | None:
+    """The GPU's table (as run.json names it) when a policy arm of cfg would dispatch by one that fuses
+    no call of the run's model shape (a calibration found the fused kernel faster inside vLLM at no
+    size), else None; None on CPU, with --endpoint or --allow-no-table."""
+    if cfg.device != "cuda" or cfg.endpoints or cfg.allow_no_table:
+        return None
+    for arm in dict.fromkeys(cfg.arm_definitions):
+        table = arm_defs.policy_table(arm, cfg.eager, gpu) if arm_defs.uses_policy(arm) else None
+        if table in (None, arm_defs.ALL_FUSED, arm_defs.NONE_FUSED):
+            continue
+        if not _fuses(rec := _record(cfg, table)):
+            return rec["table"]
+    return None
+
+
+def fuse_all_note(cfg: RunConfig, gpu: str | None, table: str) -> str:
+    """Why a default run fuses every call: what the table says and what the run measures instead."""
+    return (f"{table} fuses no call of {cfg.model} on GPU {gpu} (where it was made, the fused kernel was "
+            "faster inside vLLM at no size), so the patched arm would run stock: the run fuses every "
+            "norm call in patched and its planted twin instead (--fuse-all), measuring what deploying "
+            "the kernel's isolated win everywhere does to served latency and goodput")
+
+
+def tables(cfg: RunConfig, may_calibrate: bool, default_arms: bool, dry_run: bool) -> RunConfig | None:
+    """cfg once the GPU's tables are settled before any server starts: calibrated first where a policy
+    arm has none (unless `may_calibrate` is off; a dry run only says it would, and gives None), and with
+    the default arms on a table that fuses nothing, fusing every call (said on stderr)."""
+    gpu = gpu_of(cfg)
+    if may_calibrate and needs_calibration(cfg, gpu):
+        if dry_run:
+            print(f"no policy table for GPU {gpu}: a run calibrates first ({calibrate_command(cfg)}); "
+                  "the plan follows from its tables", file=sys.stderr)
+            return None
+        calibrate(cfg, gpu)
+    table = fuses_nothing(cfg, gpu) if default_arms and not cfg.fuse_all else None
+    if table is None:
+        return cfg
+    print(fuse_all_note(cfg, gpu, table), file=sys.stderr)
+    return dataclasses.replace(cfg, fuse_all=True)
+
+
 def check_tables(cfg: RunConfig, gpu: str | None) -> None:
     """ConfigError when an arm that dispatches by the policy table has none for this GPU, or one that
     fuses no call of the model's shape (it would run stock: an A/A labelled as an A/B), unless
@@ -142,8 +184,9 @@ def check_tables(cfg: RunConfig, gpu: str | None) -> None:
             raise ConfigError(
                 f"--arm {arm.name}: {rec['table']} fuses no call of {cfg.model} (hidden {rec['hidden']}, "
                 f"{rec['dtype']}): where it was made for this shape, the fused kernel was faster inside "
-                f"vLLM at no size; {stock}; pass {ALLOW_FLAG} to run it as an explicit A/A, or, if the "
-                f"table was made for another model, {calibrate_command(cfg)}")
+                f"vLLM at no size; {stock}; pass {FUSE_ALL_FLAG} to fuse every call instead, "
+                f"{ALLOW_FLAG} to run it as an explicit A/A, or, if the table was made for another model, "
+                f"{calibrate_command(cfg)}")
 
 
 def _ranges(segments: list[list]) -> str:

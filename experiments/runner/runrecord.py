@@ -75,7 +75,10 @@ def patched_policy(cfg: RunConfig) -> dict | None:
         return None
     from integration import arms
 
-    return arms.policy_record(cfg.model_dir, cfg.dtype, "eager" if cfg.eager else "compiled")
+    own = dict(cfg.arm_definitions[cfg.arms.index("patched")].extra_env)  # --fuse-all: 'all'
+    mode = "eager" if cfg.eager else "compiled"
+    return arms.policy_record(cfg.model_dir, cfg.dtype, mode,
+                              own.get(arms.POLICY_ENV_COMPILED if mode == "compiled" else arms.POLICY_ENV))
 
 
 def default_name(cfg: RunConfig) -> str:

@@ -105,16 +105,18 @@ def follows_policy(run: Mapping, label: str) -> bool:
 
 def reference_label(run: Mapping, label: str) -> str:
     """The arm the planted arm `label` is compared with: its twin, the run's first other arm on the
-    kit's provider with the policy as shipped and no delay (patched), else the baseline (and always
-    the baseline for an earlier planted design)."""
+    kit's provider with the planted arm's environment less the delay (patched: the same policy, as
+    shipped or fused at every call), else the baseline (and always the baseline for an earlier planted
+    design)."""
     labels, names = list(run["arm_labels"]), list(run["arms"])
     if not follows_policy(run, label):
         return labels[0]
-    changed = {arms.POLICY_ENV, arms.POLICY_ENV_COMPILED, arms.PLANTED_NS_ENV}  # what patched leaves alone
+    twin_env = {k: v for k, v in arm_definition(run, label, names[labels.index(label)]).extra_env
+                if k != arms.PLANTED_NS_ENV}  # the twin's: the same policy, no delay
     for lab, name in zip(labels[1:], names[1:]):
         arm = arm_definition(run, lab, name)
-        if lab != label and arm is not None and arm.provider == arms.PROVIDER and not (
-                changed & dict(arm.extra_env).keys()):
+        if lab != label and arm is not None and arm.provider == arms.PROVIDER and \
+                dict(arm.extra_env) == twin_env:
             return lab
     return labels[0]
 

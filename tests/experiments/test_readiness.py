@@ -141,3 +141,52 @@ def test_run_directories_carry_the_gpu(monkeypatch) -> None:
     assert "-a100-sxm4-40gb-llama-3.1-8b" in runrecord.default_name(cuda_cfg())
     cpu = config.make_config(TRACE, "cpu")
     assert runrecord.default_name(dataclasses.replace(cpu)).endswith("-cpu-tiny-llama")
+
+
+H100 = "h100-80gb-hbm3"  # its committed table was made for the 1B shape and fuses none of its calls
+
+
+def test_default_arms_on_a_table_that_fuses_nothing_fuse_every_call_and_say_so(on_gpu, capsys) -> None:
+    on_gpu(H100, 80)
+    assert run_cli.main(["--trace", str(TRACE), "--dry-run"]) == 0
+    captured = capsys.readouterr()
+    assert "policy-h100-80gb-hbm3-in-graph.json fuses no call of llama-3.2-1b on GPU h100-80gb-hbm3" in \
+        captured.err and "(--fuse-all)" in captured.err
+    plan = json.loads(captured.out)
+    assert plan["config"]["fuse_all"] is True and plan["config"]["model"] == "llama-3.2-1b"
+    stock, patched, planted, aa = plan["arms_run"]
+    assert patched == "patched: policy all: every call fused"
+    assert planted == "planted:3us: policy all: every call fused; plus 3000 ns inside every fused call"
+    assert stock.startswith("stock: vLLM as shipped") and aa.startswith("stock-b: vLLM as shipped")
+
+
+def test_named_arms_on_a_table_that_fuses_nothing_are_refused_naming_fuse_all(on_gpu, tmp_path,
+                                                                              capsys) -> None:
+    on_gpu(H100, 80)
+    flags = ["--trace", str(TRACE), "--results-dir", str(tmp_path), "--arms", "stock,patched"]
+    assert run_cli.main([*flags, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "--arm patched: kernels/results/policy-h100-80gb-hbm3-in-graph.json fuses no call" in err
+    assert "pass --fuse-all to fuse every call instead" in err and not any(tmp_path.iterdir())
+    assert run_cli.main([*flags, "--fuse-all", "--dry-run"]) == 0
+    assert json.loads(capsys.readouterr().out)["arms_run"][1] == "patched: policy all: every call fused"
+
+
+def test_fuse_all_is_recorded_with_an_all_fused_policy_and_keeps_the_planted_twin(monkeypatch) -> None:
+    from experiments.stats.planted import reference_label
+
+    monkeypatch.setattr(choice, "current_gpu", lambda: H100)
+    cfg = cuda_cfg(model="llama-3.2-1b", fuse_all=True)
+    policy = runrecord.patched_policy(cfg)
+    assert policy["table"] == "all: every call fused (fused:auto)"
+    assert all(fused for segs in policy["segments"].values() for *_, fused in segs)
+    defs = runrecord.arm_records(cfg)
+    assert defs["stock"]["env"] == {} and defs["stock-b"]["env"] == {}
+    assert defs["patched"]["env"] == {"RMSNORM_FUSED_POLICY": "all", "RMSNORM_FUSED_POLICY_COMPILED": "all"}
+    assert defs["patched"]["description"].endswith("; --fuse-all: instead, every norm call fused, whatever "
+                                                   "the GPU's policy table says")
+    run = {"arm_labels": list(cfg.labels), "arms": list(cfg.arms), "arm_definitions": defs}
+    assert reference_label(run, "planted:3us") == "patched"  # the same policy, the delay alone differs
+    assert cfg.to_json()["fuse_all"] is True and "fuse_all" not in cuda_cfg().to_json()
+    idle = cuda_cfg(arms=("stock", "plugin-idle"), fuse_all=True).arm_definitions[1]
+    assert dict(idle.extra_env)["RMSNORM_FUSED_POLICY"] == "none"  # an arm's own policy stays

@@ -3,6 +3,8 @@ what differs between instances, and the design chosen from the committed prior."
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from experiments.core.schedule import build_schedule
@@ -77,6 +79,15 @@ def test_flags_given_win_over_the_design_and_the_cost_is_restated(cfg) -> None:
 def test_without_design_flags_nothing_changes(cfg) -> None:
     assert instances.choose(cfg, None, False, None, None) == (cfg, 1, None)
     assert instances.choose(cfg, 2, True, None, None) == (cfg, 2, None)
+
+
+def test_a_gpu_run_has_three_instances_unless_told_otherwise(cfg) -> None:
+    gpu = dataclasses.replace(cfg, device="cuda", windows=6)
+    assert instances.choose(gpu, None, False, None, None) == (gpu, 3, None)
+    assert instances.choose(gpu, 1, True, None, None) == (gpu, 1, None)
+    assert instances.default_count(dataclasses.replace(gpu, one_at_a_time=True)) == 1
+    with pytest.raises(ValueError, match=r"^--windows 4: a GPU run has 3 server instances per arm"):
+        instances.default_count(dataclasses.replace(gpu, windows=4))
 
 
 def _main(tmp_path, *flags: str):
