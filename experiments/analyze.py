@@ -118,16 +118,14 @@ def _over_instances(complete: pd.DataFrame, run: dict, env: dict, pair: list[str
                     planted_lines: list[dict] | None) -> dict | None:
     """Paired TPOT with the server-instance variance: over the run's own instances where each arm ran on
     several, else with the external estimate for its GPU and model (INSTANCE_FLOOR); None without one."""
-    if complete["instance"].nunique() > 1:
-        try:
-            fit = instances.from_run(complete.rename(columns={"ok": "succeeded"}), pair[0], pair[1],
-                                     "tpot_ms", comparisons.cell_orders(run))
-        except ValueError as exc:
-            return {"source": f"this run's server instances: no interval ({exc})", "rows": []}
-        return {"source": f"this run's {fit['instance_pairs']} server instance pairs", "fit": fit,
-                "rows": [{"comparison": f"{pair[1]} vs {pair[0]}", "estimate_pct": fit["estimate_pct"],
-                          "within_pair_ci95_pct": fit["within_pair_ci95_pct"], "ci95_pct": fit["ci95_pct"],
-                          "df": fit["df"]}]}
+    if complete["instance"].nunique() > 1:  # every arm against the baseline, a planted arm its reference
+        refs = {p["arm"]: p["reference"] for p in planted_lines or []}
+        rows = instances.run_rows(complete.rename(columns={"ok": "succeeded"}),
+                                  [(arm, refs.get(arm, pair[0])) for arm in run["arm_labels"][1:]],
+                                  "tpot_ms", comparisons.cell_orders(run))
+        pairs = {r["instance_pairs"] for r in rows if "reason" not in r}
+        source = f"this run's {max(pairs)} server instance pairs" if pairs else "this run's server instances"
+        return {"source": source, "rows": rows}
     model = (run.get("model") or {}).get("name")
     try:
         floors = read_json(INSTANCE_FLOOR, 1, "instance floor")["instance"]

@@ -327,6 +327,36 @@ def arm_lines(r: Report) -> list[str]:
                   f"usage{examples}.", ""]
 
 
+def instance_lines(r: Report) -> list[str]:
+    """The run's own server instances: per comparison the interval over instance pairs, the within-pair
+    interval beside it and the variance components (experiments.stats.instances.run_rows)."""
+    rows = [row for row in (r.over_instances or {}).get("rows") or [] if "components_sd_pct" in row
+            or "reason" in row]
+    if not rows:
+        return []
+    out = ["## Server instances", "",
+           f"Paired TPOT over {r.over_instances['source']} (t on the order-adjusted pair means, primary), "
+           "beside the least-squares interval over all cells as if from one pair (no instance variance). "
+           "Components as sd of a cell's log ratio in %: instance (one server's own offset), cell "
+           "(window x load within a pair), request (within a cell); an arm of the baseline's build gives "
+           "the A/A over instances.", "",
+           "| comparison | change | over instances | df | within pairs | instance sd | cell sd "
+           "| request sd |",
+           "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        if "reason" in row:
+            out.append(f"| {row['comparison']} | n/a | {row['reason']} | | | | | |")
+            continue
+        sd = row["components_sd_pct"]
+        lo, hi = row["ci95_pct"]
+        wlo, whi = row["within_pair_ci95_pct"]
+        req = f"{sd['request_var']:.2f}%" if "request_var" in sd else "n/a"
+        out.append(f"| {row['comparison']} | {row['estimate_pct']:+.2f}% | [{lo:+.2f}, {hi:+.2f}]% | "
+                   f"{row['df']} | [{wlo:+.2f}, {whi:+.2f}]% | {sd['instance_var']:.2f}% | "
+                   f"{sd['cell_var']:.2f}% | {req} |")
+    return [*out, ""]
+
+
 def render_markdown(r: Report) -> str:
     """The whole report.md text."""
     cmd = r.command or []
@@ -352,7 +382,7 @@ def render_markdown(r: Report) -> str:
         lines += ["## Why the run stopped", "", "```", r.stopped_reason.rstrip(), "```", ""]
     if r.warnings:
         lines += ["## Warnings", ""] + [f"- {w}" for w in r.warnings] + [""]
-    lines += (arm_lines(r) + knee_lines(r) + _slo_tables(r) + _latency_table(r)
+    lines += (arm_lines(r) + instance_lines(r) + knee_lines(r) + _slo_tables(r) + _latency_table(r)
               + design_lines(r) + _power_and_attribution(r))
     lines += ["## Plots", ""] + [f"![{p}]({p})" for p in r.plots or []] + [""]
     if cmd and str(cmd[0]).endswith(".py"):

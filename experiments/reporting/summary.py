@@ -97,6 +97,8 @@ def _instance_rows(r: Report) -> list[str]:
     oi = r.over_instances or {}
     out = []
     for row in oi.get("rows") or []:
+        if row.get("ci95_pct") is None:  # no interval (a reason says why: the report's instance section)
+            continue
         treat = row["comparison"].split(" vs ")[0]
         out.append(_row(f"TPOT {row['comparison']}, over server instances", row["estimate_pct"],
                         row["ci95_pct"], "-", _direction(treat, row["ci95_pct"])))

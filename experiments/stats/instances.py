@@ -172,6 +172,26 @@ def from_run(df: pd.DataFrame, baseline: str, treatment: str, metric: str = "tpo
     return fit_cells(cells, pairs, confidence)
 
 
+def run_rows(df: pd.DataFrame, comparisons: Sequence[tuple[str, str]], metric: str = "tpot_ms",
+             orders: Orders | None = None) -> list[dict]:
+    """One row per (arm, reference) of a run whose arms ran on several instances (`from_run`): the
+    interval over instance pairs, the within-pair one beside it and the variance components as sd in
+    percent; a row with `reason` instead where there is no interval. An A/A arm's row is the A/A over
+    instances."""
+    rows = []
+    for arm, ref in comparisons:
+        row: dict = {"comparison": f"{arm} vs {ref}"}
+        try:
+            fit = from_run(df, ref, arm, metric, orders)
+        except ValueError as exc:
+            rows.append({**row, "reason": str(exc)})
+            continue
+        rows.append({**row, **{k: fit[k] for k in (
+            "estimate_pct", "ci95_pct", "df", "within_pair_ci95_pct", "within_pair_df", "instance_pairs",
+            "cells_per_pair", "components_sd_pct")}})
+    return rows
+
+
 def external_instance_var(estimates: Sequence[float], ses: Sequence[float]) -> dict:
     """s2_instance from A/A pairs of other runs (log ratios and their within-pair standard errors):
     an A/A of two servers has variance 2 s2_instance + se^2, so s2_instance = (var(estimates) -

@@ -105,18 +105,22 @@ def follows_policy(run: Mapping, label: str) -> bool:
 
 def reference_label(run: Mapping, label: str) -> str:
     """The arm the planted arm `label` is compared with: its twin, the run's first other arm on the
-    kit's provider with the planted arm's environment less the delay (patched: the same policy, as
+    kit's provider with the planted arm's policy variables and no delay (patched: the same policy, as
     shipped or fused at every call), else the baseline (and always the baseline for an earlier planted
     design)."""
     labels, names = list(run["arm_labels"]), list(run["arms"])
     if not follows_policy(run, label):
         return labels[0]
-    twin_env = {k: v for k, v in arm_definition(run, label, names[labels.index(label)]).extra_env
-                if k != arms.PLANTED_NS_ENV}  # the twin's: the same policy, no delay
-    for lab, name in zip(labels[1:], names[1:]):
+    keys = (arms.POLICY_ENV, arms.POLICY_ENV_COMPILED, arms.PLANTED_NS_ENV)
+
+    def policy_and_delay(arm: arms.Arm) -> tuple:
+        return tuple(dict(arm.extra_env).get(k) for k in keys)
+
+    twin = (*policy_and_delay(arm_definition(run, label, names[labels.index(label)]))[:2], None)
+    for lab, name in zip(labels[1:], names[1:]):  # the twin: the same policy, no delay
         arm = arm_definition(run, lab, name)
         if lab != label and arm is not None and arm.provider == arms.PROVIDER and \
-                dict(arm.extra_env) == twin_env:
+                policy_and_delay(arm) == twin:
             return lab
     return labels[0]
 

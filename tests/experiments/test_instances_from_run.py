@@ -64,3 +64,40 @@ def test_runs_of_one_instance_read_as_instance_0_and_get_no_interval_over_instan
     assert set(df["instance"]) == {0}
     with pytest.raises(ValueError, match="2\\+ instance pairs"):
         instances.from_run(df, "stock", "patched")
+    (row,) = instances.run_rows(df, [("patched", "stock")])
+    assert row["comparison"] == "patched vs stock" and "2+ instance pairs" in row["reason"]
+    assert "ci95_pct" not in row
+
+
+def _aa_cell(arm: str, window: int, load: float, rng: np.random.Generator) -> list:
+    """patched as _cell; stock-b the baseline's build with its own instance offsets (an A/A)."""
+    if arm != "stock-b":
+        return _cell(arm, window, load, rng)
+    shift = -OFFSET[window // PER] / 2 + 0.0004 * (window % 2)
+    return [(50.0, 20.0 * (1 + 0.01 * i) * math.exp(shift), None) for i in range(40)]
+
+
+def test_the_report_shows_every_arm_over_instances_with_the_components(tmp_path: Path) -> None:
+    from experiments.analyze import main
+
+    run_dir = write_run(tmp_path / "run", _aa_cell, labels=("stock", "patched", "stock-b"),
+                        arms=("stock", "patched", "stock"), windows=3 * PER)
+    path = run_dir / "requests.jsonl"
+    records = read_records(path)
+    path.unlink()
+    with RecordWriter(path) as w:
+        for r in records:
+            w.write(type(r)(**{**r.__dict__, "tags": {**r.tags, "instance": r.tags["window"] // PER}}))
+    assert main([str(run_dir), "--out", str(tmp_path / "out")]) == 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())["over_instances"]
+    assert report["source"] == "this run's 3 server instance pairs"
+    rows = {r["comparison"]: r for r in report["rows"]}
+    assert list(rows) == ["patched vs stock", "stock-b vs stock"]
+    aa = rows["stock-b vs stock"]
+    assert aa["df"] == 2 and aa["ci95_pct"][0] < 0 < aa["ci95_pct"][1]  # the A/A over instances
+    assert aa["components_sd_pct"]["instance_var"] > 0 and "request_var" in aa["components_sd_pct"]
+    assert rows["patched vs stock"]["ci95_pct"][0] > 0  # the 1% effect over instance offsets of <= 0.4%
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "| TPOT stock-b vs stock, over server instances |" in text
+    section = text.split("## Server instances")[1].split("\n## ")[0]
+    assert "| stock-b vs stock | " in section and "| patched vs stock | " in section

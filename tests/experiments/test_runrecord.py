@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from experiments.runner.runrecord import patched_policy
-from integration import choice
+from integration import arms, choice
 from integration.launcher import MODELS_DIR
 
 
@@ -24,7 +24,8 @@ def h200_tables(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def _cfg(**kw) -> SimpleNamespace:
     base = dict(device="cuda", arms=("stock", "patched"), model_dir=MODELS_DIR / "llama-3.1-8b",
                 dtype="bfloat16", eager=False)
-    return SimpleNamespace(**{**base, **kw})
+    cfg = {**base, **kw}
+    return SimpleNamespace(**cfg, arm_definitions=tuple(arms.get(a) for a in cfg["arms"]))
 
 
 def test_cuda_ab_run_records_the_table_and_its_row_ranges() -> None:
