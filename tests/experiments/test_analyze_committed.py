@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.analyze import differing_entries, main, recorded_inputs
+from experiments.analyze import main, recorded_inputs
+from experiments.reporting.reportdiff import differing_entries
 from integration.proof import profiles
 from kernels.environment import gpu_slug
 

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments.analyze import REANALYSIS, analyze_run, main, recorded_inputs, report_change
+from experiments.analyze import REANALYSIS, analyze_run, main, recorded_inputs
 from experiments.core.slo import SLO
+from experiments.reporting.reportdiff import report_change
 from tests.experiments.synthetic_run import write_run
 
 CHAT = SLO("chat", 2000.0, 100.0)

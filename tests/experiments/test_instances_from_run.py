@@ -27,8 +27,9 @@ def _cell(arm: str, window: int, load: float, rng: np.random.Generator) -> list:
     return [(50.0, 20.0 * (1 + 0.01 * i) * math.exp(shift), None) for i in range(40)]
 
 
-def _labelled_run(tmp_path: Path) -> Path:
-    run_dir = write_run(tmp_path / "run", _cell, windows=3 * PER)
+def _labelled_run(tmp_path: Path, cell=_cell, **run) -> Path:
+    """A synthetic run of 3 instance pairs: every record tagged with its window's instance."""
+    run_dir = write_run(tmp_path / "run", cell, windows=3 * PER, **run)
     path = run_dir / "requests.jsonl"
     records = read_records(path)
     path.unlink()
@@ -80,14 +81,8 @@ def _aa_cell(arm: str, window: int, load: float, rng: np.random.Generator) -> li
 def test_the_report_shows_every_arm_over_instances_with_the_components(tmp_path: Path) -> None:
     from experiments.analyze import main
 
-    run_dir = write_run(tmp_path / "run", _aa_cell, labels=("stock", "patched", "stock-b"),
-                        arms=("stock", "patched", "stock"), windows=3 * PER)
-    path = run_dir / "requests.jsonl"
-    records = read_records(path)
-    path.unlink()
-    with RecordWriter(path) as w:
-        for r in records:
-            w.write(type(r)(**{**r.__dict__, "tags": {**r.tags, "instance": r.tags["window"] // PER}}))
+    run_dir = _labelled_run(tmp_path, _aa_cell, labels=("stock", "patched", "stock-b"),
+                            arms=("stock", "patched", "stock"))
     assert main([str(run_dir), "--out", str(tmp_path / "out")]) == 0
     report = json.loads((tmp_path / "out" / "report.json").read_text())["over_instances"]
     assert report["source"] == "this run's 3 server instance pairs"

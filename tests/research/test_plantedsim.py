@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from common.jsonfile import read_json, write_json
-from experiments.analyze import same_figures
+from experiments.reporting.reportdiff import same_figures
 from research import plantedsim
 
 ROOT = Path(__file__).resolve().parents[2]
