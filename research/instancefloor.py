@@ -2,18 +2,19 @@
 
     python -m research.instancefloor --out experiments/results/instance-floor.json
 
-Every committed GPU run has one server per arm, and each interval its report.json gives is over the
-cells of that one pair of servers. Its in-run A/A (a second baseline server, aa_in_run) differs from
-the baseline by the two servers' instance effects plus the cells' noise: variance 2 s2_instance +
-se^2. Over the GPU runs of one model the method of moments gives s2_instance = (var of the A/A
-estimates - mean se^2) / 2, floored at 0, with Satterthwaite's degrees of freedom
+The committed GPU runs of one server per arm give intervals over the cells of that one pair of
+servers (a run of several instances per arm measures its instance variance itself, and is left out).
+Each one's in-run A/A (a second baseline server, aa_in_run) differs from the baseline by the two
+servers' instance effects plus the cells' noise: variance 2 s2_instance + se^2. Over the GPU runs of
+one model the method of moments gives s2_instance = (var of the A/A estimates - mean se^2) / 2,
+floored at 0, with Satterthwaite's degrees of freedom
 (experiments.stats.instances.external_instance_var). Every run's paired-TPOT interval of each arm
-against the baseline is then restated with 2 s2_instance added to its within-pair variance
-(Welch-Satterthwaite, instances.with_external): an external estimate, from other runs than the one
-restated (its own A/A among them). The plan (experiments.stats.design) is what +-PRECISION on an
-arm difference over instances costs with these components and confirm3's timings (or, with
---budget-min, the narrowest interval a budget buys), the window length chosen with the request
-scatter of confirm3's A/A. Writes the JSON and a markdown table beside it.
+against the baseline is then restated with 2 s2_instance added to its within-pair variance (Welch-
+Satterthwaite, instances.with_external): an external estimate, from other runs than the one restated
+(its own A/A among them). The plan (experiments.stats.design) is what +-PRECISION on an arm
+difference over instances costs with these components and confirm3's timings (or, with --budget-min,
+the narrowest interval a budget buys), the window length chosen with the request scatter of
+confirm3's A/A. Writes the JSON and a markdown table beside it.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def read_runs(results: Path) -> tuple[list[dict], list[dict]]:
     aa, arms = [], []
     for path in sorted(results.glob("*/report.json")):
         report = read_json(path, 1, "report")
-        if report.get("device") != "cuda":
+        own = str((report.get("over_instances") or {}).get("source", "")).startswith("this run's")
+        if report.get("device") != "cuda" or own:  # a run of several instances per arm measures its own
             continue
         twin = (report.get("aa_in_run") or {}).get("pair")
         for arm, metrics in report.get("paired_latency", {}).items():
