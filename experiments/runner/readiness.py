@@ -22,7 +22,7 @@ from traces.trace import clip_tokens, load_trace, time_window
 # the weights: 107 s for the 8B shape's 16.1 GB (H200), 44-58 s for the 1B shape's 2.5 GB
 # (h100-llama1b-default, run.json "instances" ready_s), so a line through the two.
 SERVER_WAVE_S = {"cuda": 107.0, "cpu": 45.0}
-WAVE_S_PER_GB = (107.0 - 52.0) / (16.06 - 2.47)
+GPU_WAVES = ((2.47e9, 52.0), (16.06e9, SERVER_WAVE_S["cuda"]))  # (weight bytes, s): the two shapes seen
 REPLAY_OVERHEAD_S = 1.0
 KNEE_WINDOWS = 5  # experiments.stats.knee.SEARCH_QUANTILES: windows replayed per searched factor
 ANALYSIS_S = 60.0
@@ -92,8 +92,14 @@ def _record(cfg: RunConfig, table: str) -> dict:
     return arm_defs.policy_record(cfg.model_dir, cfg.dtype, "eager" if cfg.eager else "compiled", table)
 
 
-def _fuses(record: dict) -> bool:
-    return any(fused for segments in record["segments"].values() for *_, fused in segments)
+def _empty_table(cfg: RunConfig, arm: arm_defs.Arm, gpu: str | None) -> dict | None:
+    """The policy record of the table a policy arm dispatches by on `gpu` when that table fuses no call
+    of cfg's model; None for a table that fuses some, 'all' or 'none', no table, or an arm off the table."""
+    table = arm_defs.policy_table(arm, cfg.eager, gpu) if arm_defs.uses_policy(arm) else None
+    if table in (None, arm_defs.ALL_FUSED, arm_defs.NONE_FUSED):
+        return None
+    rec = _record(cfg, table)
+    return None if any(fused for segs in rec["segments"].values() for *_, fused in segs) else rec
 
 
 def calibrate_command(cfg: RunConfig) -> str:
@@ -128,13 +134,8 @@ def fuses_nothing(cfg: RunConfig, gpu: str | None) -> str | None:
     size), else None; None on CPU, with --endpoint or --allow-no-table."""
     if cfg.device != "cuda" or cfg.endpoints or cfg.allow_no_table:
         return None
-    for arm in dict.fromkeys(cfg.arm_definitions):
-        table = arm_defs.policy_table(arm, cfg.eager, gpu) if arm_defs.uses_policy(arm) else None
-        if table in (None, arm_defs.ALL_FUSED, arm_defs.NONE_FUSED):
-            continue
-        if not _fuses(rec := _record(cfg, table)):
-            return rec["table"]
-    return None
+    empty = (_empty_table(cfg, arm, gpu) for arm in dict.fromkeys(cfg.arm_definitions))
+    return next((rec["table"] for rec in empty if rec is not None), None)
 
 
 def fuse_all_note(cfg: RunConfig, gpu: str | None, table: str) -> str:
@@ -183,7 +184,7 @@ def check_tables(cfg: RunConfig, gpu: str | None) -> None:
             raise ConfigError(
                 f"--arm {arm.name}: no {mode} policy table for GPU {gpu} (kernels/results/"
                 f"{arm_defs.TABLES[mode].format(gpu=gpu)}), {stock}; {fix}")
-        if table not in (arm_defs.ALL_FUSED, arm_defs.NONE_FUSED) and not _fuses(rec := _record(cfg, table)):
+        if (rec := _empty_table(cfg, arm, gpu)) is not None:
             raise ConfigError(
                 f"--arm {arm.name}: {rec['table']} fuses no call of {cfg.model} (hidden {rec['hidden']}, "
                 f"{rec['dtype']}): where it was made for this shape, the fused kernel was faster inside "
@@ -235,8 +236,9 @@ def duration_s(cfg: RunConfig, server_waves: int) -> float:
     top = max(cfg.loads)
     warm = n * (cfg.warmup_s / top + cfg.window_s / top + 2 * REPLAY_OVERHEAD_S)
     wave = SERVER_WAVE_S[cfg.device]
-    if cfg.device == "cuda":
-        wave += WAVE_S_PER_GB * (sizing.shape(cfg.model_dir, cfg.dtype).weight_bytes / 1e9 - 16.06)
+    if cfg.device == "cuda":  # the line through GPU_WAVES, extended past either end
+        (w0, s0), (w1, s1) = GPU_WAVES
+        wave = s1 + (s1 - s0) / (w1 - w0) * (sizing.shape(cfg.model_dir, cfg.dtype).weight_bytes - w1)
     starts = (cfg.blocks * n if cfg.one_at_a_time else server_waves) * wave
     return starts + warm + knee + measured + ANALYSIS_S
 

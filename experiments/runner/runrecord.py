@@ -75,10 +75,9 @@ def patched_policy(cfg: RunConfig) -> dict | None:
         return None
     from integration import arms
 
-    own = dict(cfg.arm_definitions[cfg.arms.index("patched")].extra_env)  # --fuse-all: 'all'
-    mode = "eager" if cfg.eager else "compiled"
-    return arms.policy_record(cfg.model_dir, cfg.dtype, mode,
-                              own.get(arms.POLICY_ENV_COMPILED if mode == "compiled" else arms.POLICY_ENV))
+    patched = cfg.arm_definitions[cfg.arms.index("patched")]  # its own table ('all' with --fuse-all)
+    return arms.policy_record(cfg.model_dir, cfg.dtype, "eager" if cfg.eager else "compiled",
+                              policy_table(patched, cfg.eager, readiness.gpu_of(cfg)))
 
 
 def default_name(cfg: RunConfig) -> str:
