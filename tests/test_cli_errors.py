@@ -16,6 +16,7 @@ CASES = {
     "experiments.run": ["--trace", "{gone}/t.jsonl", "--device", "cpu", "--dry-run"],
     "research.kneewindows": ["{gone}"],
     "research.cellnoise": ["{gone}"],
+    "research.instancelevers": ["baseline={gone}", "--out", "{gone}/levers.json"],
     "research.exposure": ["{gone}", "--arm", "patched"],
     "kernels.report": ["--from", "{gone}/h200.json"],
     "kernels.policy": ["--from", "{gone}/h200.json", "--out", "{gone}/policy.json"],
