@@ -208,7 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run every arm on N server instances: the windows in N equal blocks, every server "
                         "restarted (warm-up and burn-in again) before each block but the first; records "
                         "carry the instance, run.json 'instances' each start (default: 3 on a GPU run of "
-                        "resident servers the kit starts, for intervals over instance pairs; else 1)")
+                        "resident servers the kit starts, for intervals over instance pairs; else 1); with "
+                        "--one-at-a-time, --blocks N: every arm's server is new in each block")
     ix = i.add_mutually_exclusive_group()
     ix.add_argument("--precision", type=positive_float, metavar="PCT",
                     help="choose instances x windows (at --window-s) whose interval over instances has this "

@@ -29,6 +29,7 @@ from scipy import stats as sps
 
 from common.jsonfile import read_json
 from experiments.core.schedule import Segment, Step, split_blocks
+from experiments.core.schedule import segments as block_segments
 from experiments.runner.config import ConfigError, RunConfig
 from experiments.runner.replays import gpu_state
 from experiments.runner.runrecord import RunRecord
@@ -51,7 +52,9 @@ def check(cfg: RunConfig, n: int, handed_in: bool = False) -> None:
         raise ConfigError(f"--instances must be 1 or more, got {n}")
     if n == 1:
         return
-    refused = [(cfg.one_at_a_time, "--one-at-a-time (it restarts each arm per --blocks already)"),
+    refused = [(cfg.one_at_a_time and cfg.blocks != n,
+                f"--one-at-a-time and --blocks {cfg.blocks} (its blocks are the instances: give "
+                f"--blocks {n})"),
                (bool(cfg.endpoints), "--endpoint (the kit cannot restart servers the user started)"),
                (cfg.layout == "duet", "--layout duet"), (handed_in, "servers handed in")]
     for bad, what in refused:
@@ -112,10 +115,12 @@ class Instances:
         if n > 1:
             record.data["instances"] = {"count": n, "arms": {}, "differences": {}}
 
-    def segments(self, steps: Sequence[Step]) -> list[Segment]:
-        """`segments` of the run's steps, the windows of each instance kept in run.json."""
-        segs = segments(steps, self.n)
-        self.record.data["instances"]["windows"] = [sorted({s.window for s in seg.steps}) for seg in segs]
+    def segments(self, steps: Sequence[Step], one_at_a_time: bool = False) -> list[Segment]:
+        """`segments` of the run's steps (with --one-at-a-time its (block, arm) segments, block k on
+        instance k of every arm), the windows of each instance kept in run.json."""
+        segs = block_segments(list(steps), True) if one_at_a_time else segments(steps, self.n)
+        blocks = [sorted({s.window for s in seg.steps}) for seg in segs]
+        self.record.data["instances"]["windows"] = [b for i, b in enumerate(blocks) if b not in blocks[:i]]
         return segs
 
     def tags(self, label: str) -> dict:

@@ -7,7 +7,8 @@ After each server start the runner warms the server up (phase "warmup", at the h
 then replays one burn-in cell on the freshly started arms (phase "burnin": recorded, shown in the
 report, never compared). Every replay's start, wall time and, where a GPU exists, its clocks and
 temperature right after it are appended to run.json's "replays". With --instances N every server is
-restarted between N blocks of windows (experiments.runner.instances).
+restarted between N blocks of windows (experiments.runner.instances); --pin-cpus and --start-order
+place them (experiments.runner.placement).
 
     run_dir = run_experiment(make_config("traces/chat.jsonl"))
 
@@ -35,6 +36,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from common.jsonfile import write_json
 from experiments.core.schedule import (
     KNEE_PROMPT_SEEDS,
+    Segment,
     Step,
     build_schedule,
     burnin_seed,
@@ -89,15 +91,17 @@ class Runner:
         """Run every segment: bring up its arms (warming each new one up and burning it in), replay
         its steps; with --knee, search the knee on the baseline first (the servers warmed up, the
         burn-in left for the loads the search chooses) and measure at the loads it chose. With
-        --instances N, every server is restarted before each of the N blocks of windows but the first."""
+        --instances N, every server is restarted before each of the N blocks of windows but the first
+        (--one-at-a-time: every arm's server is new in every block, none carried into the next)."""
         if self.cfg.knee_factors:
             self._ensure(tuple(self.cfg.labels), burn_in=False)
             self._knee_search()
-        n = self.instances.n
-        segs = self.instances.segments(self.plan.steps) if n > 1 else segments(self.plan.steps,
-                                                                               self.cfg.one_at_a_time)
+        n, one = self.instances.n, self.cfg.one_at_a_time
+        segs = self.instances.segments(self.plan.steps, one) if n > 1 else segments(self.plan.steps, one)
         for k, seg in enumerate(segs):
-            if k and n > 1:
+            if n > 1 and one:
+                self._retire_earlier_instances(seg)
+            elif k and n > 1:
                 self._restart(k)
             self._ensure(seg.arms)
             for step in seg.steps:
@@ -113,23 +117,30 @@ class Runner:
         self.owned.clear()
         self.bar.close()
 
+    def _stop(self, label: str, why: str) -> None:
+        log.info("stopping %s server (%s)", label, why)
+        self.servers[label].stop()
+        self.owned.discard(label)
+        self.burned.discard(label)
+
+    def _retire_earlier_instances(self, seg: Segment) -> None:
+        """Stop the server of an arm of `seg` that an earlier block started, so that block k runs on
+        instance k of every arm."""
+        for label in seg.arms:
+            if label in self.owned and self.instances.current.get(label) != seg.steps[0].block:
+                self._stop(label, "next instance")
+
     def _restart(self, instance: int) -> None:
         """Stop every server and start them again (instance `instance` of every arm) in the order of
         their first start, rotated by `instance` with --start-order rotate, each warmed up as new; the
         block's _ensure burns them in."""
         for label in list(self.start_order):
-            log.info("stopping %s server (next instance)", label)
-            self.servers[label].stop()
-            self.owned.discard(label)
-            self.burned.discard(label)
+            self._stop(label, "next instance")
         self._ensure(placement.rotated(self.start_order, instance, self.place.start_order), burn_in=False)
 
     def _ensure(self, arms: tuple[str, ...], burn_in: bool = True) -> None:
         for label in [lab for lab in self.owned if lab not in arms]:
-            log.info("stopping %s server (one at a time)", label)
-            self.servers[label].stop()
-            self.owned.discard(label)
-            self.burned.discard(label)
+            self._stop(label, "one at a time")
         new = [lab for lab in arms if lab not in self.servers or not self.servers[lab].is_alive()]
         times: dict[str, tuple[float, float]] = {}
         if new:

@@ -320,7 +320,7 @@ def test_one_instance_leaves_records_and_run_json_as_they_were(cfg: RunConfig,
 
 @pytest.mark.parametrize(("change", "n", "message"), [
     ({}, 3, "--windows 2 is not a multiple"),
-    ({"one_at_a_time": True}, 2, "not with --one-at-a-time"),
+    ({"one_at_a_time": True, "blocks": 1}, 2, "give --blocks 2"),
     ({}, 0, "must be 1 or more"),
 ])
 def test_instances_refused_before_a_server_starts(cfg: RunConfig, change: dict, n: int, message: str) -> None:

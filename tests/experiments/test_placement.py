@@ -18,6 +18,7 @@ from experiments.runner.config import ConfigError, RunConfig, make_config
 from experiments.runner.flagtypes import knee_list
 from experiments.runner.orchestrate import run_experiment
 from integration.launcher import MODELS_DIR, ServerConfig, VllmServer, free_port
+from loadgen.records import read_records
 from tests.experiments.test_orchestrate import _fake_server, _trace
 
 
@@ -121,3 +122,27 @@ def test_cli_refuses_placement_it_cannot_do_in_one_line(tmp_path: Path, capsys: 
                          "--results-dir", str(tmp_path), "--dry-run"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and message in err[0] and "Traceback" not in err[0]
+
+
+def test_one_at_a_time_instances_start_every_arm_afresh_in_every_block(
+        cfg: RunConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[VllmServer] = []
+    events: list[str] = []
+
+    def start_fake(c: RunConfig, label: str, arm: str, run_dir: Path, cpus: tuple = ()) -> VllmServer:
+        events.append(label)
+        started.append(_fake_server(tmp_path / f"{label}-{len(started)}.log"))
+        return started[-1]
+
+    monkeypatch.setattr("experiments.runner.servers.start_arm", start_fake)
+    one = dataclasses.replace(cfg, arms=("stock", "patched"), one_at_a_time=True, blocks=2)
+    run_dir = run_experiment(one, n_instances=2, analyze=False)
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["status"] == "complete" and not any(s.is_alive() for s in started)
+    assert sorted(events) == ["patched", "patched", "stock", "stock"]  # none carried into the next block
+    assert run["instances"]["windows"] == [[0], [1]]
+    blocks = {e["window"]: e["block"] for e in run["schedule"]}
+    measured = [r for r in read_records(run_dir / "requests.jsonl.gz") if r.tags["phase"] == "measure"]
+    assert measured and all(r.tags["instance"] == blocks[r.tags["window"]] for r in measured)
+    assert {lab: [e["index"] for e in v] for lab, v in run["instances"]["arms"].items()} == {
+        "stock": [0, 1], "patched": [0, 1]}

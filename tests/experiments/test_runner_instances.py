@@ -112,7 +112,7 @@ def test_cli_prints_the_design_and_its_cost_before_the_plan(tmp_path, capsys) ->
 
 @pytest.mark.parametrize(("flags", "message"), [
     (("--instances", "3", "--windows", "4"), "--instances 3: --windows 4 is not a multiple of it"),
-    (("--instances", "2", "--one-at-a-time"), "not with --one-at-a-time"),
+    (("--instances", "2", "--one-at-a-time", "--blocks", "3"), "blocks are the instances: give --blocks 2"),
     (("--precision", "0.0001"), "no design of up to"),
     (("--budget-min", "0.01"), "do not buy 2 instance pairs"),
 ])
