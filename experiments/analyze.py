@@ -123,9 +123,8 @@ def _over_instances(complete: pd.DataFrame, run: dict, env: dict, pair: list[str
         rows = instances.run_rows(complete.rename(columns={"ok": "succeeded"}),
                                   [(arm, refs.get(arm, pair[0])) for arm in run["arm_labels"][1:]],
                                   "tpot_ms", comparisons.cell_orders(run))
-        pairs = {r["instance_pairs"] for r in rows if "reason" not in r}
-        source = f"this run's {max(pairs)} server instance pairs" if pairs else "this run's server instances"
-        return {"source": source, "rows": rows}
+        return {"source": instances.own_source({r["instance_pairs"] for r in rows if "reason" not in r}),
+                "rows": rows}
     model = (run.get("model") or {}).get("name")
     try:
         floors = read_json(INSTANCE_FLOOR, 1, "instance floor")["instance"]

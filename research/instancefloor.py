@@ -51,8 +51,7 @@ def read_runs(results: Path) -> tuple[list[dict], list[dict]]:
     aa, arms = [], []
     for path in sorted(results.glob("*/report.json")):
         report = read_json(path, 1, "report")
-        own = str((report.get("over_instances") or {}).get("source", "")).startswith("this run's")
-        if report.get("device") != "cuda" or own:  # a run of several instances per arm measures its own
+        if report.get("device") != "cuda" or instances.measured_own(report.get("over_instances")):
             continue
         twin = (report.get("aa_in_run") or {}).get("pair")
         for arm, metrics in report.get("paired_latency", {}).items():

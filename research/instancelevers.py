@@ -28,6 +28,7 @@ from scipy import stats as sps
 
 from common.cliargs import OneLineParser, command_line, fail
 from common.jsonfile import ResultFileError, read_json, write_json, write_text
+from experiments.stats import instances
 
 
 def lever_arg(text: str) -> tuple[str, Path]:
@@ -59,7 +60,7 @@ def read_lever(name: str, run_dir: Path) -> dict:
     if not report.get("aa", {}).get("is_aa"):
         raise ValueError(f"{run_dir}: not an A/A run (every arm must run the baseline's build)")
     rows = (report.get("over_instances") or {}).get("rows") or []
-    if not rows or not str(report["over_instances"].get("source", "")).startswith("this run's"):
+    if not rows or not instances.measured_own(report["over_instances"]):
         raise ValueError(f"{run_dir}: no rows over this run's own server instances (--instances 2 or more)")
     measured = [r["gpu"] for r in run.get("replays", []) if r.get("phase") == "measure" and r.get("gpu")]
     at_max = sum(g.get("clocks.sm") == g.get("clocks.max.sm") for g in measured)

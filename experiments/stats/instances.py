@@ -226,6 +226,19 @@ def se_from_interval(lo_pct: float, hi_pct: float, df: float, confidence: float 
     return (math.log1p(hi_pct / 100.0) - math.log1p(lo_pct / 100.0)) / (2.0 * q)
 
 
+OWN_SOURCE = "this run's"  # how report.json's over_instances "source" begins for a run's own instances
+
+
+def own_source(pairs: set[int]) -> str:
+    """The over_instances source of a run that measured its own instances (`pairs`: the rows' counts)."""
+    return f"{OWN_SOURCE} {max(pairs)} server instance pairs" if pairs else f"{OWN_SOURCE} server instances"
+
+
+def measured_own(over_instances: Mapping | None) -> bool:
+    """Whether a report's over_instances rows are over the run's own instances (not an external floor)."""
+    return str((over_instances or {}).get("source", "")).startswith(OWN_SOURCE)
+
+
 def floor_key(gpu: str | None, model: str | None) -> str:
     """How instance-floor.json names an external estimate: the GPU's name and the model's."""
     return f"{gpu} {model}"
