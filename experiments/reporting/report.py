@@ -162,6 +162,7 @@ def _design(run: Mapping, pair: list[str]) -> dict:
                    f"with {pair[0]} request by request (log ratio, median per cell, {adjusted}-adjusted t "
                    "over cells: the primary interval) and per cell (goodput, per-window medians: % of the "
                    "baseline's mean at that load, Student-t over paired cells)",
+        **({"placement": run["placement"]} if run.get("placement") else {}),  # runner.placement's levers
     }
 
 

@@ -339,22 +339,27 @@ def instance_lines(r: Report) -> list[str]:
            "beside the least-squares interval over all cells as if from one pair (no instance variance). "
            "Components as sd of a cell's log ratio in %: instance (one server's own offset), cell "
            "(window x load within a pair), request (within a cell); an arm of the baseline's build gives "
-           "the A/A over instances.", "",
-           "| comparison | change | over instances | df | within pairs | instance sd | cell sd "
-           "| request sd |",
-           "|---|---|---|---|---|---|---|---|"]
+           "the A/A over instances.", "", "| comparison | change | over instances | df | within pairs | "
+           "instance sd | cell sd | request sd |", "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         if "reason" in row:
             out.append(f"| {row['comparison']} | n/a | {row['reason']} | | | | | |")
             continue
-        sd = row["components_sd_pct"]
-        lo, hi = row["ci95_pct"]
-        wlo, whi = row["within_pair_ci95_pct"]
+        sd, (lo, hi), (wlo, whi) = row["components_sd_pct"], row["ci95_pct"], row["within_pair_ci95_pct"]
         req = f"{sd['request_var']:.2f}%" if "request_var" in sd else "n/a"
         out.append(f"| {row['comparison']} | {row['estimate_pct']:+.2f}% | [{lo:+.2f}, {hi:+.2f}]% | "
                    f"{row['df']} | [{wlo:+.2f}, {whi:+.2f}]% | {sd['instance_var']:.2f}% | "
                    f"{sd['cell_var']:.2f}% | {req} |")
-    return [*out, ""]
+    return [*out, "", *_placement_lines(r.design.get("placement"))]
+
+
+def _placement_lines(p: dict | None) -> list[str]:
+    """What --pin-cpus and --start-order did (runner.placement), when the run used either."""
+    if not p:
+        return []
+    cores = "; ".join(f"{k} {v[0]}-{v[-1]}" for k, v in p["pin_cpus"].items() if v)
+    return [f"Placement: {f'each server on cores of its own ({cores})' if cores else 'servers not pinned'}; "
+            f"start order {p['start_order']} (starts: {' / '.join(', '.join(s) for s in p['starts'])}).", ""]
 
 
 def render_markdown(r: Report) -> str:

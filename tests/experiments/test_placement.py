@@ -146,3 +146,13 @@ def test_one_at_a_time_instances_start_every_arm_afresh_in_every_block(
     assert measured and all(r.tags["instance"] == blocks[r.tags["window"]] for r in measured)
     assert {lab: [e["index"] for e in v] for lab, v in run["instances"]["arms"].items()} == {
         "stock": [0, 1], "patched": [0, 1]}
+
+
+@pytest.mark.evidence
+def test_the_report_says_where_the_servers_sat() -> None:
+    results = Path(__file__).resolve().parents[2] / "experiments" / "results"
+    pin = (results / "h100-aa3-pin" / "report.md").read_text()
+    assert "on cores of its own (stock-a 0-3; stock-b 4-7; stock-c 8-11; kit 12-15)" in pin
+    rotate = (results / "h100-aa3-rotate" / "report.md").read_text()
+    assert "start order rotate (starts: stock-b, stock-c, stock-a / stock-c, stock-a, stock-b / " in rotate
+    assert "Placement:" not in (results / "h100-aa3-baseline" / "report.md").read_text()
