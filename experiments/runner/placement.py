@@ -37,7 +37,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     p.add_argument("--start-order", choices=START_ORDERS, default="waves",
                    help="waves (default): the servers start in the same order at every instance, the "
                         "first of each compile cache first; rotate: that order rotated by one at every "
-                        "instance, so a different server starts and allocates first each time")
+                        "instance, so a different server starts and allocates first each time (resident "
+                        "servers on --instances 2 or more)")
 
 
 @dataclass(frozen=True)
@@ -69,15 +70,19 @@ def split_cores(labels: Sequence[str], cores: Sequence[int]) -> dict[str, tuple[
     return out
 
 
-def plan(cfg: RunConfig, cores: Sequence[int] | None = None) -> Placement:
-    """The Placement of `cfg` (cores: those this process may use, by default); ConfigError for
-    --pin-cpus or --start-order rotate where the kit does not start the servers or starts them
-    otherwise."""
+def plan(cfg: RunConfig, n_instances: int = 1, cores: Sequence[int] | None = None) -> Placement:
+    """The Placement of `cfg` run on `n_instances` instances per arm (cores: those this process may
+    use, by default); ConfigError for a lever the run cannot use: either where the kit does not start
+    the servers or starts them otherwise, a rotation with one instance or one server at a time."""
     flags = (("--pin-cpus", cfg.pin_cpus), ("--start-order rotate", cfg.start_order != "waves"))
     asked = [f for f, on in flags if on]
     if asked and (cfg.endpoints or cfg.layout != "turns"):
         why = "--endpoint (the user started the servers)" if cfg.endpoints else "--layout duet"
         raise ConfigError(f"{' and '.join(asked)}: not with {why}")
+    if cfg.start_order != "waves" and (n_instances < 2 or cfg.one_at_a_time):
+        why = ("--one-at-a-time (each server starts alone, in its block's arm order)" if cfg.one_at_a_time
+               else "one server instance per arm (it starts once): add --instances 2 or more")
+        raise ConfigError(f"--start-order rotate: not with {why}")
     if not cfg.pin_cpus:
         return Placement({}, cfg.start_order)
     return Placement(split_cores(cfg.labels, sorted(os.sched_getaffinity(0)) if cores is None else cores),

@@ -52,7 +52,13 @@ def test_plan_refuses_what_it_cannot_place(cfg: RunConfig) -> None:
     assert pinned.of("stock-a") == (0, 1) and pinned.of(placement.KIT) == (6, 7)
     duet = dataclasses.replace(cfg, layout="duet", gpus=(0, 1, 2), start_order="rotate")
     with pytest.raises(ConfigError, match="--start-order rotate: not with --layout duet"):
-        placement.plan(duet)
+        placement.plan(duet, 2)
+    rotate = dataclasses.replace(cfg, start_order="rotate")
+    assert placement.plan(rotate, 2).start_order == "rotate"
+    with pytest.raises(ConfigError, match="not with one server instance per arm .* --instances 2"):
+        placement.plan(rotate)  # it would start once: nothing to rotate
+    with pytest.raises(ConfigError, match="not with --one-at-a-time"):
+        placement.plan(dataclasses.replace(rotate, one_at_a_time=True), 2)
     with pytest.raises(ConfigError, match="--start-order must be one of"):
         dataclasses.replace(cfg, start_order="random")
 
@@ -115,6 +121,7 @@ def test_rotate_starts_a_different_server_first_at_every_instance(cfg: RunConfig
     (("--endpoint", "stock=http://127.0.0.1:9", "--endpoint", "patched=http://127.0.0.1:10", "--pin-cpus"),
      "--pin-cpus: not with --endpoint"),
     (("--layout", "duet", "--start-order", "rotate"), "--start-order rotate: not with --layout duet"),
+    (("--start-order", "rotate"), "--start-order rotate: not with one server instance per arm"),
 ])
 def test_cli_refuses_placement_it_cannot_do_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture,
                                                         flags: tuple, message: str) -> None:
