@@ -6,14 +6,14 @@
 
 Each run is an A/A of several servers of one build, restarted into several instances
 (`--arms stock,stock,stock --instances N`), that differs from the first (the baseline) in one lever
-(`--pin-cpus`, `--start-order rotate`, ...). Per A/A comparison its report's row over instance pairs:
-the estimate, the interval over instances and within pairs, and the variance components (instance,
-cell, request). Per lever: the variance of the instance-pair means that the interval over instances
-carries (from each row's interval, pooled over the run's rows), its ratio to the baseline's with a
-95% F interval, and what the GPU recorded (SM clock after every measured replay; the restart cost).
-The rows of one run share its first server, so their pooled degrees of freedom overstate the
-information and the F interval is narrower than it should be: a lever is called lower only when even
-that interval lies below 1. Writes the JSON and a markdown table beside it.
+(`--pin-cpus`, `--start-order rotate`, ...). Per lever: each server's offset in each instance block
+(the mean over the block's cells of its cell-median log TPOT minus the cell's mean over the servers:
+its instance effect plus the cells' noise), the variance of those offsets pooled over the blocks
+(instances x (servers - 1) degrees of freedom, every server alike), its ratio to the baseline run's
+with a 95% F interval, and what the GPU recorded (SM clock after every measured replay; the restart
+cost). A lever is called lower only when that interval lies below 1. Beside it, per A/A comparison,
+its report's row over instance pairs (the interval over instances and within pairs, the variance
+components). Writes the JSON and a markdown table beside it.
 """
 
 from __future__ import annotations
@@ -24,11 +24,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 from scipy import stats as sps
 
 from common.cliargs import OneLineParser, command_line, fail
 from common.jsonfile import ResultFileError, read_json, write_json, write_text
 from experiments.stats import instances
+from experiments.stats.runframe import load_run
 
 
 def lever_arg(text: str) -> tuple[str, Path]:
@@ -39,12 +42,25 @@ def lever_arg(text: str) -> tuple[str, Path]:
     return name, Path(path)
 
 
-def pair_mean_var(row: dict) -> float:
-    """The variance of one instance pair's mean log ratio that a row's interval over instances implies:
-    n (half-width / t)^2 on the log scale."""
-    lo, hi = (math.log1p(x / 100) for x in row["ci95_pct"])
-    t = float(sps.t.ppf(0.975, row["df"]))
-    return row["instance_pairs"] * ((hi - lo) / 2 / t) ** 2
+def offset_components(df: pd.DataFrame) -> dict:
+    """From load_run's frame: the variance of a server's offset within an instance block pooled over
+    the blocks (`offset_var`, instances x (servers - 1) df: an instance's effect plus its cells'
+    noise), the cells' share of it (`cell_noise_var`: the residuals' scatter over a block's cells,
+    J / (J - 1) x var / n, the centring undone) and the instance variance the moments leave
+    (`instance_var`, floored at 0)."""
+    m = df[(df["phase"] == "measure") & df["succeeded"] & (df["tpot_ms"] > 0)]
+    cells = (m.assign(log_tpot=np.log(m["tpot_ms"]))
+             .groupby(["instance", "window", "load", "arm"])["log_tpot"].median().unstack("arm").dropna())
+    resid = cells.sub(cells.mean(axis=1), axis=0).stack().rename("r").reset_index()
+    by = resid.groupby(["instance", "arm"])["r"]
+    offsets, n, servers = by.mean(), by.size(), cells.shape[1]
+    dof = int((offsets.groupby(level="instance").size() - 1).sum())
+    total = float((offsets ** 2).sum()) / dof  # offsets sum to 0 within a block: centred already
+    noise = servers / (servers - 1) * float((by.var(ddof=1) / n).mean())
+    per_block = [{arm: 100 * float(v) for arm, v in offsets.xs(i, level="instance").items()}
+                 for i in offsets.index.unique(level="instance")]
+    return {"offset_var": total, "df": dof, "cell_noise_var": noise, "instance_var": max(total - noise, 0.0),
+            "servers": servers, "cells_per_block": float(n.mean()), "offsets_pct": per_block}
 
 
 def ratio_interval(var: float, df: int, base_var: float, base_df: int) -> list[float]:
@@ -66,25 +82,23 @@ def read_lever(name: str, run_dir: Path) -> dict:
     at_max = sum(g.get("clocks.sm") == g.get("clocks.max.sm") for g in measured)
     starts = [e["ready_s"] for entries in run["instances"]["arms"].values() for e in entries
               if e["index"] > 0]
-    variances = [pair_mean_var(r) for r in rows]
+    parts = offset_components(load_run(run_dir))
     return {"lever": name, "run": run_dir.name, "gpu": report["gpu"], "model": report["model"]["name"],
             "flags": {k: v for k, v in run["config"].items() if k in ("pin_cpus", "start_order")},
-            "placement": run.get("placement"), "rows": rows,
-            "pair_mean_var": statistics.fmean(variances),
-            "df": sum(r["instance_pairs"] - 1 for r in rows),
+            "placement": run.get("placement"), "rows": rows, **parts,
             "sm_clock_at_max": [at_max, len(measured)],
             "restart_ready_s_median": statistics.median(starts) if starts else None}
 
 
 def compare(levers: list[dict]) -> list[dict]:
-    """Each lever's pooled pair-mean variance against the first's: ratio, F interval and a verdict."""
+    """Each lever's pooled offset variance against the first's: ratio, F interval and a verdict."""
     base = levers[0]
     base.update(ratio_to_baseline=1.0, ratio_ci95=None, verdict="baseline")
     for lev in levers:  # the largest ratio these degrees of freedom could call lower
         lev["detectable_ratio"] = float(sps.f.ppf(0.025, lev["df"], base["df"]))
     for lev in levers[1:]:
-        lo, hi = ratio_interval(lev["pair_mean_var"], lev["df"], base["pair_mean_var"], base["df"])
-        lev.update(ratio_to_baseline=lev["pair_mean_var"] / base["pair_mean_var"], ratio_ci95=[lo, hi],
+        lo, hi = ratio_interval(lev["offset_var"], lev["df"], base["offset_var"], base["df"])
+        lev.update(ratio_to_baseline=lev["offset_var"] / base["offset_var"], ratio_ci95=[lo, hi],
                    verdict="lower" if hi < 1 else "higher" if lo > 1 else "not distinguishable")
     return levers
 
@@ -92,18 +106,21 @@ def compare(levers: list[dict]) -> list[dict]:
 def markdown(doc: dict) -> str:
     """The levers' table and the rows behind it."""
     lines = [f"# Placement levers and the A/A over server instances\n\n`{doc['command']}`\n",
-             "Per lever: the variance of an instance pair's mean log ratio (paired TPOT) that the "
-             "interval over instances carries, pooled over the run's A/A rows, as a ratio to the first "
-             "lever's with a 95% F interval on the pooled degrees of freedom (the rows share the run's "
-             "first server, so the interval is narrower than it should be). Components: sd in % of a "
-             "cell's log ratio.\n",
-             "| lever | run | sd of a pair mean | df | ratio to baseline | 95% F interval | verdict | "
-             "lower if the ratio is below | SM clock at max after a replay | restart (median s) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "Per lever: the sd of a server's offset within an instance block (its mean cell-median log "
+             "TPOT minus the cells' mean over the servers: instance effect plus cell noise), pooled over "
+             "the blocks, split by moments into its cells' noise and the instance sd, and its variance as a "
+             "ratio to the first lever's with a 95% F interval. Below, "
+             "each A/A comparison's row over instance pairs; components: sd in % of a cell's log ratio.\n",
+             "| lever | run | sd of a server's offset | of it: cells, instance | df | ratio to baseline | "
+             "95% F interval | verdict | lower if the ratio is below | SM clock at max after a replay | "
+             "restart (median s) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for lev in doc["levers"]:
         ci = "-" if lev["ratio_ci95"] is None else "[{:.2f}, {:.2f}]".format(*lev["ratio_ci95"])
         at, n = lev["sm_clock_at_max"]
-        lines.append(f"| {lev['lever']} | {lev['run']} | {100 * math.sqrt(lev['pair_mean_var']):.2f}% | "
+        sd = {k: 100 * math.sqrt(lev[k]) for k in ("offset_var", "cell_noise_var", "instance_var")}
+        lines.append(f"| {lev['lever']} | {lev['run']} | {sd['offset_var']:.2f}% | "
+                     f"{sd['cell_noise_var']:.2f}%, {sd['instance_var']:.2f}% | "
                      f"{lev['df']} | {lev['ratio_to_baseline']:.2f} | {ci} | {lev['verdict']} | "
                      f"{lev['detectable_ratio']:.2f} | {at} of {n} | {lev['restart_ready_s_median']:.1f} |")
     lines += ["", "| lever | comparison | change | over instances | within pairs | instance sd | cell sd | "

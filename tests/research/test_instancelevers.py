@@ -1,4 +1,4 @@
-"""research.instancelevers: the pair-mean variance behind an interval over instances, the F verdicts,
+"""research.instancelevers: the offset variance and its parts on data with known components, the F verdicts,
 the refusals (not an A/A, no instances of its own), and the committed table re-derived."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
-from scipy import stats as sps
 
 from research import instancelevers
 
@@ -17,20 +18,32 @@ COMMITTED = RESULTS / "instance-levers.json"
 LEVERS = [f"{name}={RESULTS / f'h100-aa3-{name}'}" for name in ("baseline", "pin", "rotate")]
 
 
-def _row(sd_log: float, pairs: int = 3) -> dict:
-    """A row whose interval over `pairs` instance pairs is that of pair means with sd `sd_log`."""
-    half = float(sps.t.ppf(0.975, pairs - 1)) * sd_log / math.sqrt(pairs)
-    return {"ci95_pct": [100 * math.expm1(-half), 100 * math.expm1(half)], "df": pairs - 1,
-            "instance_pairs": pairs}
+def _frame(instance_sd: float, cell_sd: float, instances: int = 300, servers: int = 3, cells: int = 8,
+           seed: int = 0) -> pd.DataFrame:
+    """Measured requests of an A/A run, one per (instance, cell, server): log TPOT = the cell's level +
+    the server's instance effect + noise; one failed request and one from the warm-up beside them."""
+    rng = np.random.default_rng(seed)
+    effect = rng.normal(0, instance_sd, (instances, servers))
+    rows = [{"instance": i, "window": i * cells + c, "load": 5.0, "arm": f"s{j}", "phase": "measure",
+             "succeeded": True, "tpot_ms": math.exp(3 + 0.5 * c + effect[i, j] + rng.normal(0, cell_sd))}
+            for i in range(instances) for c in range(cells) for j in range(servers)]
+    rows += [{**rows[0], "succeeded": False, "tpot_ms": 1e6}, {**rows[1], "phase": "warmup", "tpot_ms": 1e6}]
+    return pd.DataFrame(rows)
 
 
-def test_the_pair_mean_variance_is_read_back_from_the_interval() -> None:
-    assert instancelevers.pair_mean_var(_row(0.02)) == pytest.approx(0.02 ** 2, rel=1e-9)
+def test_the_components_recover_a_known_instance_and_cell_variance() -> None:
+    parts = instancelevers.offset_components(_frame(instance_sd=0.03, cell_sd=0.05))
+    assert parts["df"] == 300 * 2 and parts["servers"] == 3 and parts["cells_per_block"] == 8
+    assert parts["cell_noise_var"] == pytest.approx(0.05 ** 2 / 8, rel=0.1)
+    assert parts["instance_var"] == pytest.approx(0.03 ** 2, rel=0.15)
+    assert parts["offset_var"] == pytest.approx(0.03 ** 2 + 0.05 ** 2 / 8, rel=0.15)
+    none = instancelevers.offset_components(_frame(instance_sd=0.0, cell_sd=0.05, seed=1))
+    assert none["instance_var"] < 0.1 * 0.03 ** 2  # no instance effect: (about) none found
 
 
 def test_a_lever_is_lower_only_when_the_f_interval_lies_below_one() -> None:
     def lever(var: float, df: int) -> dict:
-        return {"pair_mean_var": var, "df": df}
+        return {"offset_var": var, "df": df}
 
     levers = instancelevers.compare([lever(1.0, 40), lever(0.3, 40), lever(1.1, 40), lever(3.0, 40)])
     assert [lev["verdict"] for lev in levers] == ["baseline", "lower", "not distinguishable", "higher"]
@@ -56,5 +69,5 @@ def test_the_committed_table_is_rederived(tmp_path: Path) -> None:
     assert new.pop("command") != old.pop("command")  # names the output path
     assert json.dumps(new, sort_keys=True) == json.dumps(old, sort_keys=True)
     verdicts = [lev["verdict"] for lev in old["levers"]]
-    assert verdicts == ["baseline", "not distinguishable", "not distinguishable"]
+    assert verdicts == ["baseline", "not distinguishable", "higher"] and old["levers"][0]["df"] == 6
     assert old["levers"][1]["placement"]["pin_cpus"]["kit"] == [12, 13, 14, 15]
