@@ -29,6 +29,21 @@ def cfg(tmp_path: Path) -> RunConfig:
                        arms=("stock", "stock", "stock"))
 
 
+@pytest.fixture
+def fake_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[VllmServer]]:
+    """Every server the run starts is loadgen's fake server: (the labels in start order, the servers)."""
+    events: list[str] = []
+    started: list[VllmServer] = []
+
+    def start_fake(c: RunConfig, label: str, arm: str, run_dir: Path, cpus: tuple = ()) -> VllmServer:
+        events.append(label)
+        started.append(_fake_server(tmp_path / f"{label}-{len(started)}.log"))
+        return started[-1]
+
+    monkeypatch.setattr("experiments.runner.servers.start_arm", start_fake)
+    return events, started
+
+
 def test_split_gives_every_server_its_own_cores_and_the_kit_the_rest() -> None:
     split = placement.split_cores(["a", "b", "c", "d"], range(16))
     assert split == {"a": (0, 1, 2), "b": (3, 4, 5), "c": (6, 7, 8), "d": (9, 10, 11),
@@ -93,20 +108,13 @@ def test_pinned_restores_the_kit_s_own_cores() -> None:
     assert os.sched_getaffinity(0) == before
 
 
-def test_rotate_starts_a_different_server_first_at_every_instance(cfg: RunConfig, tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    started: list[VllmServer] = []
-    events: list[str] = []
-
-    def start_fake(c: RunConfig, label: str, arm: str, run_dir: Path, cpus: tuple = ()) -> VllmServer:
-        events.append(label)
-        started.append(_fake_server(tmp_path / f"{label}-{len(started)}.log"))
-        return started[-1]
+def test_rotate_starts_a_different_server_first_at_every_instance(
+        cfg: RunConfig, fake_starts: tuple[list[str], list[VllmServer]]) -> None:
+    events, started = fake_starts
 
     def watch(step: Step, label: str, live: Mapping[str, VllmServer]) -> None:
         events.append(f"w{step.window}")
 
-    monkeypatch.setattr("experiments.runner.servers.start_arm", start_fake)
     rotate = dataclasses.replace(cfg, start_order="rotate")
     run = json.loads((run_experiment(rotate, before_replay=watch, n_instances=2, analyze=False)
                       / "run.json").read_text())
@@ -132,16 +140,8 @@ def test_cli_refuses_placement_it_cannot_do_in_one_line(tmp_path: Path, capsys: 
 
 
 def test_one_at_a_time_instances_start_every_arm_afresh_in_every_block(
-        cfg: RunConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    started: list[VllmServer] = []
-    events: list[str] = []
-
-    def start_fake(c: RunConfig, label: str, arm: str, run_dir: Path, cpus: tuple = ()) -> VllmServer:
-        events.append(label)
-        started.append(_fake_server(tmp_path / f"{label}-{len(started)}.log"))
-        return started[-1]
-
-    monkeypatch.setattr("experiments.runner.servers.start_arm", start_fake)
+        cfg: RunConfig, fake_starts: tuple[list[str], list[VllmServer]]) -> None:
+    events, started = fake_starts
     one = dataclasses.replace(cfg, arms=("stock", "patched"), one_at_a_time=True, blocks=2)
     run_dir = run_experiment(one, n_instances=2, analyze=False)
     run = json.loads((run_dir / "run.json").read_text())
