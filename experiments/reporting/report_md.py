@@ -358,8 +358,9 @@ def _placement_lines(p: dict | None) -> list[str]:
     if not p:
         return []
     cores = "; ".join(f"{k} {v[0]}-{v[-1]}" for k, v in p["pin_cpus"].items() if v)
-    return [f"Placement: {f'each server on cores of its own ({cores})' if cores else 'servers not pinned'}; "
-            f"start order {p['start_order']} (starts: {' / '.join(', '.join(s) for s in p['starts'])}).", ""]
+    pinned = f"each server on cores of its own ({cores})" if cores else "servers not pinned"
+    starts = " / ".join(", ".join(labels) for labels in p["starts"])
+    return [f"Placement: {pinned}; start order {p['start_order']} (starts: {starts}).", ""]
 
 
 def render_markdown(r: Report) -> str:

@@ -140,7 +140,7 @@ class Instances:
                         "pid": proc.pid if proc else None, "gpu_state": gpu_state(),
                         "port": getattr(config, "port", None),
                         "kv_cache_memory_bytes": getattr(config, "kv_cache_memory_bytes", None),
-                        "cpus": list(getattr(config, "cpus", ()) or ()) or None,
+                        "cpus": list(getattr(config, "cpus", ())) or None,
                         **engine_start(server.log_tail(400))})
         self.record.data["instances"]["differences"][label] = differences(entries)
 
