@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -94,17 +95,13 @@ def compare(cost: dict, prior: dict, cell_var: float | None) -> list[dict]:
 
 
 def run_cell_var(run: Path) -> float:
-    """The variance of a run's paired TPOT cell log ratios about their load's mean (the A/A comparison
-    where the run has one, else its first), from report.json."""
+    """The cell variance of a run's paired TPOT (the report's robust cell sd, `sd_cell_pct`, of its A/A
+    comparison where it has one, else of its first), in log units squared."""
     rep = json.loads((run / "report.json").read_text())
     paired = rep["paired_latency"]
     aa = [lab for lab, arm in zip(rep["arm_labels"][1:], rep["arms"][1:]) if arm == rep["arms"][0]]
-    cells = paired[aa[0] if aa else next(iter(paired))]["tpot_ms"]["cells"]
-    by_load: dict[float, list[float]] = {}
-    for c in cells:
-        by_load.setdefault(c["load"], []).append(c["median_log_ratio"])
-    resid = [x - statistics.fmean(xs) for xs in by_load.values() for x in xs]
-    return sum(r * r for r in resid) / (len(resid) - len(by_load))
+    sd_pct = paired[aa[0] if aa else next(iter(paired))]["tpot_ms"]["sd_cell_pct"]
+    return math.log1p(sd_pct / 100.0) ** 2
 
 
 def main(argv: list[str] | None = None) -> int:
