@@ -93,11 +93,12 @@ def t_interval(estimate, se, dof: float, confidence: float = 0.95):
 
 
 def t_ci(diffs: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
-    """Student-t interval for the mean of paired differences."""
+    """Student-t interval for the mean of paired differences; ValueError when they are all the same (no
+    spread gives no interval: a zero-width one would read as significant)."""
     arr = _checked(diffs)
     mean, sem = float(arr.mean()), float(sps.sem(arr))
     if sem == 0.0:
-        return mean, mean
+        raise ValueError(f"all {arr.size} differences are {mean:g}: no spread, no interval")
     lo, hi = t_interval(mean, sem, arr.size - 1, confidence)
     return float(lo), float(hi)
 

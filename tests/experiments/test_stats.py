@@ -47,7 +47,8 @@ def test_t_ci_literal():
     # mean 2, n 4: half width t(0.975, 3) * sd / sqrt(4)
     # sd = sqrt(2/3); half width = 3.182446305 * 0.816496581 / 2 = 1.299228264
     assert stats.t_ci([1.0, 3.0, 2.0, 2.0]) == pytest.approx((0.700771736, 3.299228264))
-    assert stats.t_ci([2.0, 2.0, 2.0]) == (2.0, 2.0)
+    with pytest.raises(ValueError, match="no spread"):  # a zero-width interval would read as significant
+        stats.t_ci([2.0, 2.0, 2.0])
 
 
 def test_mde_and_windows_needed_literals():
