@@ -28,7 +28,7 @@ from experiments.core.rundir import check_records, read_run_record
 from experiments.core.slo import DEFAULT_SLO_FILE, SLO, load_slo_file, parse_slo
 from experiments.reporting import duetreport, noisefloor, plots, report, schema
 from experiments.reporting.reportdiff import report_change
-from experiments.stats import attribution, comparisons, goodput, instances, knee, planted
+from experiments.stats import attribution, comparisons, goodput, hostslow, instances, knee, planted
 from integration.proof import profiles
 from kernels.environment import gpu_slug
 
@@ -275,6 +275,7 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
         planted=planted_lines,
         damage=checked.damage,
         over_instances=_over_instances(complete, run, env, pair, paired_lat, planted_lines),
+        slow_host=hostslow.episodes(complete, run),
     )
     result = report.build_report(analysis)
     result["noise_floor"] = noisefloor.noise_floor(result, aa_report)

@@ -42,6 +42,7 @@ class Analysis:
     knee: dict | None  # experiments.stats.knee.summary
     planted: list[dict] | None = None  # experiments.stats.planted.planted_lines
     over_instances: dict | None = None  # analyze._over_instances: intervals that carry the instance variance
+    slow_host: dict | None = None  # experiments.stats.hostslow.episodes (None: a run without host signals)
     damage: tuple[str, ...] = ()  # what the records' integrity checks found (analysed anyway when set)
 
 
@@ -240,6 +241,7 @@ def build_report(a: Analysis) -> dict:
                     **{m: r["comparison"]["mde"] for m, r in a.secondary.items()}},
         "command": run.get("command"),
         **({"over_instances": a.over_instances} if a.over_instances else {}),
+        **({"slow_host": a.slow_host} if a.slow_host else {}),
     }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping
 
+from experiments.reporting import hostreport
 from experiments.reporting.duetreport import layout_lines
 from experiments.reporting.report_latency import fmt_num, latency_lines, noise_floor_lines, paired_lines
 from experiments.reporting.schema import Report
@@ -77,7 +78,7 @@ def notices(r: Report) -> list[str]:
                      f"{', '.join(batched)}: the server sent several tokens per chunk (its output loop "
                      "fell behind the engine), so TPOT there follows the frontend's cadence, not the GPU "
                      "step's.  ")
-    return lines
+    return lines + hostreport.notice(r)
 
 
 def comparison_lines(r: Report) -> list[str]:
@@ -389,7 +390,7 @@ def render_markdown(r: Report) -> str:
     if r.warnings:
         lines += ["## Warnings", ""] + [f"- {w}" for w in r.warnings] + [""]
     lines += (arm_lines(r) + instance_lines(r) + knee_lines(r) + _slo_tables(r) + _latency_table(r)
-              + design_lines(r) + _power_and_attribution(r))
+              + design_lines(r) + hostreport.slow_host_lines(r) + _power_and_attribution(r))
     lines += ["## Plots", ""] + [f"![{p}]({p})" for p in r.plots or []] + [""]
     if cmd and str(cmd[0]).endswith(".py"):
         cmd = ["python", *cmd]

@@ -20,7 +20,7 @@ REPORT_SCHEMA_VERSION = 1
 UPGRADES: dict[int, Callable[[dict], dict]] = {}
 # entries written only when set: the layout of a duet run; the analysis inputs, noise floor and plots
 # of reports written before them (filled in by analyze before every write today)
-OPTIONAL = ("noise_floor", "layout", "inputs", "plots", "over_instances")
+OPTIONAL = ("noise_floor", "layout", "inputs", "plots", "over_instances", "slow_host")
 
 Json = dict[str, Any]
 
@@ -85,6 +85,7 @@ class Report:
     inputs: Json | None = None
     plots: list[str] | None = None
     over_instances: Json | None = None  # paired TPOT with the server-instance variance (stats.instances)
+    slow_host: Json | None = None  # replays that ran in a slow host episode (stats.hostslow); new runs only
 
     @property
     def baseline(self) -> str:

@@ -6,8 +6,9 @@ GPU and the crossover's swap (experiments.stats.duet) only changes which server 
 replay goes to the arms' servers of that window's placement at once, from this process, on one
 event loop and one t0 (loadgen.together; the benchmark in loadgen/README.md chose it over a
 thread per stream). Records carry a "gpu" tag; run.json keeps the placement schedule ("duet") and,
-per replay, the server (arm, GPU, port) that served it and the shared t0 on the monotonic clock
-(`t0_perf_ns`: a record's send time is t0 + sent_ns, comparable across the arms).
+per replay, the server (arm, GPU, port) that served it, the shared t0 on the monotonic clock
+(`t0_perf_ns`: a record's send time is t0 + sent_ns, comparable across the arms) and the host's
+signals over it (experiments.runner.hostprobe).
 
 Each server is warmed up and burnt in once: the rows of the Latin square on the GPUs (every arm once
 on every GPU) are replayed in turn, all arms at once, the warm-up at the highest load and the burn-in
@@ -24,6 +25,7 @@ from tqdm import tqdm
 
 from experiments.core.schedule import Step, burnin_seed, burnin_step, replay_seed
 from experiments.runner.config import RunConfig
+from experiments.runner.hostprobe import Probe
 from experiments.runner.metrics_scrape import CumulativeHistogram, difference, scrape
 from experiments.runner.plan import Plan
 from experiments.runner.replays import BeforeReplay, StopRun, gpu_state, settle
@@ -196,6 +198,7 @@ class DuetRunner:
             seed=seed, progress=False, vocab_size=self.plan.vocab_size, prompts=self.prompts))
             for label, s in servers.items()]
         started, t0 = time.time(), start_time()
+        probes = {label: Probe.of(s) for label, s in servers.items()}
         outcomes = replay_together_sync(streams, t0)
         wall = time.time() - started
         out = {label: settle(self.record, label, servers[label], what, o)
@@ -208,7 +211,7 @@ class DuetRunner:
                     "arm": label, "window": step.window, "load": step.load, "phase": phase,
                     "started_s": round(started - self.t_start, 3), "wall_s": round(wall, 3),
                     "server": slot_key(label, gpu), "gpu": gpu, "port": s.config.port, "t0_perf_ns": t0,
-                    "gpu_state": self._gpu_state(gpu)})
+                    "gpu_state": self._gpu_state(gpu), "host": probes[label].finish()})
         return out
 
     def _gpu_state(self, gpu: int) -> dict | None:

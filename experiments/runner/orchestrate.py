@@ -5,10 +5,10 @@ started are waited for and measured alike; every replay of a run uses the same p
 
 After each server start the runner warms the server up (phase "warmup", at the highest load) and
 then replays one burn-in cell on the freshly started arms (phase "burnin": recorded, shown in the
-report, never compared). Every replay's start, wall time and, where a GPU exists, its clocks and
-temperature right after it are appended to run.json's "replays". With --instances N every server is
-restarted between N blocks of windows (experiments.runner.instances); --pin-cpus and --start-order
-place them (experiments.runner.placement).
+report, never compared). Every replay's start, wall time, where a GPU exists its clocks and
+temperature right after it, and the host's signals over it (experiments.runner.hostprobe) are appended
+to run.json's "replays". With --instances N every server is restarted between N blocks of windows
+(experiments.runner.instances); --pin-cpus and --start-order place them (experiments.runner.placement).
 
     run_dir = run_experiment(make_config("traces/chat.jsonl"))
 
@@ -49,6 +49,7 @@ from experiments.core.slo import DEFAULT_SLO_FILE, load_slo_file, meets
 from experiments.runner import duetrun, instances, placement, readiness
 from experiments.runner.config import RunConfig
 from experiments.runner.environment import capture_environment, gpu_clocks
+from experiments.runner.hostprobe import Probe
 from experiments.runner.metrics_scrape import CumulativeHistogram, difference, scrape
 from experiments.runner.plan import Plan, prepare
 from experiments.runner.replays import BeforeReplay, StopRun, gpu_state, settle
@@ -247,13 +248,13 @@ class Runner:
 
     def _timed_replay(self, label: str, step: Step, phase: str, reqs: Sequence, tags: dict, seed: int,
                       what: str) -> list[RequestRecord]:
-        """_replay, with its start, wall time and the GPU's clocks after it appended to run.json."""
-        started = time.time()
+        """_replay, with its start, wall time, the GPU's clocks after it and the host's signals appended."""
+        started, probe = time.time(), Probe.of(self.servers[label])
         records = self._replay(label, reqs, tags, seed, what)
         self.record.data["replays"].append({
             "arm": label, "window": step.window, "load": step.load, "phase": phase,
             "started_s": round(started - self.t_start, 3), "wall_s": round(time.time() - started, 3),
-            "gpu": gpu_state()})
+            "gpu": gpu_state(), "host": probe.finish()})
         return records
 
     def _replay_step(self, step: Step, label: str) -> None:

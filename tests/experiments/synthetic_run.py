@@ -15,8 +15,9 @@ MS = 1_000_000  # ns per ms
 
 def record(ttft_ms: float | None, tpot_ms: float, *, out: int = 10, completion: int | None = None,
            error: str | None = None, status: int | None = 200, index: int = 0, tags: dict | None = None,
-           due_ms: float = 0.0) -> RequestRecord:
-    """A record whose TTFT and TPOT are exactly the given values (times in integer ns)."""
+           due_ms: float = 0.0, itl: bool = False) -> RequestRecord:
+    """A record whose TTFT and TPOT are exactly the given values (times in integer ns); with `itl` its
+    token gaps kept, each the TPOT."""
     completion = out if completion is None else completion
     due = int(due_ms * MS)
     first = None if ttft_ms is None else due + int(round(ttft_ms * MS))
@@ -26,6 +27,7 @@ def record(ttft_ms: float | None, tpot_ms: float, *, out: int = 10, completion: 
         end_ns=last if last is not None else due + 5 * MS, input_tokens=100, output_tokens=out,
         prompt_tokens=100, completion_tokens=completion, n_chunks=completion or 0, max_gap_ms=tpot_ms,
         status=status, error=error, tags=dict(tags or {}),
+        itl_us=(int(round(tpot_ms * 1e3)),) * max((completion or 0) - 1, 0) if itl else None,
     )
 
 
@@ -37,8 +39,11 @@ def write_run(run_dir: Path, cell_fn: CellFn, *, labels: Sequence[str] = ("stock
               arms: Sequence[str] | None = None, windows: int = 6, loads: Sequence[float] = (1.0, 2.0),
               duration_s: float = 20.0, requests: int = 40, skip: set | None = None, status: str = "complete",
               stopped_reason: str | None = None, mode_note: str | None = None, device: str = "cuda",
-              step_histograms: dict | None = None, warmup: int = 3, seed: int = 0) -> Path:
-    """Write run.json + requests.jsonl for a synthetic run; cells in ``skip`` are not run."""
+              step_histograms: dict | None = None, warmup: int = 3, seed: int = 0, itl: bool = False,
+              host: Callable[[str, int, float], dict | None] | None = None) -> Path:
+    """Write run.json + requests.jsonl for a synthetic run; cells in ``skip`` are not run. With ``itl``
+    the records keep their token gaps; with ``host`` run.json lists every measured replay with its host
+    entry host(arm, window, load)."""
     rng = np.random.default_rng(seed)
     skip = skip or set()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -59,7 +64,7 @@ def write_run(run_dir: Path, cell_fn: CellFn, *, labels: Sequence[str] = ("stock
                     for i, (ttft, tpot, err) in enumerate(cell):
                         tags = {"arm": lab, "window": win, "load": load, "phase": "measure"}
                         w.write(record(ttft, tpot, index=i, error=err, status=500 if err else 200,
-                                       completion=0 if err else None, tags=tags))
+                                       completion=0 if err else None, tags=tags, itl=itl))
     run = {
         "schema_version": 1, "tool_version": "0.1.0", "created": "2026-01-01T00:00:00+00:00",
         "command": ["python", "experiments/run.py", "--trace", "traces/chat.jsonl"], "config": {},
@@ -75,5 +80,9 @@ def write_run(run_dir: Path, cell_fn: CellFn, *, labels: Sequence[str] = ("stock
         "servers": {lab: {"log": f"server-{lab}.log", "cmd": [], "kv_cache_memory_bytes": 1}
                     for lab in labels},
     }
+    if host is not None:
+        run["replays"] = [{"arm": lab, "window": e["window"], "load": e["load"], "phase": "measure",
+                           "started_s": 10.0 * k, "host": host(lab, e["window"], e["load"])}
+                          for k, e in enumerate(schedule) for lab in e["done"]]
     (run_dir / "run.json").write_text(json.dumps(run, indent=1), encoding="utf-8")
     return run_dir
