@@ -18,9 +18,11 @@ from pathlib import Path
 import pytest
 
 from experiments.core.schedule import Step
+from experiments.runner import hostprobe
 from experiments.runner.config import RunConfig, make_config
 from experiments.runner.orchestrate import run_experiment
 from experiments.runner.servers import start_servers
+from experiments.stats.hostslow import HostSignals
 from integration.launcher import VllmServer
 from loadgen.records import read_records
 
@@ -77,6 +79,27 @@ def test_short_default_run_completes_with_identical_requests_per_arm(
     assert "A/A" in report_md.splitlines()[0]
     assert "| ITL p50 | p90 | p99 |" in report_md  # pooled inter-token latency beside TTFT and TPOT
     assert (run_dir / "report.json").is_file() and list(run_dir.glob("*.png"))
+    _check_host_signals(run_dir, run, servers)
+
+
+def _check_host_signals(run_dir: Path, run: dict, servers: Mapping[str, VllmServer]) -> None:
+    """Every measured replay recorded /proc's signals of its server's engine core (vLLM's EngineCore
+    child), and the report weighed each replay for a slow host episode."""
+    measured = [e for e in run["replays"] if e["phase"] == "measure"]
+    assert len(measured) == len(run["windows"]) * len(run["loads"]) * len(run["arm_labels"])
+    engines = {}
+    for e in measured:
+        h = HostSignals.from_json(e["host"], f"replay {e}")
+        assert h.span_s > 0 and h.cpus >= 1 and h.busy_s > 0 and h.steal_s >= 0 and h.loadavg_1m >= 0
+        assert h.engine_cpu_s > 0 and h.server_cpu_s >= h.engine_cpu_s
+        engines.setdefault(e["arm"], set()).add(h.engine_pid)
+    for label, pids in engines.items():
+        (pid,) = pids  # one engine core per server, the same over its replays
+        assert pid in hostprobe.tree_ticks(servers[label].proc.pid) and pid != servers[label].proc.pid
+        assert hostprobe.ENGINE_TITLE in hostprobe.title(pid)
+    slow = json.loads((run_dir / "report.json").read_text())["slow_host"]
+    assert slow["replays"] == len(measured) and slow["not_recorded"] == []
+    assert "## Slow host episodes" in (run_dir / "report.md").read_text()
 
 
 def test_server_that_dies_mid_run_stops_it_as_partial_with_a_report(
