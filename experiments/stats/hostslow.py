@@ -6,7 +6,7 @@ Per replay the runner records `HostSignals` (experiments.runner.hostprobe reads 
 records give its token spacing (the median of its pooled inter-token gaps) and its output tokens. Each
 signal is compared with the cell's other arms (the same requests at the same load, so the same batches):
 the excess of a replay over the median of the others, less its arm's median excess at that load (the
-arm's own offset, the kernel's change among it). A replay is slow when its spacing excess passes
+arm's own offset, which holds the kernel's change). A replay is slow when its spacing excess passes
 max(SPACING_FLOOR, ROBUST_Z robust sd of the run's spacing excesses); it ran in a slow host episode when
 a host signal of the same replay passes too: the steal, the engine core's CPU time per output token or
 the other processes' busy cores. An episode that slowed every arm of a cell leaves the spacing alike.
