@@ -24,8 +24,9 @@ from scipy import stats as sps
 
 # A replay's spacing (or CPU per token) excess counts above max(this log ratio, ROBUST_Z robust sd of the
 # run's excesses): the H200 8B confirm runs' replays scatter 0.9% about their cells' other arms (robust
-# sd), so 5% is over 5 sd there and above any norm kernel's effect (one replay of 288 passes in each);
-# the H100 1B runs scatter 3.8-14%, where ROBUST_Z sd decides (python -m research.slowhost RUN).
+# sd), so 5% is over 5 sd there and above any norm kernel's effect (one replay of 288 passes in each;
+# the H100 8B fuse-all runs scatter 0.5-1.0%, none of 64 passes); the H100 1B runs scatter 3.8-14%,
+# where ROBUST_Z sd decides (python -m research.slowhost RUN).
 SPACING_FLOOR = 0.05
 ROBUST_Z = 3.5  # the modified z-score's customary outlier bound (Iglewicz and Hoaglin)
 STEAL_POINTS = 1.0  # steal above the cell's other replays by this many % of the machine's CPU time

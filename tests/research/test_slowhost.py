@@ -19,6 +19,9 @@ def test_the_comment_on_the_spacing_floor_re_derives() -> None:
     quiet = [slowhost.spacing(RESULTS / run) for run in ("h200-llama8b-confirm2", "h200-llama8b-confirm3")]
     assert [round(100 * r["robust_sd"], 2) for r in quiet] == [0.90, 0.87]
     assert [(r["replays"], len(r["slow"])) for r in quiet] == [(288, 1), (288, 1)]
+    h100 = [slowhost.spacing(RESULTS / run) for run in ("h100-llama8b-fuseall", "h100-llama8b-fuseall-pair2")]
+    assert [round(100 * r["robust_sd"], 1) for r in h100] == [1.0, 0.5]
+    assert [(r["replays"], r["slow"]) for r in h100] == [(64, []), (64, [])]
     noisy = [slowhost.spacing(RESULTS / run) for run in H100_1B]
     sds = [100 * r["robust_sd"] for r in noisy]
     assert round(min(sds), 1) == 3.8 and round(max(sds)) == 14
