@@ -190,6 +190,20 @@ def test_a_long_reply_is_named_long():
     assert not succeeded(r) and r.error == "long reply: 8 tokens, 7 asked (finish_reason=length)"
 
 
+def test_a_usage_count_that_is_not_an_integer_keeps_each_record_and_names_it(tmp_path, capsys):
+    cfg = FakeServerConfig(ttft_s=0.001, itl_s=0.001, model="tiny", usage_as_text=True)
+    out = tmp_path / "r.jsonl"
+    with serving(cfg) as url:
+        assert main(cli(url, trace_file(tmp_path / "t.jsonl", 20, output_tokens=8), out)) == 1
+    recs = read_records(out)
+    assert sorted(r.index for r in recs) == list(range(20))  # on disk in finish order
+    for r in recs:  # the reply's timings kept, the count left out and named
+        assert r.status == 200 and r.n_chunks == 8 and r.first_token_ns < r.last_token_ns <= r.end_ns
+        assert r.completion_tokens is None and r.prompt_tokens is None
+        assert r.error == 'bad usage chunk: prompt_tokens is "5", not an integer >= 0'
+    assert "Traceback" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("flag", ["--summary-json", "--out"])
 def test_outputs_are_checked_before_anything_is_sent(flag, tmp_path, capsys):
     trace, out = trace_file(tmp_path / "t.jsonl", 3), tmp_path / "r.jsonl"
