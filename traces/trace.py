@@ -8,7 +8,8 @@ One request per line, sorted by time::
 ``timestamp`` is seconds from the trace start (int or float, finite, >= 0, never decreasing),
 ``input_tokens`` and ``output_tokens`` are ints from 1 to ``MAX_TOKENS``, ``hash_ids`` (optional)
 is a list of ints >= 0.
-Any other key is rejected: a misspelled or unexpected field is an error, not something to skip.
+Any other key is rejected: a misspelled or unexpected field is an error, not something to skip; so
+is a key given twice (JSON alone would keep the last).
 Every bad line raises :class:`TraceError` with ``path:line: reason``.
 """
 
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from common.atomicfile import write_atomic
+from common.jsonfile import RepeatedKeys, unique_keys
 
 REQUIRED_KEYS = ("timestamp", "input_tokens", "output_tokens")
 OPTIONAL_KEYS = ("hash_ids",)
@@ -61,7 +63,9 @@ def _reject_constant(name: str) -> None:
 def _json_object(text: str) -> dict:
     """Decode one line as a JSON object with exactly the allowed keys; raises ValueError."""
     try:
-        obj = json.loads(text, parse_constant=_reject_constant)
+        obj = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=unique_keys)
+    except RepeatedKeys as exc:
+        raise ValueError(str(exc)) from None
     except ValueError as exc:
         raise ValueError(f"bad JSON: {exc}") from None
     if not isinstance(obj, dict):
