@@ -99,7 +99,11 @@ def _requests(args: argparse.Namespace) -> list:
     if args.duration is not None or args.start:
         to_end = max(reqs[-1].timestamp - args.start, 0.0) + 1.0  # time_window wants a finite length
         reqs = time_window(reqs, args.start, args.duration if args.duration is not None else to_end)
-    return clip_tokens(scale_rate(reqs, args.speedup), args.max_input_tokens, args.max_output_tokens)
+    try:
+        reqs = scale_rate(reqs, args.speedup)
+    except ValueError as exc:
+        raise ValueError(f"--speedup {args.speedup:g}: {exc}") from None
+    return clip_tokens(reqs, args.max_input_tokens, args.max_output_tokens)
 
 
 def _check_outputs(args: argparse.Namespace) -> str | None:

@@ -182,6 +182,21 @@ def test_an_absurd_trace_row_is_refused_with_its_line(tmp_path, capsys):
     assert not (tmp_path / "r.jsonl").exists()
 
 
+@pytest.mark.parametrize("speedup, timestamp", [("1e-300", 1.0), ("1", 1e308)])
+def test_a_schedule_past_the_ceiling_is_one_line_not_an_overflow(tmp_path, capsys, speedup, timestamp):
+    from traces.info import main as info
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_tokens": 5, "output_tokens": 2}\n'
+                     f'{{"timestamp": {timestamp!r}, "input_tokens": 5, "output_tokens": 2}}\n')
+    assert main(cli("http://127.0.0.1:9", trace, tmp_path / "r.jsonl", "--speedup", speedup)) == 2
+    assert info([str(trace), "--speedup", speedup, "--out", str(tmp_path / "slice.jsonl")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and all("past the ceiling of 1,000,000,000 s" in line for line in err), err
+    assert all(("--speedup 1e-300: " in line) == (speedup == "1e-300") for line in err), err
+    assert not (tmp_path / "r.jsonl").exists() and not (tmp_path / "slice.jsonl").exists()
+
+
 def test_a_long_reply_is_named_long():
     async def go():
         async with fake_server(FakeServerConfig(ttft_s=0.001, itl_s=0.001, extra_tokens=1)) as url:
