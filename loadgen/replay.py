@@ -28,7 +28,7 @@ import aiohttp
 from tqdm import tqdm
 
 from loadgen.dispatch import Dispatcher, unsent_record
-from loadgen.prompts import PromptSource, request_problem, token_id_prompts
+from loadgen.prompts import PromptSource, check_vocab_size, request_problem, token_id_prompts
 from loadgen.records import RecordWriteError, RecordWriter, RequestRecord
 from traces.trace import MAX_TIMESTAMP_S, TraceRequest
 
@@ -154,8 +154,9 @@ async def replay(
                          f"connect_timeout_s={connect_timeout_s}, probe_timeout_s={probe_timeout_s}")
     if max_connections is not None and max_connections < 1:
         raise ValueError(f"max_connections must be >= 1 or None (unlimited), got {max_connections}")
-    if dead_after < 0 or vocab_size < 1:
-        raise ValueError(f"dead_after must be >= 0 and vocab_size >= 1, got {dead_after}, {vocab_size}")
+    if dead_after < 0:
+        raise ValueError(f"dead_after must be >= 0, got {dead_after}")
+    check_vocab_size(vocab_size)
     due = check_requests(requests)
     try:
         json.dumps(dict(tags or {}))
