@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
-import os
 import resource
 import signal
 import socket
@@ -25,6 +24,7 @@ from loadgen.fakeserver import FakeServerConfig, fake_server
 from loadgen.records import read_records, succeeded
 from loadgen.replay import ReplayStopped, ServerNotReady, replay
 from tests.loadgen.serving import serving as fake_serving
+from tests.mounts import tmpfs
 from traces.trace import TraceRequest
 
 FAST = FakeServerConfig(ttft_s=0.001, itl_s=0.001, model="tiny")
@@ -35,19 +35,6 @@ def serving(cfg: FakeServerConfig = FAST) -> Iterator[str]:
     """The fake server (FAST unless told) on its own event loop in a thread; its URL."""
     with fake_serving(cfg) as url:
         yield url
-
-
-@contextmanager
-def tmpfs(path: Path, options: str) -> Iterator[Path]:
-    """A tmpfs mounted at `path` with mount `options` (size=8k, ro); skips the test where it cannot be."""
-    path.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", str(path)], check=True)
 
 
 def trace_file(path: Path, n: int, gap_s: float = 0.005, output_tokens: int = 20, **row) -> Path:
