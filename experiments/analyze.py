@@ -339,8 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "profile's norm time (default: as recorded, else none)")
     ap.add_argument("--accept-damaged", action="store_true",
                     help="analyse records that fail their integrity checks (no records file, a torn last "
-                         "line, a repeated request, a finished cell with the wrong count) instead of "
-                         "refusing them; the report is titled damaged and says what was wrong")
+                         "line, a field of the wrong type or range, a repeated request, a finished cell with "
+                         "the wrong count) instead of refusing them; the report is titled damaged")
     add_debug_flag(ap)
     return ap
 
