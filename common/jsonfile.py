@@ -21,6 +21,21 @@ class ResultFileError(ValueError):
     """A results file is missing, unreadable, not JSON, or of a schema version this reader does not know."""
 
 
+class RepeatedKeys(ValueError):
+    """A JSON object names a key more than once (json.loads alone would keep the last silently)."""
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """An ``object_pairs_hook`` for json.loads: the object as a dict; RepeatedKeys naming each key
+    given more than once."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        keys = [k for k, _ in pairs]
+        raise RepeatedKeys(f"key(s) {', '.join(sorted({k for k in keys if keys.count(k) > 1}))} "
+                           "given more than once")
+    return obj
+
+
 def project_relative(path: str | Path, root: Path) -> str:
     """`path` relative to `root` (the project) when it lies inside it, so a results file that names it
     stays true on another machine; else as it is."""

@@ -340,28 +340,30 @@ def build_parser() -> argparse.ArgumentParser:
                          "profile's norm time (default: as recorded, else none)")
     ap.add_argument("--accept-damaged", action="store_true",
                     help="analyse records that fail their integrity checks (no records file, a torn last "
-                         "line, a repeated request, a finished cell with the wrong count) instead of "
-                         "refusing them; the report is titled damaged and says what was wrong")
+                         "line, a field of the wrong type or range, a repeated request, a finished cell with "
+                         "the wrong count) instead of refusing them; the report is titled damaged")
     add_debug_flag(ap)
     return ap
 
 
 def _out_dir(args: argparse.Namespace) -> Path:
-    """Where this analysis writes: --out; RUN_DIR with --in-place or no report yet; else the reanalysis
-    folder inside RUN_DIR."""
+    """Where this analysis writes, checked writable before any work: --out; RUN_DIR with --in-place or
+    no report yet; else the reanalysis folder inside RUN_DIR."""
     if args.out is not None:
         if args.out.exists() and not args.out.is_dir():
             raise ValueError(f"--out {args.out}: exists and is not a folder")
         if same_file(args.out, args.run_dir):
             raise ValueError(f"--out {args.out} is RUN_DIR, whose report.json holds this analysis' inputs; "
                              "pass --in-place to replace it")
-        existing = next(p for p in (args.out, *args.out.parents) if p.exists())
-        if not os.access(existing, os.W_OK):
-            raise ValueError(f"--out {args.out}: not writable ({existing} is read-only)")
-        return args.out
-    if args.in_place or not (args.run_dir / "report.json").is_file():
-        return args.run_dir
-    return args.run_dir / REANALYSIS
+        out, flag, hint = args.out, "--out ", ""
+    else:
+        out = args.run_dir if args.in_place or not (args.run_dir / "report.json").is_file() \
+            else args.run_dir / REANALYSIS
+        flag, hint = "--in-place: " if args.in_place else "", "; pass --out DIR to write the report elsewhere"
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not os.access(existing, os.W_OK):
+        raise ValueError(f"{flag}{out}: not writable ({existing} is read-only){hint}")
+    return out
 
 
 def _inputs(args: argparse.Namespace) -> Inputs:

@@ -22,6 +22,7 @@ from common.cliargs import (
     positive_int,
     same_file,
 )
+from loadgen.prompts import MAX_VOCAB_SIZE, check_vocab_size
 from loadgen.records import RequestRecord, read_records
 from loadgen.replay import DEAD_AFTER, EVENT_LOOPS, ReplayStopped, ServerNotReady, base_url, replay_sync
 from loadgen.summary import format_summary, summarize_records
@@ -40,6 +41,13 @@ def _tag(text: str) -> tuple[str, str]:
 def _url(text: str) -> str:
     try:
         return base_url(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _vocab_size(text: str) -> int:
+    try:
+        return check_vocab_size(positive_int(text))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -82,8 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
                         f"unreachable, the rest are recorded as not sent; 0 never stops ({DEAD_AFTER})")
     p.add_argument("--seed", type=non_negative_int, default=0,
                    help="prompt seed; same seed = same prompts (0)")
-    p.add_argument("--vocab-size", type=positive_int, default=32000,
-                   help="prompt ids are drawn below this; must not exceed the model's vocabulary (32000)")
+    p.add_argument("--vocab-size", type=_vocab_size, default=32000,
+                   help=f"prompt ids are drawn below this; must not exceed the model's vocabulary, and at "
+                        f"most {MAX_VOCAB_SIZE:,}, as vLLM's token ids are int32 (32000)")
     p.add_argument("--tag", type=_tag, action="append", default=[], metavar="KEY=VALUE",
                    help="label copied into every record's tags (repeatable)")
     p.add_argument("--event-loop", choices=EVENT_LOOPS, default="asyncio", help="event loop (asyncio)")
@@ -99,7 +108,11 @@ def _requests(args: argparse.Namespace) -> list:
     if args.duration is not None or args.start:
         to_end = max(reqs[-1].timestamp - args.start, 0.0) + 1.0  # time_window wants a finite length
         reqs = time_window(reqs, args.start, args.duration if args.duration is not None else to_end)
-    return clip_tokens(scale_rate(reqs, args.speedup), args.max_input_tokens, args.max_output_tokens)
+    try:
+        reqs = scale_rate(reqs, args.speedup)
+    except ValueError as exc:
+        raise ValueError(f"--speedup {args.speedup:g}: {exc}") from None
+    return clip_tokens(reqs, args.max_input_tokens, args.max_output_tokens)
 
 
 def _check_outputs(args: argparse.Namespace) -> str | None:

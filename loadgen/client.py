@@ -92,8 +92,21 @@ class _Stream:
             self.on_token_chunk(now_ns)
         usage = obj.get("usage")
         if usage:
-            self.prompt_tokens = usage.get("prompt_tokens")
-            self.completion_tokens = usage.get("completion_tokens")
+            self.on_usage(usage)
+
+    def on_usage(self, usage: object) -> None:
+        """Keep the server's token counts; a count that is not an integer >= 0 is this request's
+        error (the reply's timings stay), never a number taken on trust."""
+        if not isinstance(usage, dict):
+            self.error = f"bad usage chunk: {json.dumps(usage)[:200]}, not an object"
+            return
+        for key in ("prompt_tokens", "completion_tokens"):
+            v = usage.get(key)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                self.error = f"bad usage chunk: {key} is {json.dumps(v)[:200]}, not an integer >= 0"
+                return
+        self.prompt_tokens = usage.get("prompt_tokens")
+        self.completion_tokens = usage.get("completion_tokens")
 
     def verdict(self, asked: int) -> str | None:
         """The error of a stream that ended (None if it delivered exactly `asked` tokens)."""

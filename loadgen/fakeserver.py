@@ -5,7 +5,8 @@ the next ones) in vLLM's chunk format, then the final usage chunk and ``data: [D
 reproduce the failures a replay must record: a prompt over ``max_model_len`` gets HTTP 400 (as
 vLLM answers), ``max_output_tokens`` ends replies early (a short reply), ``extra_tokens`` makes
 them longer than asked (a long one), ``drop_after_tokens`` aborts the connection mid-stream (a
-truncated stream), a large ``itl_s`` makes a client time out.
+truncated stream), a large ``itl_s`` makes a client time out, ``usage_as_text`` writes the usage
+counts as JSON strings (a malformed usage chunk).
 Listens on 127.0.0.1 only.
 """
 
@@ -35,6 +36,7 @@ class FakeServerConfig:
     max_output_tokens: int | None = None
     drop_after_tokens: int | None = None
     extra_tokens: int = 0  # sent beyond max_tokens (a server that ignores it: a long reply)
+    usage_as_text: bool = False  # usage counts as strings ("completion_tokens": "8")
 
 
 def _chunk(rid: str, model: str, finish: str | None) -> bytes:
@@ -43,10 +45,10 @@ def _chunk(rid: str, model: str, finish: str | None) -> bytes:
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
 
-def _usage(rid: str, model: str, prompt: int, completion: int) -> bytes:
+def _usage(rid: str, model: str, prompt: int, completion: int, as_text: bool) -> bytes:
+    counts = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
     obj = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-           "choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
-                                    "total_tokens": prompt + completion}}
+           "choices": [], "usage": {k: str(v) if as_text else v for k, v in counts.items()}}
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
 
@@ -96,7 +98,7 @@ def make_app(cfg: FakeServerConfig) -> web.Application:
                 request.transport.abort()  # the connection dies mid-stream, as when a server crashes
                 return resp
             await resp.write(_chunk(rid, cfg.model, "length" if k == n - 1 else None))
-        await resp.write(_usage(rid, cfg.model, n_prompt, n))
+        await resp.write(_usage(rid, cfg.model, n_prompt, n, cfg.usage_as_text))
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp

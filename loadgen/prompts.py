@@ -20,12 +20,23 @@ from traces.trace import MAX_TOKENS, TraceRequest
 # (loadgen.textprompts.TextPrompts.text); one per replay, the same for every arm
 PromptSource = Callable[[int, TraceRequest, int], "list[int] | str"]
 
+# The stated ceiling on a vocabulary size: vLLM keeps token ids as int32 (its model runner's
+# input_ids buffer), so every id drawn below it must fit one.
+MAX_VOCAB_SIZE = 2**31
 BLOCK_TOKENS = 512  # Mooncake's block size: one hash id per 512 prompt tokens
 _BLOCK_STREAM = 1  # keeps block generators apart from per-request ones: (seed, 1, hash_id)
 
 
 def _ids(rng: np.random.Generator, n: int, vocab_size: int) -> np.ndarray:
     return rng.integers(0, vocab_size, size=n, dtype=np.int64)
+
+
+def check_vocab_size(vocab_size: int) -> int:
+    """`vocab_size` when it is an int from 1 to MAX_VOCAB_SIZE; ValueError saying so otherwise."""
+    if type(vocab_size) is not int or not 1 <= vocab_size <= MAX_VOCAB_SIZE:  # bool is no vocabulary size
+        raise ValueError(f"vocab_size must be an integer from 1 to {MAX_VOCAB_SIZE:,} (vLLM keeps token ids "
+                         f"as int32), got {vocab_size!r}")
+    return vocab_size
 
 
 def request_problem(req: TraceRequest) -> str | None:
@@ -43,8 +54,7 @@ def request_problem(req: TraceRequest) -> str | None:
 
 def prompt_token_ids(index: int, req: TraceRequest, *, seed: int = 0, vocab_size: int = 32000) -> list[int]:
     """The ``req.input_tokens`` prompt ids of request ``index`` (seeded; shared blocks by hash id)."""
-    if vocab_size < 1:
-        raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+    check_vocab_size(vocab_size)
     if index < 0 or seed < 0:
         raise ValueError(f"index and seed must be >= 0, got index={index} seed={seed}")
     n = req.input_tokens
@@ -61,6 +71,5 @@ def prompt_token_ids(index: int, req: TraceRequest, *, seed: int = 0, vocab_size
 
 def token_id_prompts(vocab_size: int = 32000) -> PromptSource:
     """The default prompt source: prompt_token_ids with ids below `vocab_size`."""
-    if vocab_size < 1:
-        raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+    check_vocab_size(vocab_size)
     return lambda index, req, seed: prompt_token_ids(index, req, seed=seed, vocab_size=vocab_size)

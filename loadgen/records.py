@@ -11,10 +11,14 @@ from __future__ import annotations
 import errno
 import gzip
 import json
+import math
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any
+
+from common.jsonfile import RepeatedKeys, unique_keys
 
 _NS_PER_MS = 1e6
 
@@ -98,6 +102,47 @@ def batched(r: RequestRecord) -> bool:
 
 _FIELDS = tuple(f.name for f in fields(RequestRecord))
 _OPTIONAL = ("tags", "itl_us")  # a record file written before itl_us existed reads back without it
+_TIMES = ("due_ns", "sent_ns", "first_token_ns", "last_token_ns", "end_ns")  # in the order they happen
+
+
+def _whole(v: Any, lo: int, hi: int | None = None) -> bool:
+    return type(v) is int and v >= lo and (hi is None or v <= hi)  # bool is no count
+
+
+def _or_null(test: Callable[[Any], bool], what: str) -> tuple[Callable[[Any], bool], str]:
+    return (lambda v: v is None or test(v)), f"{what} or null"
+
+
+_COUNT = (lambda v: _whole(v, 0)), "an integer >= 0"
+_POSITIVE = (lambda v: _whole(v, 1)), "an integer >= 1"
+_COUNT_OR_NULL = _or_null(*_COUNT)
+# every field's type and range as a record file holds it: (test, what the field must be)
+_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "index": _COUNT, "due_ns": _COUNT, "sent_ns": _COUNT_OR_NULL, "first_token_ns": _COUNT_OR_NULL,
+    "last_token_ns": _COUNT_OR_NULL, "end_ns": _COUNT_OR_NULL, "input_tokens": _POSITIVE,
+    "output_tokens": _POSITIVE, "prompt_tokens": _COUNT_OR_NULL, "completion_tokens": _COUNT_OR_NULL,
+    "n_chunks": _COUNT,
+    "max_gap_ms": _or_null(lambda v: type(v) in (int, float) and math.isfinite(v) and v >= 0,
+                           "a finite number >= 0"),
+    "status": _or_null(lambda v: _whole(v, 100, 599), "an integer from 100 to 599"),
+    "error": _or_null(lambda v: isinstance(v, str), "a string"),
+    "tags": ((lambda v: isinstance(v, dict)), "an object"),
+    "itl_us": _or_null(lambda v: isinstance(v, list) and all(_whole(g, 0) for g in v),
+                       "a list of integers >= 0"),
+}
+
+
+def _record_problem(d: dict) -> str | None:
+    """What is wrong with a record's JSON object: the first field of the wrong type or range, or times
+    out of order (due, sent, first token, last token, end); None when nothing is."""
+    for key, (ok, what) in _RULES.items():
+        if key in d and not ok(d[key]):
+            return f"{key} must be {what}, got {json.dumps(d[key])[:200]}"
+    times = [(k, d[k]) for k in _TIMES if d.get(k) is not None]
+    for (before, t0), (key, t) in zip(times, times[1:]):
+        if t < t0:
+            return f"times out of order: {key} {t} is before {before} {t0}"
+    return None
 
 
 def record_to_json(r: RequestRecord) -> dict:
@@ -108,14 +153,18 @@ def record_to_json(r: RequestRecord) -> dict:
 
 
 def record_from_json(d: dict) -> RequestRecord:
-    """Inverse of record_to_json; raises ValueError naming missing or unknown keys."""
+    """Inverse of record_to_json; raises ValueError naming missing or unknown keys, or the field of
+    the wrong type or range (_record_problem)."""
     missing = [k for k in _FIELDS if k not in d and k not in _OPTIONAL]
     unknown = sorted(set(d) - set(_FIELDS))
     if missing or unknown:
         raise ValueError(f"bad record: missing {missing}, unknown {unknown}")
+    problem = _record_problem(d)
+    if problem is not None:
+        raise ValueError(f"bad record: {problem}")
     itl = d.get("itl_us")
-    return RequestRecord(**{**d, "tags": dict(d.get("tags") or {}),
-                            "itl_us": None if itl is None else tuple(int(g) for g in itl)})
+    return RequestRecord(**{**d, "tags": dict(d.get("tags", {})),
+                            "itl_us": None if itl is None else tuple(itl)})
 
 
 def _open_text(path: Path, mode: str) -> IO[str]:
@@ -128,26 +177,48 @@ def read_records(path: str | Path) -> list[RequestRecord]:
     """Records of a .jsonl or .jsonl.gz file, in file order; bad lines raise ValueError("path:line: ...")."""
     records, tail = read_whole_records(path)
     if tail:
-        records.append(_parsed(path, len(records) + 1, tail))
+        try:
+            records.append(_record(tail))
+        except ValueError as exc:
+            raise ValueError(f"{path}:{len(records) + 1}: {exc}") from None
     return records
 
 
-def read_whole_records(path: str | Path) -> tuple[list[RequestRecord], str]:
+def read_whole_records(path: str | Path, check: Callable[[RequestRecord], str | None] | None = None,
+                       bad: list[tuple[int, str]] | None = None) -> tuple[list[RequestRecord], str]:
     """Records of the file's whole lines (each ending in a newline), and the text after the last one:
-    "" unless the file ends in a torn line (a writer stopped mid-line). Bad whole lines raise
-    ValueError("path:line: ...")."""
+    "" unless the file ends in a torn line (a writer stopped mid-line). A bad whole line, or a record
+    `check` names a problem of, raises ValueError("path:line: reason"), or with `bad` given is left
+    out and its (line, reason) appended to `bad`."""
     path = Path(path)
     with _open_text(path, "r") as f:
         lines = f.read().split("\n")
     tail = lines.pop()
-    return [_parsed(path, lineno, line) for lineno, line in enumerate(lines, start=1)], tail
+    records = []
+    for lineno, line in enumerate(lines, start=1):
+        try:
+            r = _record(line)
+            problem = None if check is None else check(r)
+            if problem is not None:
+                raise ValueError(problem)
+        except ValueError as exc:
+            if bad is None:
+                raise ValueError(f"{path}:{lineno}: {exc}") from None
+            bad.append((lineno, str(exc)))
+            continue
+        records.append(r)
+    return records, tail
 
 
-def _parsed(path: Path | str, lineno: int, line: str) -> RequestRecord:
+def _record(line: str) -> RequestRecord:
+    """The record of one line; ValueError saying what is wrong with it."""
     try:
-        return record_from_json(json.loads(line))
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"{path}:{lineno}: {exc}") from None
+        obj = json.loads(line, object_pairs_hook=unique_keys)
+    except RepeatedKeys as exc:
+        raise ValueError(f"bad record: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"bad record: expected a JSON object, got {json.dumps(obj)[:200]}")
+    return record_from_json(obj)
 
 
 class RecordWriteError(OSError):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import resource
 import signal
 import threading
@@ -29,9 +28,9 @@ import aiohttp
 from tqdm import tqdm
 
 from loadgen.dispatch import Dispatcher, unsent_record
-from loadgen.prompts import PromptSource, request_problem, token_id_prompts
+from loadgen.prompts import PromptSource, check_vocab_size, request_problem, token_id_prompts
 from loadgen.records import RecordWriteError, RecordWriter, RequestRecord
-from traces.trace import TraceRequest
+from traces.trace import MAX_TIMESTAMP_S, TraceRequest
 
 DEAD_AFTER = 5  # consecutive requests that cannot connect before the server is declared unreachable
 READ_BUFSIZE = 4 << 20  # one SSE line must fit: large error bodies or usage blocks
@@ -42,8 +41,9 @@ def due_times_ns(requests: Sequence[TraceRequest]) -> list[int]:
     due: list[int] = []
     for i, r in enumerate(requests):
         ts = r.timestamp
-        if not (isinstance(ts, (int, float)) and math.isfinite(ts) and ts >= 0):
-            raise ValueError(f"request {i}: timestamp must be a finite number >= 0, got {ts!r}")
+        if not (isinstance(ts, (int, float)) and 0 <= ts <= MAX_TIMESTAMP_S):
+            raise ValueError(f"request {i}: timestamp must be a number from 0 to {MAX_TIMESTAMP_S:,.0f} s, "
+                             f"got {ts!r}")
         ns = round(ts * 1e9)
         if due and ns < due[-1]:
             raise ValueError(f"request {i}: timestamp {ts} is before request {i - 1}'s; sort the list")
@@ -154,8 +154,9 @@ async def replay(
                          f"connect_timeout_s={connect_timeout_s}, probe_timeout_s={probe_timeout_s}")
     if max_connections is not None and max_connections < 1:
         raise ValueError(f"max_connections must be >= 1 or None (unlimited), got {max_connections}")
-    if dead_after < 0 or vocab_size < 1:
-        raise ValueError(f"dead_after must be >= 0 and vocab_size >= 1, got {dead_after}, {vocab_size}")
+    if dead_after < 0:
+        raise ValueError(f"dead_after must be >= 0, got {dead_after}")
+    check_vocab_size(vocab_size)
     due = check_requests(requests)
     try:
         json.dumps(dict(tags or {}))

@@ -118,7 +118,10 @@ def select(
     """Apply the window (when start or duration is given) and then the speed-up."""
     if start is not None or duration is not None:
         reqs = time_window(reqs, 0.0 if start is None else start, math.inf if duration is None else duration)
-    return scale_rate(reqs, speedup) if speedup != 1.0 else list(reqs)
+    try:
+        return scale_rate(reqs, speedup) if speedup != 1.0 else list(reqs)
+    except ValueError as exc:
+        raise ValueError(f"--speedup {speedup:g}: {exc}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,10 +5,11 @@ One request per line, sorted by time::
     {"timestamp": 0.0, "input_tokens": 374, "output_tokens": 44}
     {"timestamp": 4.314579, "input_tokens": 396, "output_tokens": 109, "hash_ids": [0, 1]}
 
-``timestamp`` is seconds from the trace start (int or float, finite, >= 0, never decreasing),
+``timestamp`` is seconds from the trace start (int or float, 0 to ``MAX_TIMESTAMP_S``, never decreasing),
 ``input_tokens`` and ``output_tokens`` are ints from 1 to ``MAX_TOKENS``, ``hash_ids`` (optional)
 is a list of ints >= 0.
-Any other key is rejected: a misspelled or unexpected field is an error, not something to skip.
+Any other key is rejected: a misspelled or unexpected field is an error, not something to skip; so
+is a key given twice (JSON alone would keep the last).
 Every bad line raises :class:`TraceError` with ``path:line: reason``.
 """
 
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from common.atomicfile import write_atomic
+from common.jsonfile import RepeatedKeys, unique_keys
 
 REQUIRED_KEYS = ("timestamp", "input_tokens", "output_tokens")
 OPTIONAL_KEYS = ("hash_ids",)
@@ -32,6 +34,10 @@ PERCENTILES = (50, 90, 99)
 # The stated ceiling on a token count: twice the longest context of the models the kit serves (1M),
 # and a prompt of this many ids is a body of about 14 MB, so one absurd row cannot exhaust memory.
 MAX_TOKENS = 2_097_152
+# The stated ceiling on a timestamp, as read and after a speed-up: about 32 years, longer than any
+# trace, so its due time in nanoseconds fits the int64 that records and numpy keep (2**63 ns is 292
+# years); past it a finite float such as 1e308 overflows when made nanoseconds.
+MAX_TIMESTAMP_S = 1e9
 # Timestamps made by window/scale are rounded to the nanosecond to drop float noise (10.1 - 10.0).
 _TS_DIGITS = 9
 
@@ -61,7 +67,9 @@ def _reject_constant(name: str) -> None:
 def _json_object(text: str) -> dict:
     """Decode one line as a JSON object with exactly the allowed keys; raises ValueError."""
     try:
-        obj = json.loads(text, parse_constant=_reject_constant)
+        obj = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=unique_keys)
+    except RepeatedKeys as exc:
+        raise ValueError(str(exc)) from None
     except ValueError as exc:
         raise ValueError(f"bad JSON: {exc}") from None
     if not isinstance(obj, dict):
@@ -83,6 +91,9 @@ def _parse_line(text: str) -> TraceRequest:
         raise ValueError(f"timestamp must be a finite number, got {ts!r}")
     if ts < 0:
         raise ValueError(f"timestamp must be >= 0, got {ts!r}")
+    if ts > MAX_TIMESTAMP_S:
+        raise ValueError(f"timestamp {ts:g} s is past the ceiling of {MAX_TIMESTAMP_S:,.0f} s a trace "
+                         "may span")
     for key in ("input_tokens", "output_tokens"):
         v = obj[key]
         if not _is_int(v):
@@ -179,13 +190,17 @@ def time_window(reqs: Sequence[TraceRequest], start_s: float, duration_s: float)
 
 
 def scale_rate(reqs: Sequence[TraceRequest], speedup: float) -> list[TraceRequest]:
-    """Replay at speedup x the original rate: every timestamp divided by speedup."""
+    """Replay at speedup x the original rate: every timestamp divided by speedup; ValueError naming the
+    first request it would put past MAX_TIMESTAMP_S."""
     if not (math.isfinite(speedup) and speedup > 0):
         raise ValueError(f"speedup must be a finite number > 0, got {speedup!r}")
-    return [
-        TraceRequest(round(r.timestamp / speedup, _TS_DIGITS), r.input_tokens, r.output_tokens, r.hash_ids)
-        for r in reqs
-    ]
+    scaled = [replace(r, timestamp=round(r.timestamp / speedup, _TS_DIGITS)) for r in reqs]
+    for i, (r, s) in enumerate(zip(reqs, scaled, strict=True)):
+        if s.timestamp > MAX_TIMESTAMP_S:
+            raise ValueError(f"request {i}: timestamp {r.timestamp:g} s at speedup {speedup:g} is "
+                             f"{s.timestamp:g} s, past the ceiling of {MAX_TIMESTAMP_S:,.0f} s a schedule "
+                             "may span")
+    return scaled
 
 
 def clip_tokens(requests: Sequence[TraceRequest], max_input: int | None = None,

@@ -8,8 +8,11 @@ file damaged (missing, a torn last line, a key recorded twice, a finished cell w
 from __future__ import annotations
 
 import gzip
+import json
+import math
 import zlib
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,8 +23,13 @@ RUN_SCHEMA_VERSION = 1  # run.json's format (runner.runrecord writes it, read_ru
 RECORD_FILES = ("requests.jsonl.gz", "requests.jsonl")  # what a finished run and a running one write
 
 
+PHASES = ("warmup", "burnin", "knee", "measure")  # what a run's records are tagged with, in run order
+REQUIRED_TAGS = ("arm", "window", "load", "phase")  # every record of a run carries these
+
+
 def read_run_record(run_dir: Path) -> dict:
-    """run.json of a run directory; rejects unknown schema versions and missing keys."""
+    """run.json of a run directory; rejects unknown schema versions, missing keys and values of the
+    wrong type or range (what the analysis reads), naming the field."""
     path = run_dir / "run.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no run.json (is {run_dir} an experiments run directory?)")
@@ -29,11 +37,101 @@ def read_run_record(run_dir: Path) -> dict:
     missing = [k for k in ("arms", "arm_labels", "windows", "loads", "schedule", "status") if k not in run]
     if missing:
         raise ValueError(f"{path}: missing keys {missing}")
-    labels = run["arm_labels"]
-    if len(labels) < 2 or len(set(labels)) != len(labels) or len(run["arms"]) != len(labels):
-        raise ValueError(f"{path}: arm_labels must be two or more distinct labels, one per arm, got "
-                         f"{labels} for arms {run['arms']}")
+    problem = _run_problem(run)
+    if problem is not None:
+        raise ValueError(f"{path}: {problem}")
     return run
+
+
+def _shown(v: object) -> str:
+    return json.dumps(v)[:200]
+
+
+def _count(v: object) -> bool:
+    return type(v) is int and v >= 0
+
+
+def _positive(v: object) -> bool:
+    return type(v) in (int, float) and math.isfinite(v) and v > 0
+
+
+_WINDOW = {"id": (_count, "an integer >= 0"), "requests": (_count, "an integer >= 0"),
+           "duration_s": (_positive, "a finite number > 0")}
+
+
+def _run_problem(run: dict) -> str | None:
+    """The first value of run.json of the wrong type or range, or None."""
+    labels, arms = run["arm_labels"], run["arms"]
+    if not (isinstance(labels, list) and isinstance(arms, list) and len(labels) >= 2 and
+            all(isinstance(x, str) and x for x in labels) and len(set(labels)) == len(labels) == len(arms)):
+        return f"arm_labels must be two or more distinct labels, one per arm, got {labels} for arms {arms}"
+    if not isinstance(run["status"], str):
+        return f"status must be a string, got {_shown(run['status'])}"
+    for key in ("loads", "windows", "schedule"):
+        if not isinstance(run[key], list):
+            return f"{key} must be a list, got {_shown(run[key])}"
+    for i, load in enumerate(run["loads"]):
+        if not _positive(load):
+            return f"loads[{i}] must be a finite number > 0, got {_shown(load)}"
+    for i, w in enumerate(run["windows"]):
+        if not isinstance(w, dict):
+            return f"windows[{i}] must be an object, got {_shown(w)}"
+        for key, (ok, what) in _WINDOW.items():
+            if not ok(w.get(key)):
+                return f"windows[{i}].{key} must be {what}, got {_shown(w.get(key))}"
+    ids = [w["id"] for w in run["windows"]]
+    if len(set(ids)) != len(ids):
+        return f"windows: an id given twice in {ids}"
+    for i, e in enumerate(run["schedule"]):
+        problem = _step_problem(e, ids, run["loads"], labels)
+        if problem is not None:
+            return f"schedule[{i}]{problem}"
+    return None
+
+
+def _step_problem(e: object, ids: list[int], loads: list[float], labels: list[str]) -> str | None:
+    """What is wrong with one schedule entry (its window, load, order and done arms), or None."""
+    if not isinstance(e, dict):
+        return f" must be an object, got {_shown(e)}"
+    if not _count(e.get("window")) or e["window"] not in ids:
+        return f".window {_shown(e.get('window'))} is not one of the windows' ids"
+    if not _positive(e.get("load")) or e["load"] not in loads:
+        return f".load {_shown(e.get('load'))} is not one of the loads"
+    for key in ("order", "done"):
+        v = e.get(key, [])
+        if not (isinstance(v, list) and all(isinstance(x, str) and x in labels for x in v)):
+            return f".{key} must be a list of arm_labels, got {_shown(v)}"
+    return None
+
+
+# the tags of a run's records: (test, what the tag must be)
+_TAGS = {"arm": (lambda v: isinstance(v, str), "a string"),
+         "window": (lambda v: type(v) is int, "an integer"),  # -1: the warm-up
+         "load": (_positive, "a finite number > 0"),
+         "phase": (lambda v: v in PHASES, f"one of {', '.join(PHASES)}"),
+         "instance": (_count, "an integer >= 0"), "burnin": (_count, "an integer >= 0")}
+
+
+def _record_check(run: dict) -> Callable[[RequestRecord], str | None]:
+    """What is wrong with a record against run.json (None: nothing): a tag of the run missing or of the
+    wrong type, an index past the requests of the window (or the warm-up) its phase replays."""
+    requests = {w["id"]: w["requests"] for w in run["windows"]}
+    warmup = (run.get("warmup") or {}).get("requests")
+
+    def problem(r: RequestRecord) -> str | None:
+        t = r.tags
+        lacking = [k for k in REQUIRED_TAGS if k not in t]
+        if lacking:
+            return f"tags lack {', '.join(lacking)}"
+        for key, (ok, what) in _TAGS.items():
+            if key in t and not ok(t[key]):
+                return f"tags.{key} must be {what}, got {_shown(t[key])}"
+        n, of = (warmup, "the warm-up") if t["phase"] == "warmup" else (requests.get(t["window"]),
+                                                                           f"window {t['window']}")
+        if isinstance(n, int) and r.index >= n:
+            return f"index {r.index} is past the {n} requests of {of}"
+        return None
+    return problem
 
 
 def _read_records(path: Path, read=read_records):
@@ -98,12 +196,20 @@ def _checked(run_dir: Path, run: dict) -> CheckedRecords:
     if not found:
         return CheckedRecords([], None, (f"{run_dir}: no records file ({' or '.join(RECORD_FILES)}) though "
                                          f"run.json lists {len(done)} finished cells",) if done else ())
-    path, (records, tail) = max(((p, _read_records(p, read_whole_records)) for p in found),
-                                key=lambda x: len(x[1][0]))
+    check = _record_check(run)
+
+    def read(p: Path) -> tuple[Path, list[RequestRecord], str, list[tuple[int, str]]]:
+        bad: list[tuple[int, str]] = []
+        records, tail = _read_records(p, lambda q: read_whole_records(q, check, bad))
+        return p, records, tail, bad
+    path, records, tail, bad = max((read(p) for p in found), key=lambda x: len(x[1]) + len(x[3]))
     damage = []
+    if bad:
+        damage.append(f"{path.name}: {len(bad)} records with a field of the wrong type or range, left out "
+                      f"(first: {path.name}:{bad[0][0]}: {bad[0][1]})")
     if tail:
-        damage.append(f"{path.name}:{len(records) + 1}: torn last line ({len(tail)} characters without a "
-                      "newline), left out")
+        damage.append(f"{path.name}:{len(records) + len(bad) + 1}: torn last line ({len(tail)} characters "
+                      "without a newline), left out")
     seen: Counter = Counter()
     kept = []
     for r in records:

@@ -80,8 +80,13 @@ def load_slo_file(path: str | Path = DEFAULT_SLO_FILE) -> list[SLO]:
     tables = data.get("slo")
     if not isinstance(tables, list) or not tables:
         raise ValueError(f"{path}: expected one or more [[slo]] tables")
+    stray = sorted(set(data) - {"slo"})
+    if stray:  # a misspelled [[sol]] would drop its tier from the report unseen
+        raise ValueError(f"{path}: unknown top-level key(s) {', '.join(stray)}; expected only [[slo]] tables")
     slos: list[SLO] = []
     for i, table in enumerate(tables, start=1):
+        if not isinstance(table, dict):
+            raise ValueError(f"{path}: [[slo]] #{i} is not a table, got {table!r}")
         unknown = sorted(set(table) - {"name", "ttft_ms", "tpot_ms", "e2e_ms"})
         missing = [k for k in ("name", "ttft_ms", "tpot_ms") if k not in table]
         if unknown or missing:

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from experiments.core.rundir import REQUIRED_TAGS
 from experiments.core.slo import SLO, meets
 from experiments.stats import intervals as stats
 from loadgen.records import (
@@ -31,7 +32,6 @@ from loadgen.records import (
 )
 
 CELL = ["arm", "window", "load"]
-REQUIRED_TAGS = ("arm", "window", "load", "phase")
 MEASURE = "measure"  # the phase of the replays that are compared; "warmup" and "burnin" are not
 ATTAINMENT_TARGET = 0.9
 

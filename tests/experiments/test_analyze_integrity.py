@@ -11,6 +11,7 @@ from experiments.analyze import analyze_run, main
 from experiments.core.rundir import DamagedRecords
 from experiments.core.slo import SLO
 from tests.experiments.synthetic_run import write_run
+from tests.mounts import make_read_only, tmpfs
 
 CHAT = SLO("chat", 2000.0, 100.0)
 NO_TORCH = """import sys
@@ -97,3 +98,19 @@ def test_out_onto_the_run_folder_is_refused_before_analysing(run_dir, capsys):
     assert main([str(run_dir), "--out", str(run_dir / "."), "--slo", "chat:1:1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--in-place" in err and (run_dir / "report.json").read_bytes() == before
+
+
+@pytest.mark.parametrize("flags, analysed", [(["--in-place"], True), ([], True), ([], False)])
+def test_a_read_only_run_folder_is_refused_before_analysing(tmp_path, capsys, flags, analysed):
+    with tmpfs(tmp_path / "ro", "size=4m") as ro:  # written by a first analysis, or not yet analysed
+        run = write_run(ro / "run", cell, windows=2)
+        if analysed:
+            analyze_run(run, [CHAT])
+        before = sorted(p.name for p in run.iterdir())
+        make_read_only(ro)
+        assert main([str(run), "--slo", "chat:2000:100", *flags]) == 2
+        assert sorted(p.name for p in run.iterdir()) == before
+    out, err = capsys.readouterr()
+    where = run if flags or not analysed else run / "reanalysis"
+    assert err.count("\n") == 1 and f"{where}: not writable ({run} is read-only)" in err
+    assert "--in-place" in err if flags else "--out" in err

@@ -123,7 +123,8 @@ def test_corrupt_run_json_and_bad_records_line_are_named(analysed: Path, tmp_pat
     assert main([str(broken), "--in-place"]) == 2
     err = capsys.readouterr().err
     lines = len((analysed / "requests.jsonl").read_text().splitlines())
-    assert err.count("\n") == 1 and f"{broken / 'requests.jsonl'}:{lines + 1}:" in err
+    assert err.count("\n") == 1 and f"{broken}: " in err and "--accept-damaged" in err
+    assert f"requests.jsonl:{lines + 1}: bad record: " in err  # a line that is not a record is damage
     assert main([str(tmp_path / "nowhere")]) == 2
     assert "no run.json" in capsys.readouterr().err
 

@@ -1,7 +1,8 @@
 import pytest
 
+from experiments.analyze import main as analyze
 from experiments.core.slo import DEFAULT_SLO_FILE, SLO, load_slo_file, meets, parse_slo
-from tests.experiments.synthetic_run import record
+from tests.experiments.synthetic_run import record, write_run
 
 CHAT = SLO("chat", 2000.0, 100.0)
 
@@ -48,6 +49,26 @@ def test_slo_file_errors(tmp_path):
     p.write_text('[[slo]]\nname = "a"\nttft_ms = "x"\ntpot_ms = 2\n')
     with pytest.raises(ValueError, match="ttft_ms must be a number"):
         load_slo_file(p)
+
+
+TIER = '[[slo]]\nname = "chat"\nttft_ms = 2000\ntpot_ms = 100\n'
+
+
+@pytest.mark.parametrize("text, msg", [
+    (TIER + '[[sol]]\nname = "tight"\nttft_ms = 500\ntpot_ms = 30\n', r"unknown top-level key\(s\) sol"),
+    ('tiers = 2\n' + TIER, r"unknown top-level key\(s\) tiers"),
+    ('slo = [1, 2]\n', r"\[\[slo\]\] #1 is not a table"),
+])
+def test_an_slo_file_with_a_stray_key_or_table_is_refused(tmp_path, capsys, text, msg):
+    p = tmp_path / "s.toml"
+    p.write_text(text, encoding="utf-8")
+    with pytest.raises(ValueError, match=msg):
+        load_slo_file(p)
+    run_dir = write_run(tmp_path / "run", lambda *a: [(100.0, 20.0, None)] * 4, windows=1, loads=(1.0,),
+                        requests=4, warmup=0)
+    assert analyze([str(run_dir), "--slo-file", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(p) in err and not (run_dir / "report.json").exists()
 
 
 def test_meets_bounds_inclusive_and_exceeded():

@@ -81,6 +81,7 @@ def _run_cli(argv, capsys) -> tuple[int, str]:
     ("--speedup", "0"), ("--timeout", "0"), ("--max-connections", "0"), ("--connect-timeout", "-1"),
     ("--vocab-size", "0"), ("--duration", "0"), ("--start", "-1"), ("--max-input-tokens", "0"),
     ("--speedup", "nan"), ("--dead-after", "-1"), ("--url", "localhost:8000"),
+    ("--vocab-size", str(10**20)), ("--vocab-size", str(2**31 + 1)),
 ])
 def test_bad_flag_is_one_line_naming_it_exit_2(flag, value, tmp_path, capsys):
     argv = ["--url", "http://127.0.0.1:1", "--trace", "t.jsonl", "--out", str(tmp_path / "r.jsonl"),

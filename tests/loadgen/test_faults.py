@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
-import os
 import resource
 import signal
 import socket
@@ -25,6 +24,7 @@ from loadgen.fakeserver import FakeServerConfig, fake_server
 from loadgen.records import read_records, succeeded
 from loadgen.replay import ReplayStopped, ServerNotReady, replay
 from tests.loadgen.serving import serving as fake_serving
+from tests.mounts import tmpfs
 from traces.trace import TraceRequest
 
 FAST = FakeServerConfig(ttft_s=0.001, itl_s=0.001, model="tiny")
@@ -35,19 +35,6 @@ def serving(cfg: FakeServerConfig = FAST) -> Iterator[str]:
     """The fake server (FAST unless told) on its own event loop in a thread; its URL."""
     with fake_serving(cfg) as url:
         yield url
-
-
-@contextmanager
-def tmpfs(path: Path, options: str) -> Iterator[Path]:
-    """A tmpfs mounted at `path` with mount `options` (size=8k, ro); skips the test where it cannot be."""
-    path.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", str(path)], check=True)
 
 
 def trace_file(path: Path, n: int, gap_s: float = 0.005, output_tokens: int = 20, **row) -> Path:
@@ -182,12 +169,41 @@ def test_an_absurd_trace_row_is_refused_with_its_line(tmp_path, capsys):
     assert not (tmp_path / "r.jsonl").exists()
 
 
+@pytest.mark.parametrize("speedup, timestamp", [("1e-300", 1.0), ("1", 1e308)])
+def test_a_schedule_past_the_ceiling_is_one_line_not_an_overflow(tmp_path, capsys, speedup, timestamp):
+    from traces.info import main as info
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_tokens": 5, "output_tokens": 2}\n'
+                     f'{{"timestamp": {timestamp!r}, "input_tokens": 5, "output_tokens": 2}}\n')
+    assert main(cli("http://127.0.0.1:9", trace, tmp_path / "r.jsonl", "--speedup", speedup)) == 2
+    assert info([str(trace), "--speedup", speedup, "--out", str(tmp_path / "slice.jsonl")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and all("past the ceiling of 1,000,000,000 s" in line for line in err), err
+    assert all(("--speedup 1e-300: " in line) == (speedup == "1e-300") for line in err), err
+    assert not (tmp_path / "r.jsonl").exists() and not (tmp_path / "slice.jsonl").exists()
+
+
 def test_a_long_reply_is_named_long():
     async def go():
         async with fake_server(FakeServerConfig(ttft_s=0.001, itl_s=0.001, extra_tokens=1)) as url:
             return await replay(url, [TraceRequest(0.0, 5, 7)], progress=False)
     (r,) = asyncio.run(go())
     assert not succeeded(r) and r.error == "long reply: 8 tokens, 7 asked (finish_reason=length)"
+
+
+def test_a_usage_count_that_is_not_an_integer_keeps_each_record_and_names_it(tmp_path, capsys):
+    cfg = FakeServerConfig(ttft_s=0.001, itl_s=0.001, model="tiny", usage_as_text=True)
+    out = tmp_path / "r.jsonl"
+    with serving(cfg) as url:
+        assert main(cli(url, trace_file(tmp_path / "t.jsonl", 20, output_tokens=8), out)) == 1
+    recs = read_records(out)
+    assert sorted(r.index for r in recs) == list(range(20))  # on disk in finish order
+    for r in recs:  # the reply's timings kept, the count left out and named
+        assert r.status == 200 and r.n_chunks == 8 and r.first_token_ns < r.last_token_ns <= r.end_ns
+        assert r.completion_tokens is None and r.prompt_tokens is None
+        assert r.error == 'bad usage chunk: prompt_tokens is "5", not an integer >= 0'
+    assert "Traceback" not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flag", ["--summary-json", "--out"])

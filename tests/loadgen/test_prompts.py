@@ -40,7 +40,8 @@ def test_fewer_hash_ids_than_blocks_fills_from_request_generator():
     assert ids[:BLOCK_TOKENS] == prompt_token_ids(0, TraceRequest(0.0, BLOCK_TOKENS, 1, hash_ids=(5,)))
 
 
-@pytest.mark.parametrize("kw, msg", [({"vocab_size": 0}, "vocab_size"), ({"seed": -1}, "seed")])
+@pytest.mark.parametrize("kw, msg", [({"vocab_size": 0}, "vocab_size"), ({"seed": -1}, "seed"),
+                                     ({"vocab_size": 10**20}, "vocab_size must be an integer from 1 to")])
 def test_bad_arguments_are_named(kw, msg):
     with pytest.raises(ValueError, match=msg):
         prompt_token_ids(0, TraceRequest(0.0, 3, 1), **kw)

@@ -124,6 +124,37 @@ def test_reader_reports_file_and_line(tmp_path):
         read_records(path)
 
 
+@pytest.mark.parametrize("change, reason", [
+    ({"status": "200"}, 'status must be an integer from 100 to 599 or null, got "200"'),
+    ({"first_token_ns": "21000000"}, 'first_token_ns must be an integer >= 0 or null, got "21000000"'),
+    ({"index": 1e18}, "index must be an integer >= 0, got 1e+18"),
+    ({"due_ns": -1}, "due_ns must be an integer >= 0, got -1"),
+    ({"output_tokens": 0}, "output_tokens must be an integer >= 1, got 0"),
+    ({"completion_tokens": True}, "completion_tokens must be an integer >= 0 or null, got true"),
+    ({"n_chunks": None}, "n_chunks must be an integer >= 0, got null"),
+    ({"max_gap_ms": float("nan")}, "max_gap_ms must be a finite number >= 0 or null, got NaN"),
+    ({"error": 5}, "error must be a string or null, got 5"),
+    ({"tags": ["stock"]}, 'tags must be an object, got ["stock"]'),
+    ({"itl_us": [10, 2.5]}, "itl_us must be a list of integers >= 0 or null, got [10, 2.5]"),
+    ({"first_token_ns": 900_000}, "times out of order: first_token_ns 900000 is before sent_ns 1250000"),
+    ({"end_ns": 60_000_000}, "times out of order: end_ns 60000000 is before last_token_ns 61000000"),
+])
+def test_a_field_of_the_wrong_type_or_range_is_named_with_its_line(tmp_path, change, reason):
+    path = tmp_path / "r.jsonl"
+    bad = {**record_to_json(make()), **change}
+    path.write_text(json.dumps(record_to_json(make())) + "\n" + json.dumps(bad) + "\n")
+    with pytest.raises(ValueError) as got:
+        read_records(path)
+    assert str(got.value) == f"{path}:2: bad record: {reason}"
+
+
+def test_a_key_given_twice_in_a_record_is_named(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps(record_to_json(make()))[:-1] + ', "status": 500}\n')
+    with pytest.raises(ValueError, match=r"r\.jsonl:1: bad record: key\(s\) status given more than once"):
+        read_records(path)
+
+
 def test_record_is_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         make().status = 500  # type: ignore[misc]

@@ -219,6 +219,8 @@ def test_burst_bodies_are_built_before_their_due_time(monkeypatch):
 def test_bad_schedules_are_named():
     with pytest.raises(ValueError, match="request 2: timestamp 0.5 is before request 1"):
         due_times_ns([TraceRequest(0.0, 1, 1), TraceRequest(1.0, 1, 1), TraceRequest(0.5, 1, 1)])
+    with pytest.raises(ValueError, match="request 1: timestamp must be a number from 0 to 1,000,000,000"):
+        due_times_ns([TraceRequest(0.0, 1, 1), TraceRequest(1e308, 1, 1)])
     with pytest.raises(ValueError, match="no requests"):
         asyncio.run(replay("http://127.0.0.1:1", [], progress=False))
     with pytest.raises(ValueError, match="tags must be JSON-serializable"):

@@ -52,10 +52,16 @@ def test_load_valid_lines(tmp_path: Path) -> None:
         ("[1, 2]", "expected a JSON object"),
         ('{"timestamp": 1, "input_tokens": 5}', "missing key(s) output_tokens"),
         ('{"timestamp": 1, "input_tokens": 5, "output_tokens": 2, "prio": 1}', "unknown key(s) prio"),
+        ('{"timestamp": 1, "input_tokens": 5, "output_tokens": 2, "timestamp": 99.0}',
+         "key(s) timestamp given more than once"),
+        ('{"output_tokens": 9, "timestamp": 1, "input_tokens": 5, "output_tokens": 2}',
+         "key(s) output_tokens given more than once"),
         ('{"timestamp": -0.5, "input_tokens": 5, "output_tokens": 2}', "timestamp must be >= 0"),
         ('{"timestamp": "1", "input_tokens": 5, "output_tokens": 2}', "timestamp must be a finite number"),
         ('{"timestamp": NaN, "input_tokens": 5, "output_tokens": 2}', "bad JSON"),
         ('{"timestamp": 1e999, "input_tokens": 5, "output_tokens": 2}', "timestamp must be a finite number"),
+        ('{"timestamp": 1e308, "input_tokens": 5, "output_tokens": 2}',
+         "timestamp 1e+308 s is past the ceiling of 1,000,000,000 s"),
         ('{"timestamp": 1, "input_tokens": 0, "output_tokens": 2}', "input_tokens must be >= 1"),
         ('{"timestamp": 1, "input_tokens": 5, "output_tokens": 0}', "output_tokens must be >= 1"),
         ('{"timestamp": 1, "input_tokens": 1000000000, "output_tokens": 2}',
@@ -130,6 +136,9 @@ def test_scale_rate_divides_timestamps() -> None:
     for bad in (0.0, -1.0, math.inf, math.nan):
         with pytest.raises(ValueError):
             scale_rate(REQS, bad)
+    with pytest.raises(ValueError, match=r"request 1: timestamp 10 s at speedup 1e-300 is 1e\+301 s, "
+                                         "past the ceiling of 1,000,000,000 s"):
+        scale_rate(REQS, 1e-300)
 
 
 def test_summarize_literal_numbers() -> None:
