@@ -97,10 +97,10 @@ def lateness_figures(replays: Sequence[Sequence[float]]) -> dict:
 
 def client_late(figures: Mapping, target_ms: float) -> bool:
     """True when most of a factor's replays were sent late: the median replay's lateness p99 above
-    `target_ms`. One replay alone does not count: in five H200 runs one replay of a factor's three to
+    `target_ms`. One replay alone does not count: in six H200 runs one replay of a factor's three or
     five carried a 100-300 ms stall of the client (a run of consecutive requests sent late, e.g.
-    h200-llama8b-confirm2 at 5x: p99 169 ms against 0.72 and 0.68 ms in the others) while the next
-    factors were on time, so the pooled p99 would have named a passing stall as the client's limit."""
+    h200-llama8b-confirm2 at 5x: p99 169 ms against 0.7 and 0.7 ms in the others), so the pooled p99
+    would have stopped those six searches at a passing stall; this rule stops no committed search."""
     median = figures.get("median_replay_p99_ms")
     return median is not None and median > target_ms
 
