@@ -21,6 +21,9 @@ from typing import IO, Any
 from common.jsonfile import RepeatedKeys, unique_keys
 
 _NS_PER_MS = 1e6
+# The client keeps its schedule when its send lateness p99 is at most this (loadgen.bench's target;
+# docs/FINDINGS.md, section 4): a later send no longer replays the trace's arrival times.
+LATENESS_TARGET_P99_MS = 2.0
 
 
 @dataclass(frozen=True)

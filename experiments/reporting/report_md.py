@@ -8,19 +8,12 @@ from collections.abc import Mapping
 
 from experiments.reporting import hostreport
 from experiments.reporting.duetreport import layout_lines
+from experiments.reporting.report_knee import capacity_text, knee_lines
 from experiments.reporting.report_latency import fmt_num, latency_lines, noise_floor_lines, paired_lines
 from experiments.reporting.schema import Report
 from experiments.reporting.summary import summary_lines
+from experiments.stats import knee
 from experiments.stats.planted import planted_text
-
-
-def _cap(c: Mapping) -> str:
-    if c["status"] in ("interpolated", "last passing load"):
-        return f"{c['load']:.3g}x ({c['status']})"
-    if c["status"] == "above highest":
-        return f">= {c['load']:.3g}x (above highest load)"
-    return c["status"]
-
 
 LATENESS_BOUND_MS = 10.0  # a send later than this no longer replays the trace's arrival process
 UNOBSERVED_SHARE = 0.01  # above this share of a cell's replies without observed token timing, say so
@@ -29,7 +22,8 @@ BATCHED_SHARE = 0.2  # above this share of replies streamed several tokens per c
 
 def notices(r: Report) -> list[str]:
     """The notices under the summary table: A/A, CPU, partial run, user-started servers, prompt lengths,
-    a load generator that fell behind, token timing not observed or streamed in batches."""
+    a load generator that fell behind (in measured cells or in the knee search), token timing not
+    observed or streamed in batches."""
     lines = []
     if r.aa.is_aa:
         why = str(r.aa.why)
@@ -63,6 +57,11 @@ def notices(r: Report) -> list[str]:
     if late:
         lines.append(f"**The load generator fell behind** — send lateness p99 above {LATENESS_BOUND_MS:g} "
                      f"ms in {', '.join(late)}: those cells did not replay the trace's arrival times.  ")
+    stopped = (r.knee or {}).get("stopped") or {}
+    if stopped.get("reason") == knee.CLIENT:
+        lines.append(f"**The client limited the knee search** — its replays at {stopped['factor']:g}x were "
+                     "sent late, so the search stopped there, short of any tier's knee it had not reached "
+                     "(Knee search below).  ")
     blind = [f"{row['arm']} {row['load']:g}x ({row['tpot_unobserved']} of {row['n']})"
              for row in r.latency
              if row.get("tpot_unobserved") and row["tpot_unobserved"] > UNOBSERVED_SHARE * row["n"]]
@@ -105,8 +104,8 @@ def _slo_tables(r: Report) -> list[str]:
                      "behind)."),
                 "", "| arm | highest load >= 90% attainment | same from p90 latency curves |",
                 "|---|---|---|"]
-        out += [f"| {a} | {_cap(s[a]['capacity_by_attainment'])} | {_cap(s[a]['capacity_by_latency'])} |"
-                for a in (s["baseline"], s["treatment"])]
+        out += [f"| {a} | {capacity_text(s[a]['capacity_by_attainment'])} | "
+                f"{capacity_text(s[a]['capacity_by_latency'])} |" for a in (s["baseline"], s["treatment"])]
         out += ["", *_capacity_line(s)]
         out.append("")
         for load, c in s["by_load"].items():
@@ -137,60 +136,6 @@ def _capacity_line(s: Mapping) -> list[str]:
     change = ("" if p.get("mean") is None else f"; paired change {p['mean']:+.1f}%"
               + (f", 95% t CI [{p['t_ci95'][0]:+.1f}, {p['t_ci95'][1]:+.1f}]%" if p.get("t_ci95") else ""))
     return [f"Capacity per window (90% attainment crossing): {'; '.join(parts)}{change}.  "]
-
-
-def knee_lines(r: Report) -> list[str]:
-    """The knee search: attainment per factor and tier (from the records), the knees and the loads chosen."""
-    k = r.knee
-    if not k:
-        return []
-    names = list(k["points"])
-    factors = sorted({f for pts in k["points"].values() for f, _ in pts})
-    windows = k.get("windows", [0])
-    which = (f"window {windows[0]}" if len(windows) == 1 else
-             f"windows {', '.join(map(str, windows))} pooled")
-    out = [f"## Knee search (baseline arm, {which} per factor, not compared)", "",
-           "| factor | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-    for f in factors:
-        vals = [next((f"{a:.3f}" for x, a in k["points"][n] if x == f), "") for n in names]
-        out.append(f"| {f:g}x | " + " | ".join(vals) + " |")
-    out += ["", "Knees (90% attainment): " + ", ".join(f"{n} {_cap(v)}" for n, v in k["knees"].items()) + "."]
-    if k.get("beyond_listed"):
-        more = ", ".join(f"{f:g}x" for f in k["beyond_listed"])
-        out.append(f"Every tier still met at the last --knee factor: searched on at {more}.")
-    if k.get("shared_prompts"):
-        out.append("The pooled windows drew request i's prompt from one seed per factor (as every run did "
-                   "before the search seeded each window), so their prompts shared prefixes and the prefix "
-                   "cache served the repeats: this search's attainment is optimistic and its knees too high; "
-                   "the capacity from the measured loads (below) is the reference.")
-    c = k["chosen"]
-    out += _knee_check(r, c)
-    out.append(f"Measured at {', '.join(f'{x:g}x' for x in c['loads'])}: around the {c['tier']} knee "
-               f"({c['knee']:.3g}x) plus a latency-sensitive load ({min(c['loads']):g}x)." if c.get("loads")
-               else f"No knee chosen ({c.get('reason')}); measured at --loads.")
-    return out + [""]
-
-
-def _knee_check(r: Mapping, chosen: Mapping) -> list[str]:
-    """The search's knee against the measured windows' own crossing of 90% for the baseline arm: the
-    search pools a few windows, so it must land inside the per-window capacity interval to stand for
-    the windows measured."""
-    tier = next((s for s in r.slos or [] if s["name"] == chosen.get("tier")), None)
-    if tier is None or chosen.get("knee") is None:
-        return []
-    base = tier["baseline"]
-    pooled = _cap(tier[base]["capacity_by_attainment"])
-    v = ((tier.get("capacity_per_window") or {}).get("arms") or {}).get(base) or {}
-    line = (f"Check against the measured windows: {base}'s {tier['name']} attainment crossed 90% at "
-            f"{pooled} pooled")
-    if not v.get("ci95"):
-        return [line + "; no per-window interval to judge the search's knee by."]
-    lo, hi = v["ci95"]
-    verdict = ("lies inside." if lo <= chosen["knee"] <= hi else
-               "lies outside, so the searched windows did not stand for the measured ones and the loads "
-               "are not where the search meant them.")
-    return [line + f", per window {v['mean']:.3g}x [{lo:.3g}, {hi:.3g}]x: the search's "
-            f"{chosen['knee']:.3g}x {verdict}"]
 
 
 def _latency_table(r: Report) -> list[str]:

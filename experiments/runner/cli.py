@@ -27,6 +27,7 @@ from experiments.core.slo import DEFAULT_SLO_FILE, load_slo_file, parse_slo
 from experiments.runner import placement, readiness
 from experiments.runner.config import (
     DEVICE_DEFAULTS,
+    KNEE_MAX,
     LAYOUTS,
     RESULTS_DIR,
     SIZED,
@@ -45,6 +46,8 @@ from experiments.runner.flagtypes import (
     knee_list,
     loads_list,
 )
+from experiments.stats import knee
+from loadgen.records import LATENESS_TARGET_P99_MS
 from traces.trace import TraceError
 
 DEFAULT_ARMS = ("stock", "patched")
@@ -183,11 +186,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="search these increasing speed-up factors on the baseline arm first (at each, "
                         "the measured windows at the 0.1-0.9 quantiles of request count (five), pooled; "
                         "phase 'knee', not compared; it stops once every SLO tier is below 90%% attainment, "
-                        "and past the last factor goes on at 1.5x it, up to 3 more, while every tier is "
-                        "still met), then measure at two loads bracketing the strictest tier's 90%% knee, "
-                        "plus a latency-sensitive load (the lowest factor, or half the knee if that is "
-                        "lower), instead of --loads (kept when no knee is found); 'none': no search, "
-                        "measure at --loads (default: 5,8 on CUDA, none on CPU)")
+                        "and past the last factor goes on at 1.5x it while every tier is still met, up to "
+                        "--knee-max; it stops early where the client sent a factor's replays late, see "
+                        "--knee-lateness-ms), then measure at two loads bracketing the strictest tier's "
+                        "90%% knee, plus a latency-sensitive load (the lowest factor, or half the knee if "
+                        "that is lower), instead of --loads (kept when no knee is found); 'none': no "
+                        "search, measure at --loads (default: 5,8 on CUDA, none on CPU)")
+    g.add_argument("--knee-max", type=positive_float, metavar="FACTOR",
+                   help=f"the knee search's highest factor; the KV cache is sized for {knee.BRACKET:g}x it, "
+                        f"the highest load a knee found there can measure (default: {KNEE_MAX:g})")
+    g.add_argument("--knee-lateness-ms", type=positive_float, metavar="MS",
+                   help="the knee search stops at a factor whose replays the client sent late, the median "
+                        "replay's send lateness p99 above this: there the client, not the server, is the "
+                        f"limit, and the report says so (default: {LATENESS_TARGET_P99_MS:g}, loadgen's "
+                        "target)")
     g.add_argument("--max-input-tokens", type=clip,
                    help=f"clip every request's prompt to this many tokens; 'none' for no clip "
                         f"({_defaults('max_input_tokens')})")
@@ -265,7 +277,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         "name", "results_dir", "windows", "window_s", "start_s", "warmup_s", "loads", "model", "dtype",
         "eager", "gpu_memory_utilization", "kv_cache_memory_bytes", "max_model_len", "max_num_seqs",
         "max_input_tokens", "max_output_tokens", "blocks", "seed", "request_timeout_s", "server_timeout_s")}
-    overrides["knee_factors"] = args.knee
+    overrides.update(knee_factors=args.knee, knee_max=args.knee_max, knee_lateness_ms=args.knee_lateness_ms)
     clips = {k: overrides.pop(k) for k in ("max_input_tokens", "max_output_tokens")}
     device = None if args.device == "auto" else args.device
     names, urls = chosen_arms(args, default_arms(device, args.layout))
@@ -280,6 +292,10 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                       **{k: v for k, v in clips.items() if isinstance(v, int)})
     unclipped = {k: None for k, v in clips.items() if v == NO_CLIP}
     cfg = dataclasses.replace(cfg, **unclipped) if unclipped else cfg
+    knee_flags = (("--knee-max", args.knee_max), ("--knee-lateness-ms", args.knee_lateness_ms))
+    given = [flag for flag, v in knee_flags if v is not None]
+    if given and cfg.knee_factors is None:
+        raise ConfigError(f"{given[0]} applies to a knee search, and this run has none (--knee FACTORS)")
     if cfg.device == "cuda" and not cfg.endpoints:  # the model, KV cache and share that fit this GPU
         cfg = readiness.sized(cfg, {k for k, v in overrides.items() if v is not None})
     return cfg

@@ -19,6 +19,7 @@ from experiments.core.slo import SLO
 from integration import arms as arm_defs
 from integration.endpoint import normalize_url
 from integration.launcher import MODELS_DIR
+from loadgen.records import LATENESS_TARGET_P99_MS
 
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 GIB = 1 << 30
@@ -26,6 +27,12 @@ DEVICES = ("cpu", "cuda")
 LAYOUTS = ("turns", "duet")  # arms take turns on the servers' GPU, or all arms at once, one GPU each
 START_ORDERS = ("waves", "rotate")  # the servers' start order at every instance (runner.placement)
 MAX_ARMS = 4
+# The knee search's highest factor (--knee-max): on the H200 the 1B shape met every tier at 48x
+# (experiments/results/h200-llama1b-ab) and the 8B shape's interactive knee lay at 5.7-10x. At 64x a
+# 10-s window arrives within 0.16 s; for the GPU default's windows of traces/chat.jsonl the sizing's
+# KV cache is the same from 18x up (the busiest window wholly resident), so the bound costs seconds of
+# search, not memory.
+KNEE_MAX = 64.0
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ARM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")  # arm names become labels and log names
 ENDPOINT_ARM = "declared by the user: a server it started (--endpoint); the kit knows only its name"
@@ -93,6 +100,8 @@ class RunConfig:
     max_output_tokens: int | None = None
     slos: tuple[SLO, ...] | None = None  # None: experiments/slos.toml
     knee_factors: tuple[float, ...] | None = None  # search these loads first and measure at the knee
+    knee_max: float = KNEE_MAX  # the search's highest factor, past the listed ones
+    knee_lateness_ms: float = LATENESS_TARGET_P99_MS  # a factor sent later: the client's limit
     slo_file: Path | None = None
     seed: int = 0
     request_timeout_s: float = 600.0
@@ -156,6 +165,8 @@ class RunConfig:
                 del d[flag]
         if self.start_order == "waves":
             del d["start_order"]
+        if self.knee_factors is None:  # no search: the records of such runs stay as they were
+            del d["knee_max"], d["knee_lateness_ms"]
         d["start_s"] = self.first_window_s
         return d
 
@@ -246,6 +257,11 @@ def _validate(c: RunConfig) -> None:
         _check(len(k) >= 2 and all(_finite_positive(x) for x in k) and k == sorted(set(k)),
                f"--knee must be two or more increasing finite numbers > 0, got {k!r}")
         _check(not c.one_at_a_time, "--knee needs resident servers (no --one-at-a-time)")
+        _check(_finite_positive(c.knee_max), f"--knee-max must be a finite number > 0, got {c.knee_max!r}")
+        _check(c.knee_max >= k[-1], f"--knee-max {c.knee_max:g} (default {KNEE_MAX:g}) is below the last "
+                                    f"--knee factor {k[-1]:g}: give --knee-max at or above it")
+        _check(_finite_positive(c.knee_lateness_ms),
+               f"--knee-lateness-ms must be a finite number > 0, got {c.knee_lateness_ms!r}")
     _check(not c.one_at_a_time or c.blocks <= c.windows,
            f"--blocks {c.blocks} exceeds --windows {c.windows}: each block needs a window")
     _check(c.name is None or bool(_NAME_RE.match(c.name)),

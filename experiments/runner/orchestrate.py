@@ -35,7 +35,6 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from common.jsonfile import write_json
 from experiments.core.schedule import (
-    KNEE_PROMPT_SEEDS,
     Segment,
     Step,
     build_schedule,
@@ -45,18 +44,15 @@ from experiments.core.schedule import (
     replay_seed,
     segments,
 )
-from experiments.core.slo import DEFAULT_SLO_FILE, load_slo_file, meets
-from experiments.runner import duetrun, instances, placement, readiness
+from experiments.runner import duetrun, instances, kneesearch, placement, readiness
 from experiments.runner.config import RunConfig
 from experiments.runner.environment import capture_environment, gpu_clocks
 from experiments.runner.hostprobe import Probe
 from experiments.runner.metrics_scrape import CumulativeHistogram, difference, scrape
-from experiments.runner.plan import Plan, prepare
+from experiments.runner.plan import Plan, Window, prepare
 from experiments.runner.replays import BeforeReplay, StopRun, gpu_state, settle
 from experiments.runner.runrecord import RunRecord, make_run_dir
 from experiments.runner.servers import Server, StartFailed, prompt_source, start_servers
-from experiments.stats import knee
-from experiments.stats.goodput import ATTAINMENT_TARGET
 from loadgen.prompts import PromptSource
 from loadgen.records import RequestRecord
 from loadgen.replay import replay_sync
@@ -198,53 +194,32 @@ class Runner:
             self.record.save()
 
     def _knee_search(self) -> None:
-        """The windows of experiments.stats.knee.search_windows at each --knee factor on the baseline arm,
-        attainment pooled over them (phase "knee"); then the schedule is rebuilt at the loads
-        experiments.stats.knee.choose_loads picks (kept as they are when it finds none)."""
-        cfg, label = self.cfg, self.cfg.labels[0]
-        slos = list(cfg.slos) if cfg.slos else load_slo_file(DEFAULT_SLO_FILE)
-        counts = [len(w.requests) for w in self.plan.windows]
-        picked = [self.plan.windows[i] for i in knee.search_windows(counts)]
-        points: dict[str, list[tuple[float, float]]] = {s.name: [] for s in slos}
-        listed = list(cfg.knee_factors or ())
-        factors, searched = list(listed), []
-        for j, factor in enumerate(factors):  # extension() appends to factors as the search goes
-            searched.append(factor)
-            what = f"the knee search at load {factor:g}"
-            self.where = f"in {what} on {label}"
-            records: list[RequestRecord] = []
-            for window in picked:
-                log.info("knee search on %s: window %d at load %g", label, window.id, factor)
-                tags = {"arm": label, "window": window.id, "load": factor, "phase": "knee"}
-                records += self._timed_replay(label, Step(window.id, factor, j, (label,)), "knee",
-                                              scale_rate(window.requests, factor), tags,
-                                              knee_seed(cfg.seed, j, window.id), what)
-            for s in slos:
-                points[s.name].append((factor, sum(meets(r, s) for r in records) / len(records)))
-            if all(p[-1][1] < ATTAINMENT_TARGET for p in points.values()):
-                break
-            if j + 1 == len(factors):  # the list ran out: search higher while every tier is still met
-                more = knee.extension(factor, {n: p[-1][1] for n, p in points.items()},
-                                      len(factors) - len(listed))
-                if more is not None:
-                    log.info("knee search: every tier met at %gx; searching %gx too", factor, more)
-                    factors.append(more)
-        knees = {name: knee.knee(p) for name, p in points.items()}
-        chosen = knee.choose_loads(knees, slos, searched)
-        self.record.data["knee"] = {"factors": searched, "listed": listed, "arm": label,
-                                    "windows": [w.id for w in picked], "points": points,
-                                    "knees": knees, **chosen, "loads_before": list(cfg.loads),
-                                    "prompt_seeds": KNEE_PROMPT_SEEDS}
-        if chosen["loads"]:
-            log.info("knee of %s at %.3gx: measuring at %s", chosen["tier"], chosen["knee"], chosen["loads"])
-            self.plan.steps = build_schedule(cfg.windows, chosen["loads"], cfg.labels, False, cfg.blocks,
-                                             cfg.seed)
-            self.loads = tuple(chosen["loads"])
-            self.record.data["loads"] = list(chosen["loads"])
+        """experiments.runner.kneesearch on the baseline arm; then the schedule is rebuilt at the loads
+        it chose (kept as they are when it finds none)."""
+        cfg = self.cfg
+        decided = kneesearch.search(cfg, self.plan.windows, self._knee_replay)
+        self.record.data["knee"] = decided
+        loads = decided["loads"]
+        if loads:
+            log.info("knee of %s at %.3gx: measuring at %s", decided["tier"], decided["knee"], loads)
+            self.plan.steps = build_schedule(cfg.windows, loads, cfg.labels, False, cfg.blocks, cfg.seed)
+            self.loads = tuple(loads)
+            self.record.data["loads"] = list(loads)
             self.bar.total = len(cfg.labels) * len(self.plan.steps)
         else:
-            log.info("knee search: %s; measuring at --loads %s", chosen["reason"], cfg.loads)
+            log.info("knee search: %s; measuring at --loads %s", decided["reason"], cfg.loads)
         self.record.save()
+
+    def _knee_replay(self, factor: float, j: int, window: Window) -> list[RequestRecord]:
+        """One window of the knee search at `factor` (its `j`-th) on the baseline arm."""
+        label = self.cfg.labels[0]
+        what = f"the knee search at load {factor:g}"
+        self.where = f"in {what} on {label}"
+        log.info("knee search on %s: window %d at load %g", label, window.id, factor)
+        tags = {"arm": label, "window": window.id, "load": factor, "phase": "knee"}
+        seed = knee_seed(self.cfg.seed, j, window.id)
+        return self._timed_replay(label, Step(window.id, factor, j, (label,)), "knee",
+                                  scale_rate(window.requests, factor), tags, seed, what)
 
     def _timed_replay(self, label: str, step: Step, phase: str, reqs: Sequence, tags: dict, seed: int,
                       what: str) -> list[RequestRecord]:

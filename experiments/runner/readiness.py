@@ -13,6 +13,7 @@ from pathlib import Path
 
 from experiments.runner import sizing
 from experiments.runner.config import SIZED, ConfigError, RunConfig, resolve_model
+from experiments.stats import knee
 from integration import arms as arm_defs
 from traces.trace import clip_tokens, load_trace, time_window
 
@@ -37,12 +38,18 @@ def resident_servers(cfg: RunConfig) -> int:
     return 1 if cfg.one_at_a_time else len(cfg.labels)
 
 
+def highest_load(cfg: RunConfig) -> float:
+    """The highest load the run may replay: of --loads, or, with a knee search, the knee's upper load
+    when the knee lies at --knee-max (experiments.stats.knee.highest_load)."""
+    return max((*cfg.loads, *((knee.highest_load(cfg.knee_max),) if cfg.knee_factors else ())))
+
+
 def need_tokens(cfg: RunConfig) -> int:
     """KV tokens one server needs for the trace's windows at the run's highest load (sizing)."""
     reqs = clip_tokens(load_trace(cfg.trace), cfg.max_input_tokens, cfg.max_output_tokens)
     stretches = [time_window(reqs, cfg.first_window_s + i * cfg.window_s, cfg.window_s)
                  for i in range(cfg.windows)]
-    return sizing.kv_need_tokens(stretches, (*cfg.loads, *(cfg.knee_factors or ())), cfg.max_model_len)
+    return sizing.kv_need_tokens(stretches, (highest_load(cfg),), cfg.max_model_len)
 
 
 def memory_fit(cfg: RunConfig, memory: tuple[int, int] | None = None) -> sizing.Fit:
@@ -226,13 +233,25 @@ def describe_arms(cfg: RunConfig, gpu: str | None) -> list[str]:
     return [describe_arm(cfg, label, arm, gpu) for label, arm in zip(cfg.labels, cfg.arm_definitions)]
 
 
+def measured_loads(cfg: RunConfig) -> tuple[float, ...]:
+    """The loads the longest measured replays may run at: --loads, or with a knee search those of a
+    knee at the lowest factor (its latency-sensitive load and bracket, experiments.stats.knee
+    .choose_loads), whichever replay longer."""
+    if not cfg.knee_factors:
+        return cfg.loads
+    low = min(cfg.knee_factors)
+    at_knee = (low / knee.LATENCY_RATIO, low / knee.BRACKET, low * knee.BRACKET)
+    return at_knee if sum(1 / x for x in at_knee) > sum(1 / x for x in cfg.loads) else cfg.loads
+
+
 def duration_s(cfg: RunConfig, server_waves: int) -> float:
-    """About how long the run takes, server starts to report, at the rates of h200-llama8b-confirm3."""
+    """About how long the run takes, server starts to report, at the rates of h200-llama8b-confirm3; with
+    a knee search an upper bound on the search (every factor up to --knee-max searched,
+    experiments.stats.knee.possible_factors) and on the loads it chooses (measured_loads)."""
     n = len(cfg.labels)
-    loads = cfg.loads if cfg.knee_factors is None else (min(cfg.knee_factors) / 2, *cfg.loads)
-    per_window = sum(cfg.window_s / k + REPLAY_OVERHEAD_S for k in loads) / len(loads)
-    measured = cfg.windows * (3 if cfg.knee_factors else len(loads)) * n * per_window
-    knee = sum(KNEE_WINDOWS * (cfg.window_s / f + REPLAY_OVERHEAD_S) for f in cfg.knee_factors or ())
+    measured = cfg.windows * n * sum(cfg.window_s / k + REPLAY_OVERHEAD_S for k in measured_loads(cfg))
+    factors = knee.possible_factors(cfg.knee_factors, cfg.knee_max) if cfg.knee_factors else []
+    search = sum(KNEE_WINDOWS * (cfg.window_s / f + REPLAY_OVERHEAD_S) for f in factors)
     top = max(cfg.loads)
     warm = n * (cfg.warmup_s / top + cfg.window_s / top + 2 * REPLAY_OVERHEAD_S)
     wave = SERVER_WAVE_S[cfg.device]
@@ -240,7 +259,7 @@ def duration_s(cfg: RunConfig, server_waves: int) -> float:
         (w0, s0), (w1, s1) = GPU_WAVES
         wave = s1 + (s1 - s0) / (w1 - w0) * (sizing.shape(cfg.model_dir, cfg.dtype).weight_bytes - w1)
     starts = (cfg.blocks * n if cfg.one_at_a_time else server_waves) * wave
-    return starts + warm + knee + measured + ANALYSIS_S
+    return starts + warm + search + measured + ANALYSIS_S
 
 
 def design(cfg: RunConfig, server_waves: int) -> dict:
@@ -252,7 +271,8 @@ def design(cfg: RunConfig, server_waves: int) -> dict:
     if fit is not None and not fit.fits:  # as configured: refused with the flags that fit
         sized(cfg, SIZED)
     return {"gpu": gpu, "arms_run": describe_arms(cfg, gpu), "memory": fit and fit.to_json(),
-            "duration_s": round(duration_s(cfg, server_waves))}
+            "duration_s": round(duration_s(cfg, server_waves)),
+            **({"knee_max": cfg.knee_max} if cfg.knee_factors else {})}
 
 
 def summary(d: dict) -> list[str]:
@@ -265,5 +285,7 @@ def summary(d: dict) -> list[str]:
                      f"({m['kv_tokens']:,} tokens, the trace needs {m['need_tokens']:,}) + "
                      f"{sizing.gib(m['reserve_bytes'])} reserve = {sizing.gib(m['total_bytes'])} with the "
                      f"margin, of {sizing.gib(m['free_bytes'])} free")
-    lines.append(f"about {d['duration_s'] / 60:.0f} min, server starts to report")
+    bound = (f" at most (the knee search to {d['knee_max']:g}x and the loads of a knee at its first factor)"
+             if d.get("knee_max") else "")
+    lines.append(f"about {d['duration_s'] / 60:.0f} min{bound}, server starts to report")
     return lines

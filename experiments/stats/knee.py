@@ -4,9 +4,10 @@ Goodput only moves when requests sit near an SLO bound, so a run can first searc
 on the baseline arm alone (phase "knee": at each factor the windows `search_windows` picks by request count,
 pooled, since one window does not stand for the run) and then measure where the
 strictest tier it can reach crosses ATTAINMENT_TARGET: at two loads bracketing that knee plus one
-latency-sensitive load (the lowest factor searched, or half the knee if lower). Capacity per arm
-and window is the load where that window's attainment crosses the target, interpolated between the
-loads measured.
+latency-sensitive load (the lowest factor searched, or half the knee if lower). The search goes on
+past the listed factors until a tier fails, the client can no longer send on time, or the maximum
+factor is reached (`next_factor`). Capacity per arm and window is the load where that window's
+attainment crosses the target, interpolated between the loads measured.
 """
 
 from __future__ import annotations
@@ -29,12 +30,14 @@ BRACKET = 1.25  # the two knee loads: knee / BRACKET and knee * BRACKET
 # h200-llama8b-twin).
 LATENCY_RATIO = 2.0
 # Past the listed --knee factors, while every tier still meets the target at the highest factor
-# searched, the search goes on at GROWTH times it, at most EXTRA more factors: on the H200 the
-# pooled 15-s windows of the 8B shape met every tier at 3x-8x (experiments/results/
-# h200-llama8b-planted-inkernel), so a list that stops too low found no knee and measured below it.
+# searched, the search goes on at GROWTH times it, up to the run's maximum factor (--knee-max): on the
+# H200 the pooled 15-s windows of the 8B shape met every tier at 3x-8x (experiments/results/
+# h200-llama8b-planted-inkernel), and on the H100 the 1B shape met every tier up to 27x, where three
+# extra factors ended the search (h100-llama1b-default), so a bounded list found no knee.
 GROWTH = 1.5
-EXTRA = 3
-
+# Why a search stopped (run.json "knee" "stopped" "reason"): a tier's attainment fell below the target
+# at the last factor searched; the client sent that factor's replays late; the maximum factor was met.
+KNEE, CLIENT, MAXIMUM = "knee", "client", "maximum"
 
 # The windows the knee search pools: those at these quantiles of the measured windows' request
 # counts. A run's pooled attainment is pulled down by its few heavy windows, which the quartiles
@@ -62,15 +65,81 @@ def search_windows(request_counts: Sequence[int],
     return sorted(picks)
 
 
-def extension(last: float, attainment: Mapping[str, float], extra_done: int,
-              target: float = goodput.ATTAINMENT_TARGET) -> float | None:
-    """The factor to search after the listed ones have run out: GROWTH x the `last` factor searched,
-    while every tier's attainment there still meets `target` and fewer than EXTRA were added; else
-    None (a tier has crossed, so its knee lies inside the factors searched, or the extra ones are
-    spent)."""
-    if extra_done >= EXTRA or not attainment or any(a < target for a in attainment.values()):
-        return None
-    return _round(last * GROWTH)
+def grown(last: float, max_factor: float) -> float:
+    """The factor searched after `last` once the listed ones have run out: GROWTH x it, at most
+    `max_factor`."""
+    return min(_round(last * GROWTH), max_factor)
+
+
+def possible_factors(listed: Sequence[float], max_factor: float) -> list[float]:
+    """Every factor a search of `listed` may reach: the list, then `grown` ones up to `max_factor`."""
+    out = list(listed)
+    while out and out[-1] < max_factor:
+        out.append(grown(out[-1], max_factor))
+    return out
+
+
+def highest_load(max_factor: float) -> float:
+    """The highest load a run with a knee search may replay: the knee's upper load (knee x BRACKET)
+    when the knee lies at `max_factor`."""
+    return _round(max_factor * BRACKET)
+
+
+def lateness_figures(replays: Sequence[Sequence[float]]) -> dict:
+    """The send lateness of one searched factor from its replays' per-request lateness (ms, one list
+    per replay): p99 of each replay, their median, the pooled p99 and the largest."""
+    per = [stats.percentile(r, 0.99) for r in replays if len(r)]
+    pooled = [x for r in replays for x in r]
+    return {"replay_p99_ms": per, "median_replay_p99_ms": float(np.median(per)) if per else None,
+            "p99_ms": stats.percentile(pooled, 0.99) if pooled else None,
+            "max_ms": float(max(pooled)) if pooled else None}
+
+
+def client_late(figures: Mapping, target_ms: float) -> bool:
+    """True when most of a factor's replays were sent late: the median replay's lateness p99 above
+    `target_ms`. One replay alone does not count: in six H200 runs one replay of a factor's three or
+    five carried a 100-300 ms stall of the client (a run of consecutive requests sent late, e.g.
+    h200-llama8b-confirm2 at 5x: p99 169 ms against 0.7 and 0.7 ms in the others), so the pooled p99
+    would have stopped those six searches at a passing stall; this rule stops no committed search."""
+    median = figures.get("median_replay_p99_ms")
+    return median is not None and median > target_ms
+
+
+def next_factor(factor: float, attainment: Mapping[str, float], late: bool, listed: Sequence[float],
+                max_factor: float,
+                target: float = goodput.ATTAINMENT_TARGET) -> tuple[float | None, str | None]:
+    """After the search's replays at `factor` (each tier's pooled `attainment`; `late`: client_late):
+    (the next factor, None), or (None, why it stops). It stops at the client's limit (CLIENT), once
+    every tier is below `target` (KNEE), past the listed factors once any tier is below it (KNEE),
+    or with every tier met at `max_factor` (MAXIMUM); past the list it goes on at `grown`."""
+    if late:
+        return None, CLIENT
+    below = [a < target for a in attainment.values()]
+    if below and all(below):
+        return None, KNEE
+    rest = [f for f in listed if f > factor]
+    if rest:
+        return rest[0], None
+    if any(below):
+        return None, KNEE
+    if factor >= max_factor:
+        return None, MAXIMUM
+    return grown(factor, max_factor), None
+
+
+def stop_line(stopped: Mapping, late: Mapping, target_ms: float) -> str:
+    """Why the search stopped, as the report says it; `late`: the lateness_figures of the factor where
+    it stopped (read only when the client was the limit)."""
+    f = f"{stopped['factor']:g}x"
+    if stopped["reason"] == CLIENT:
+        replays = ", ".join(f"{x:.1f}" for x in late["replay_p99_ms"])
+        return (f"The client, not the server, is the limit: at {f} the knee search's replays were sent "
+                f"late (send lateness p99 per replay {replays} ms, median {late['median_replay_p99_ms']:.1f} "
+                f"ms, above the client's {target_ms:g} ms target; pooled p99 {late['p99_ms']:.1f} ms, max "
+                f"{late['max_ms']:.1f} ms), so the search stopped there and {f} does not place the knee.")
+    if stopped["reason"] == KNEE:
+        return f"The search stopped at {f}: a tier's attainment fell below 90% there."
+    return f"The search stopped at its maximum factor, {f} (--knee-max), with every tier still met."
 
 
 def strictness(slo: SLO) -> tuple[float, float]:
@@ -153,6 +222,22 @@ def beyond_listed(decided: Mapping) -> list[float]:
     return [f for f in decided.get("factors", []) if f not in listed]
 
 
+def on_time(points: Mapping[str, Sequence], stopped: Mapping | None) -> dict[str, list]:
+    """The points that place the knee: all of them, less the factor where the client was the limit
+    (its attainment is the client's as much as the server's)."""
+    drop = stopped["factor"] if stopped and stopped.get("reason") == CLIENT else None
+    return {name: [p for p in pts if p[0] != drop] for name, pts in points.items()}
+
+
+def lateness_per_factor(found: pd.DataFrame) -> dict[float, dict]:
+    """lateness_figures of every searched factor of a records frame's phase "knee" rows."""
+    out = {}
+    for load, g in found.groupby("load", sort=True):
+        replays = [w["lateness_ms"].dropna().tolist() for _, w in g.groupby("window", sort=True)]
+        out[float(load)] = lateness_figures(replays)
+    return out
+
+
 def summary(df: pd.DataFrame, run: Mapping, slos: Sequence[SLO]) -> dict | None:
     """The knee search of a run re-derived from its records (phase "knee"), beside the choice run.json
     records; None for a run without one."""
@@ -162,11 +247,19 @@ def summary(df: pd.DataFrame, run: Mapping, slos: Sequence[SLO]) -> dict | None:
         return None
     points = {s.name: attainment_points(found, s) for s in slos}
     decided = decided or {}
+    stopped = decided.get("stopped")
     out = {"arm": decided.get("arm"), "windows": decided.get("windows", [decided.get("window", 0)]),
            "points": points,
-           "knees": {name: knee(p) for name, p in points.items()},
+           "knees": {name: knee(p) for name, p in on_time(points, stopped).items()},
            "chosen": {k: decided.get(k) for k in ("tier", "knee", "loads", "reason", "loads_before")}}
     if len(out["windows"]) > 1 and decided.get("prompt_seeds") != KNEE_PROMPT_SEEDS:
         out["shared_prompts"] = True  # recorded before the search seeded each window: one seed per factor
     more = beyond_listed(decided)
-    return {**out, "beyond_listed": more} if more else out  # only where the search went past its list
+    if more:  # only where the search went past its list
+        out["beyond_listed"] = more
+    if stopped:  # recorded since the search stops at the client's limit or --knee-max
+        late = lateness_per_factor(found)
+        out.update(stopped=stopped, max_factor=decided["max_factor"],
+                   lateness_target_ms=decided["lateness_target_ms"],
+                   lateness={f"{f:g}": v for f, v in late.items()})
+    return out

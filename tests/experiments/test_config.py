@@ -69,6 +69,10 @@ def test_interleaved_aa_is_the_default_for_resident_servers() -> None:
     (dict(trace=Path("/no/such/trace.jsonl")), "no such file"),
     (dict(one_at_a_time=True, blocks=9), "--blocks 9 exceeds --windows"),
     (dict(seed=-1), "--seed"),
+    (dict(knee_factors=(2.0, 8.0), knee_max=4.0), "--knee-max 4 .default 64. is below the last --knee "
+                                                  "factor 8"),
+    (dict(knee_factors=(2.0, 8.0), knee_max=float("inf")), "--knee-max must be a finite number > 0"),
+    (dict(knee_factors=(2.0, 8.0), knee_lateness_ms=0.0), "--knee-lateness-ms must be a finite number > 0"),
 ])
 def test_bad_settings_name_the_flag(cpu_cfg: RunConfig, change: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
@@ -107,6 +111,9 @@ def test_cli_flags_reach_the_config() -> None:
     assert cfg.max_output_tokens is None and cfg.max_input_tokens == 1024
     assert [s.name for s in cfg.slos] == ["fast", "slow"] and cfg.slos[1].e2e_ms == 9000
     assert cfg.eager is False and cfg.name == "x1"
+    kneed = _parse("--device", "cpu", "--knee", "1,2", "--knee-max", "16", "--knee-lateness-ms", "5")
+    assert (kneed.knee_factors, kneed.knee_max, kneed.knee_lateness_ms) == ((1.0, 2.0), 16.0, 5.0)
+    assert kneed.to_json()["knee_max"] == 16.0 and "knee_max" not in cfg.to_json()  # no search: as before
 
 
 @pytest.mark.parametrize("argv", [
@@ -125,6 +132,8 @@ def test_cli_rejects_malformed_values(argv: list[str], capsys: pytest.CaptureFix
     (["--arms", "stock,nosuch"], "--arm nosuch: unknown arm"),
     (["--slo", "bad:1"], "bad SLO"),
     (["--windows", "500", "--window-s", "60"], "ends at"),
+    (["--knee-max", "32"], "--knee-max applies to a knee search, and this run has none (--knee FACTORS)"),
+    (["--knee", "none", "--knee-lateness-ms", "5"], "--knee-lateness-ms applies to a knee search"),
 ])
 def test_cli_reports_bad_flags_with_status_2(argv: list[str], message: str, tmp_path: Path,
                                              capsys: pytest.CaptureFixture) -> None:

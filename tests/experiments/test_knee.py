@@ -68,18 +68,86 @@ def test_capacity_per_window_and_its_paired_change() -> None:
     assert never["capacity"].isna().all() and list(never["status"]) == ["above highest"]
 
 
-def test_past_the_list_the_search_grows_while_every_tier_is_met() -> None:
-    met = {"interactive": 0.95, "chat": 1.0}
-    assert knee.extension(8.0, met, 0) == 12.0 and knee.extension(12.0, met, 1) == 18.0
-    assert knee.extension(18.0, met, knee.EXTRA) is None  # the extra factors are spent
-    assert knee.extension(8.0, {"interactive": 0.89, "chat": 1.0}, 0) is None  # a tier crossed: knee inside
-    assert knee.extension(8.0, {}, 0) is None
+MET = {"interactive": 0.95, "chat": 1.0}
+ONE_BELOW = {"interactive": 0.89, "chat": 1.0}
+ALL_BELOW = {"interactive": 0.5, "chat": 0.8}
+
+
+def test_the_search_walks_its_list_then_grows_until_a_tier_fails_or_the_maximum() -> None:
+    listed, top = (5.0, 8.0), 64.0
+    assert knee.next_factor(5.0, MET, False, listed, top) == (8.0, None)
+    assert knee.next_factor(5.0, ONE_BELOW, False, listed, top) == (8.0, None)  # the list goes on
+    assert knee.next_factor(5.0, ALL_BELOW, False, listed, top) == (None, knee.KNEE)
+    assert knee.next_factor(8.0, MET, False, listed, top) == (12.0, None)  # 1.5x past the list
+    assert knee.next_factor(8.0, ONE_BELOW, False, listed, top) == (None, knee.KNEE)
+    assert knee.next_factor(40.0, MET, False, listed, top) == (60.0, None)
+    assert knee.next_factor(60.0, MET, False, listed, top) == (64.0, None)  # at most the maximum
+    assert knee.next_factor(64.0, MET, False, listed, top) == (None, knee.MAXIMUM)
+    assert knee.next_factor(64.0, ONE_BELOW, False, listed, top) == (None, knee.KNEE)
+    # replays sent late: the client is the limit, whatever the tiers did
+    assert knee.next_factor(5.0, MET, True, listed, top) == (None, knee.CLIENT)
+    assert knee.next_factor(12.0, ALL_BELOW, True, listed, top) == (None, knee.CLIENT)
+    assert knee.possible_factors(listed, top) == [5.0, 8.0, 12.0, 18.0, 27.0, 40.0, 60.0, 64.0]
+    assert knee.possible_factors((1.0, 2.0), 2.0) == [1.0, 2.0]
+    assert knee.highest_load(64.0) == 80.0  # a knee at 64x is measured up to 64 x 1.25
     assert knee.beyond_listed({"factors": [3, 4, 6, 9], "listed": [3, 4]}) == [6, 9]
     assert knee.beyond_listed({"factors": [3, 4]}) == []  # runs before the extension listed nothing
 
 
+def test_one_stalled_replay_is_not_the_clients_limit_most_late_replays_are() -> None:
+    # h200-llama8b-confirm2 at 5x in miniature: one replay of three stalled for about 170 ms
+    stall = knee.lateness_figures([[0.5, 0.6, 169.0, 0.4], [0.7, 0.2], [0.6, 0.68]])
+    assert stall["replay_p99_ms"] == pytest.approx([0.6 + 0.97 * 168.4, 0.2 + 0.99 * 0.5, 0.6 + 0.99 * 0.08])
+    assert stall["median_replay_p99_ms"] == pytest.approx(0.695)
+    assert stall["p99_ms"] == pytest.approx(0.7 + 0.93 * 168.3) and stall["max_ms"] == 169.0
+    assert not knee.client_late(stall, 2.0)
+    late = knee.lateness_figures([[3.0, 5.0], [2.5, 4.0], [0.1, 0.3]])
+    assert late["median_replay_p99_ms"] == pytest.approx(2.5 + 0.99 * 1.5)
+    assert knee.client_late(late, 2.0) and not knee.client_late(late, 4.0)
+    assert not knee.client_late(knee.lateness_figures([[], []]), 2.0)  # nothing sent: no figure
+
+
+def test_a_stop_at_the_client_names_the_factor_and_the_lateness() -> None:
+    late = {"replay_p99_ms": [4.98, 3.985, 0.298], "median_replay_p99_ms": 3.985, "p99_ms": 4.9,
+            "max_ms": 5.0}
+    line = knee.stop_line({"reason": knee.CLIENT, "factor": 12.0}, late, 2.0)
+    assert line.startswith("The client, not the server, is the limit: at 12x")
+    assert "per replay 5.0, 4.0, 0.3 ms, median 4.0 ms, above the client's 2 ms target" in line
+    assert "pooled p99 4.9 ms, max 5.0 ms" in line
+    assert "fell below 90% there" in knee.stop_line({"reason": knee.KNEE, "factor": 8.0}, {}, 2.0)
+    top = knee.stop_line({"reason": knee.MAXIMUM, "factor": 64.0}, {}, 2.0)
+    assert "maximum factor, 64x (--knee-max)" in top
+
+
+def _searched(attainment: list[bool], lateness: list[float], loads: list[float]) -> pd.DataFrame:
+    from experiments.stats.goodput import met_column
+
+    return pd.DataFrame({"phase": "knee", "load": loads, "window": [1, 2] * (len(loads) // 2),
+                         "lateness_ms": lateness, met_column(CHAT): attainment})
+
+
+def test_the_report_says_why_the_search_stopped_and_leaves_the_clients_factor_out_of_the_knee() -> None:
+    from experiments.reporting.report_knee import knee_lines
+
+    df = _searched([True, True, True, False], [0.3, 0.4, 6.0, 9.0], [4.0, 4.0, 8.0, 8.0])
+    run = {"knee": {"arm": "stock", "windows": [1, 2], "tier": None, "knee": None, "loads": None,
+                    "reason": "none crossed", "prompt_seeds": "per window"}}
+    old = knee.summary(df, run, [CHAT])  # recorded before the stop was: as it was
+    assert old["knees"]["chat"]["status"] == "interpolated" and "lateness" not in old and "stopped" not in old
+    assert not any("lateness" in x or "stopped" in x for x in knee_lines(SimpleNamespace(knee=old, slos=[])))
+    run["knee"].update(stopped={"reason": knee.CLIENT, "factor": 8.0}, max_factor=64.0,
+                       lateness_target_ms=2.0)
+    new = knee.summary(df, run, [CHAT])
+    assert new["knees"]["chat"] == {"load": 4.0, "status": "above highest"}  # 8x was the client's
+    assert new["points"]["chat"] == [(4.0, 1.0), (8.0, 0.5)]  # every factor searched, still shown
+    assert new["lateness"]["8"]["replay_p99_ms"] == [6.0, 9.0] and new["lateness"]["8"]["max_ms"] == 9.0
+    lines = knee_lines(SimpleNamespace(knee=new, slos=[]))
+    assert "| 8x | 0.500 | 7.50 | 8.97 | 9.00 |" in lines
+    assert any(x.startswith("The client, not the server, is the limit: at 8x") for x in lines)
+
+
 def test_a_search_whose_windows_shared_prompt_seeds_is_flagged_in_the_report() -> None:
-    from experiments.reporting.report_md import knee_lines
+    from experiments.reporting.report_knee import knee_lines
     from experiments.stats.goodput import met_column
 
     df = pd.DataFrame({"phase": ["knee"] * 4, "load": [4.0, 4.0, 8.0, 8.0],
@@ -98,7 +166,7 @@ def test_a_search_whose_windows_shared_prompt_seeds_is_flagged_in_the_report() -
 
 
 def test_the_report_checks_the_searched_knee_against_the_measured_windows() -> None:
-    from experiments.reporting.report_md import knee_lines
+    from experiments.reporting.report_knee import knee_lines
 
     k = {"windows": [12, 16], "points": {"chat": [(5.0, 1.0), (27.0, 0.8)]},
          "knees": {"chat": {"load": 24.0, "status": "interpolated"}},

@@ -27,8 +27,9 @@ from experiments.runner.orchestrate import run_experiment
 from experiments.stats import knee
 from experiments.stats.runframe import load_run
 from integration.launcher import MODELS_DIR, ServerConfig, VllmServer, free_port
-from loadgen.records import read_records
+from loadgen.records import LATENESS_TARGET_P99_MS, lateness_ms, read_records
 
+LENIENT_MS = 1000.0  # a lateness target no replay here misses: the test is of what the attainment does
 FAKE = "from loadgen.fakeserver import FakeServerConfig as C, serve_forever as s; s(C(**{kw}), {port})"
 
 
@@ -217,8 +218,9 @@ def test_one_at_a_time_restarts_arms_per_block(cfg: RunConfig, tmp_path: Path,
 def test_knee_search_chooses_the_loads_measured(cfg: RunConfig, fakes: dict[str, VllmServer],
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     # the fake servers answer in ms at any load: make every SLO fail above 3x, so the knee is at 2.2x
-    monkeypatch.setattr("experiments.runner.orchestrate.meets", lambda r, slo: r.tags["load"] < 3)
-    kneed = dataclasses.replace(cfg, knee_factors=(1.0, 2.0, 4.0, 8.0), windows=2)
+    monkeypatch.setattr("experiments.runner.kneesearch.meets", lambda r, slo: r.tags["load"] < 3)
+    kneed = dataclasses.replace(cfg, knee_factors=(1.0, 2.0, 4.0, 8.0), windows=2,
+                                knee_lateness_ms=LENIENT_MS)
     run = _run(run_experiment(kneed, servers=fakes))
     assert run["status"] == "complete"
     k = run["knee"]
@@ -246,15 +248,57 @@ def test_knee_search_goes_past_its_list_while_every_tier_is_met(cfg: RunConfig, 
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     # every SLO met below 5x: the listed 1x and 2x meet everything, so the search goes on at 3x, 4.5x
     # (met) and 6.8x (every tier fails), and the knee lies between 4.5x and 6.8x
-    monkeypatch.setattr("experiments.runner.orchestrate.meets", lambda r, slo: r.tags["load"] < 5)
-    kneed = dataclasses.replace(cfg, knee_factors=(1.0, 2.0), windows=2)
+    monkeypatch.setattr("experiments.runner.kneesearch.meets", lambda r, slo: r.tags["load"] < 5)
+    kneed = dataclasses.replace(cfg, knee_factors=(1.0, 2.0), windows=2, knee_lateness_ms=LENIENT_MS)
     run = _run(run_experiment(kneed, servers=fakes))
     k = run["knee"]
     assert k["listed"] == [1.0, 2.0] and k["factors"] == [1.0, 2.0, 3.0, 4.5, 6.8]
     assert [f for f, _ in k["points"]["interactive"]] == k["factors"]
+    assert [e["factor"] for e in k["lateness"]] == k["factors"] and k["max_factor"] == 64.0
+    assert k["stopped"] == {"reason": "knee", "factor": 6.8}
     assert k["tier"] == "interactive" and 4.5 < k["knee"] < 6.8 and k["loads"][0] == 1.0
     md = (cfg.results_dir / "run" / "report.md").read_text()
-    assert "searched on at 3x, 4.5x, 6.8x" in md
+    assert "searched on at 3x, 4.5x, 6.8x" in md and "The search stopped at 6.8x: a tier's attainment" in md
+
+
+def test_knee_search_stops_at_its_maximum_factor_with_every_tier_met(cfg: RunConfig,
+                                                                      fakes: dict[str, VllmServer]) -> None:
+    # the fake servers answer in ms: every tier is met at every factor, up to --knee-max
+    kneed = dataclasses.replace(cfg, knee_factors=(1.0, 2.0), knee_max=4.0, windows=2,
+                                knee_lateness_ms=LENIENT_MS)
+    run = _run(run_experiment(kneed, servers=fakes))
+    k = run["knee"]
+    assert k["factors"] == [1.0, 2.0, 3.0, 4.0] and k["stopped"] == {"reason": "maximum", "factor": 4.0}
+    assert k["loads"] is None and run["loads"] == [1.0, 4.0]  # no knee: measured at --loads
+    md = (cfg.results_dir / "run" / "report.md").read_text()
+    assert "The search stopped at its maximum factor, 4x (--knee-max), with every tier still met." in md
+
+
+def _burst_trace(path: Path, n: int = 300) -> Path:
+    """A few requests in the warm-up stretch, then `n` requests due at one instant in each of two
+    windows of 1 s from 0.5 s: more than a client can send within its 2-ms lateness target at any
+    speed-up."""
+    line = '{{"timestamp": {t}, "input_tokens": 8, "output_tokens": 4}}\n'
+    path.write_text("".join(line.format(t=t) for t in [0.1, 0.2] + [0.6] * n + [1.6] * n + [2.6]))
+    return path
+
+
+def test_knee_search_stops_where_the_client_sends_late_and_says_so(tmp_path: Path,
+                                                                    fakes: dict[str, VllmServer]) -> None:
+    burst = make_config(_burst_trace(tmp_path / "burst.jsonl"), "cpu", windows=2, window_s=1.0,
+                        warmup_s=0.5, loads=(1.0,), knee_factors=(1.0, 2.0), results_dir=tmp_path / "results",
+                        name="burst", progress=False)
+    run_dir = run_experiment(burst, servers=fakes)
+    k = _run(run_dir)["knee"]
+    assert k["factors"] == [1.0] and k["stopped"] == {"reason": "client", "factor": 1.0}
+    assert k["lateness_target_ms"] == LATENESS_TARGET_P99_MS and k["loads"] is None
+    searched = [r for r in read_records(run_dir / "requests.jsonl.gz") if r.tags["phase"] == "knee"]
+    per_window = [[lateness_ms(r) for r in searched if r.tags["window"] == w] for w in (0, 1)]
+    assert k["lateness"] == [{"factor": 1.0, **knee.lateness_figures(per_window)}]
+    assert k["lateness"][0]["median_replay_p99_ms"] > LATENESS_TARGET_P99_MS
+    md = (run_dir / "report.md").read_text()
+    assert "**The client limited the knee search** — its replays at 1x were sent late" in md
+    assert "The client, not the server, is the limit: at 1x the knee search's replays were sent late" in md
 
 
 def test_knee_needs_resident_servers(cfg: RunConfig) -> None:

@@ -77,6 +77,16 @@ def test_each_arm_says_what_it_runs() -> None:
 def test_the_run_length_is_said() -> None:
     minutes = readiness.duration_s(cuda_cfg(), server_waves=2) / 60
     assert 15 < minutes < 25  # h200-llama8b-confirm3 took 19 min, server starts to the last replay
+    # an upper bound on the knee search: every factor past 5x, 8x up to --knee-max searched, five windows each
+    listed = readiness.duration_s(cuda_cfg(knee_max=8.0), server_waves=2)
+    extra = sum(readiness.KNEE_WINDOWS * (10.0 / f + readiness.REPLAY_OVERHEAD_S)
+                for f in (12, 18, 27, 40, 60, 64))
+    assert readiness.duration_s(cuda_cfg(), server_waves=2) - listed == pytest.approx(extra)
+    # and on the loads it chooses: those of a knee at the first factor, 5x: 2.5x, 4x and 6.25x
+    assert readiness.measured_loads(cuda_cfg()) == (2.5, 4.0, 6.25)
+    lines = readiness.summary({"arms_run": [], "memory": None, "duration_s": 1425, "knee_max": 64.0})
+    assert lines[-1] == ("about 24 min at most (the knee search to 64x and the loads of a knee at its first "
+                         "factor), server starts to report")
 
 
 def test_the_gpu_default_is_the_confirm3_design_sized_to_the_gpu(on_gpu) -> None:
@@ -84,7 +94,7 @@ def test_the_gpu_default_is_the_confirm3_design_sized_to_the_gpu(on_gpu) -> None
     cfg = run_cli.config_from_args(run_cli.build_parser().parse_args(["--trace", str(TRACE)]))
     assert cfg.labels == ("stock", "patched", "planted:3us", "stock-b") and cfg.knee_factors == (5.0, 8.0)
     assert (cfg.windows, cfg.window_s, cfg.max_output_tokens, cfg.max_model_len) == (24, 10.0, 128, 16384)
-    assert cfg.model == "llama-3.1-8b" and cfg.kv_cache_memory_bytes == 11 * GIB
+    assert cfg.model == "llama-3.1-8b" and cfg.kv_cache_memory_bytes == 12 * GIB
     on_gpu(NEW_GPU, 80)
     small = run_cli.config_from_args(run_cli.build_parser().parse_args(["--trace", str(TRACE)]))
     assert small.model == "llama-3.2-1b" and small.kv_cache_memory_bytes == 10 * GIB

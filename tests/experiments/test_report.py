@@ -163,6 +163,16 @@ def test_a_client_that_fell_behind_is_flagged_at_the_top():
     assert not any("fell behind" in x for x in notices(r))
 
 
+def test_a_knee_search_the_client_stopped_is_flagged_at_the_top():
+    from experiments.reporting.report_md import notices
+
+    r = typed(status="complete", knee={"stopped": {"reason": "client", "factor": 27.0}})
+    (line,) = [x for x in notices(r) if x.startswith("**The client limited the knee search**")]
+    assert "at 27x were sent late" in line
+    r = typed(status="complete", knee={"stopped": {"reason": "maximum", "factor": 64.0}})
+    assert not any("client limited" in x for x in notices(r))
+
+
 @pytest.mark.parametrize("key, counts, n, notice, shown", [
     ("tpot_unobserved", (0, 40), 73, "**Token timing not observed**", "stock 2x (40 of 73)"),  # read at once
     ("batched", (94, 1121), 1380, "**Tokens streamed in batches**", "stock 2x (81%)"),  # 7% is not flagged

@@ -1,4 +1,5 @@
-"""End to end on real vLLM CPU servers: a short default run completes; a server killed mid-run stops it.
+"""End to end on real vLLM CPU servers: a short default run completes; a knee search records every
+factor it searched and why it stopped; a server killed mid-run stops it.
 
 Both tests share one pair of servers (each CPU start costs tens of seconds on two cores); the
 server-dies test kills one of them, so it runs last.
@@ -18,13 +19,15 @@ from pathlib import Path
 import pytest
 
 from experiments.core.schedule import Step
+from experiments.core.slo import DEFAULT_SLO_FILE, load_slo_file, meets
 from experiments.runner import hostprobe
 from experiments.runner.config import RunConfig, make_config
 from experiments.runner.orchestrate import run_experiment
 from experiments.runner.servers import start_servers
+from experiments.stats import knee
 from experiments.stats.hostslow import HostSignals
 from integration.launcher import VllmServer
-from loadgen.records import read_records
+from loadgen.records import lateness_ms, read_records
 
 pytestmark = pytest.mark.server
 REPO = Path(__file__).resolve().parents[2]
@@ -100,6 +103,34 @@ def _check_host_signals(run_dir: Path, run: dict, servers: Mapping[str, VllmServ
     slow = json.loads((run_dir / "report.json").read_text())["slow_host"]
     assert slow["replays"] == len(measured) and slow["not_recorded"] == []
     assert "## Slow host episodes" in (run_dir / "report.md").read_text()
+
+
+def test_a_knee_search_on_real_servers_records_every_factor_and_why_it_stopped(
+        short_cfg: RunConfig, servers: dict[str, VllmServer]) -> None:
+    # 5-s windows from 1x up to at most 8x; on two cores the server, the client or the maximum may
+    # end the search: whichever did, run.json's record must be what the records and the rule give
+    kneed = dataclasses.replace(short_cfg, name="knee", window_s=5.0, knee_factors=(1.0, 2.0), knee_max=8.0)
+    run_dir = run_experiment(kneed, servers=servers)
+    run, k = _run(run_dir), _run(run_dir)["knee"]
+    assert run["status"] == "complete"
+    assert k["factors"] == knee.possible_factors([1.0, 2.0], 8.0)[:len(k["factors"])]
+    searched = [r for r in read_records(run_dir / "requests.jsonl.gz") if r.tags["phase"] == "knee"]
+    slos = load_slo_file(DEFAULT_SLO_FILE)
+    for j, (f, late) in enumerate(zip(k["factors"], k["lateness"], strict=True)):
+        at = [r for r in searched if r.tags["load"] == f]
+        sent = [[x for r in at if r.tags["window"] == w and (x := lateness_ms(r)) is not None]
+                for w in k["windows"]]
+        assert late == {"factor": f, **knee.lateness_figures(sent)}
+        attainment = {s.name: sum(meets(r, s) for r in at) / len(at) for s in slos}
+        assert {n: pts[j] for n, pts in k["points"].items()} == {n: [f, a] for n, a in attainment.items()}
+        client = knee.client_late(late, k["lateness_target_ms"])
+        step = knee.next_factor(f, attainment, client, [1.0, 2.0], 8.0)
+        last = j == len(k["factors"]) - 1
+        assert step == ((None, k["stopped"]["reason"]) if last else (k["factors"][j + 1], None))
+    assert k["stopped"]["factor"] == k["factors"][-1]
+    late = k["lateness"][-1]
+    line = knee.stop_line(k["stopped"], late, k["lateness_target_ms"])
+    assert line in (run_dir / "report.md").read_text()
 
 
 def test_server_that_dies_mid_run_stops_it_as_partial_with_a_report(

@@ -69,13 +69,14 @@ def _apply(cfg: RunConfig, flags: str) -> tuple[RunConfig, set[str]]:
     return dataclasses.replace(cfg, arms=tuple(arms), **changes), given
 
 
-# (GB, --model or None for the default) -> (model picked, KV GiB) or None for a refusal
+# (GB, --model or None for the default) -> (model picked, KV GiB) or None for a refusal; the KV cache
+# is sized for the knee search's highest load (--knee-max 64 x 1.25), 12 GiB of the 8B shape (11 at 8x)
 EXPECTED = {
     (24, None): None, (24, "llama-3.2-1b"): None, (24, "llama-3.1-8b"): None,
     (40, None): ("llama-3.2-1b", 3), (40, "llama-3.2-1b"): ("llama-3.2-1b", 3), (40, "llama-3.1-8b"): None,
     (80, None): ("llama-3.2-1b", 10), (80, "llama-3.2-1b"): ("llama-3.2-1b", 10), (80, "llama-3.1-8b"): None,
-    (141, None): ("llama-3.1-8b", 11), (141, "llama-3.2-1b"): ("llama-3.2-1b", 10),
-    (141, "llama-3.1-8b"): ("llama-3.1-8b", 11),
+    (141, None): ("llama-3.1-8b", 12), (141, "llama-3.2-1b"): ("llama-3.2-1b", 10),
+    (141, "llama-3.1-8b"): ("llama-3.1-8b", 12),
 }
 
 
@@ -108,7 +109,14 @@ def test_the_default_fits_an_h100_and_an_h200_as_torch_reports_them(design: RunC
     h200 = (int(139.29 * GIB), 150_754_820_096)  # the first server's "Initial free memory 139.29 GiB"
     assert readiness.sized(design, {"arms"}, h100).model == "llama-3.2-1b"
     on_h200 = readiness.sized(design, {"arms"}, h200)
-    assert on_h200.model == "llama-3.1-8b" and on_h200.kv_cache_memory_bytes == 11 * GIB
+    assert on_h200.model == "llama-3.1-8b" and on_h200.kv_cache_memory_bytes == 12 * GIB
+
+
+def test_the_kv_cache_is_sized_for_the_knee_searchs_highest_load(design: RunConfig, need: int) -> None:
+    assert readiness.highest_load(design) == 80.0  # a knee at --knee-max 64 is measured up to 64 x 1.25
+    low = dataclasses.replace(design, knee_max=8.0)
+    assert readiness.highest_load(low) == 10.0 and readiness.need_tokens(low) < need
+    assert readiness.highest_load(dataclasses.replace(design, knee_factors=None)) == 8.0  # --loads 5,8
 
 
 def test_a_given_kv_cache_too_small_for_the_trace_is_refused(design: RunConfig) -> None:
