@@ -22,7 +22,7 @@ import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from integration import choice
+from integration import choice, serverflags
 
 # re-exported for experiments/, which reads the policy through this module
 from integration.choice import ALL_FUSED as ALL_FUSED
@@ -169,6 +169,7 @@ def load_arm_file(path: str | Path) -> dict[str, Arm]:
     builtin = {} if path.resolve() == BUILTIN_FILE.resolve() else ARMS
     for i, table in enumerate(tables, start=1):
         arm = _arm_from_table(table, f"{path}: [[arm]] #{i}")
+        serverflags.check_listen_address(arm.extra_args, f"{path}: [[arm]] #{i} ({arm.name}): server_args")
         if arm.name in found or arm.name in builtin or _PLANTED.match(arm.name):
             whose = " by a built-in arm; choose another name" if arm.name in builtin else ""
             raise ValueError(f"{path}: [[arm]] #{i}: name {arm.name!r} is taken{whose}")

@@ -15,13 +15,14 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
 import aiohttp
 
-from integration import arms, compilecache
+from integration import arms, compilecache, serverflags
 
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 
@@ -56,6 +57,14 @@ class ServerConfig:
             raise FileNotFoundError(f"model dir {self.model_dir} has no config.json")
         if self.host != "127.0.0.1":
             raise ValueError("servers listen on 127.0.0.1 only")
+        check_server_args(self.extra_args)
+        serverflags.check_listen_address(arm_of(self).extra_args, f"arm {arm_of(self).name}: server_args")
+
+
+def check_server_args(args: Sequence[str], where: str = "server arguments") -> None:
+    """ValueError naming `where` when the server arguments every arm gets (`--server-arg`) set where
+    a server listens."""
+    serverflags.check_listen_address(args, where)
 
 
 def arm_of(cfg: "ServerConfig") -> arms.Arm:

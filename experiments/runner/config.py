@@ -18,7 +18,7 @@ from pathlib import Path
 from experiments.core.slo import SLO
 from integration import arms as arm_defs
 from integration.endpoint import normalize_url
-from integration.launcher import MODELS_DIR
+from integration.launcher import MODELS_DIR, check_server_args
 from loadgen.records import LATENESS_TARGET_P99_MS
 
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
@@ -224,6 +224,10 @@ def _validate(c: RunConfig) -> None:
     bad = [a for a in c.arms if not _ARM_NAME_RE.match(a)]
     _check(not bad, f"--arm {bad[0] if bad else ''!r}: use letters, digits, '.', '_', ':' and '-' only")
     _validate_arms(c)
+    try:
+        check_server_args(c.extra_server_args, "--server-arg")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     _check(isinstance(c.windows, int) and c.windows >= 1, f"--windows must be an int >= 1, got {c.windows!r}")
     _check(_finite_positive(c.window_s), f"--window-s must be a finite number > 0, got {c.window_s!r}")
     _check(isinstance(c.warmup_s, (int, float)) and math.isfinite(c.warmup_s) and c.warmup_s >= 0,

@@ -162,3 +162,19 @@ def test_planted_prediction_from_the_baselines_tpot_and_the_norm_calls() -> None
     run, latency, paired = _planted_run(None)
     (p,) = planted_lines(run, latency, paired, {})
     assert p["detected"] is None and "no interval (one cell)" in planted_text(p)
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--server-arg=--host=0.0.0.0"], "--server-arg --host=0.0.0.0"),
+    (["--server-arg=--hos", "--server-arg=0.0.0.0"], "--server-arg --hos"),
+    (["--server-arg=--po=8000"], "--server-arg --po=8000"),
+    (["--arms", "stock,listens", "--arms-file", "listens.toml"], "#1 (listens): server_args --hos=0.0.0.0"),
+])
+def test_no_flag_or_arm_moves_a_server_off_127_0_0_1_even_when_arms_may_differ(
+        argv: list[str], named: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "listens.toml").write_text('[[arm]]\nname = "listens"\nserver_args = ["--hos=0.0.0.0"]\n')
+    argv = [str(tmp_path / a) if a.endswith(".toml") else a for a in argv]
+    code = run_cli.main(["--trace", str(TRACE), "--device", "cpu", "--results-dir", str(tmp_path / "r"),
+                         "--allow-arm-differences", "--dry-run", *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and named in err and "127.0.0.1 only" in err and len(err.strip().splitlines()) == 1, err
