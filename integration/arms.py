@@ -48,10 +48,12 @@ MAX_COMPILE_ROWS = 16384  # compile-range ends are looked for up to this many ro
 
 # vLLM flags every arm of a run shares (the run sets them); an arm that sets one differs in more
 # than its kernel, which a run refuses unless told to allow it
+# (in any spelling vLLM's parser takes: integration.serverflags)
 SHARED_FLAGS = ("--model", "--served-model-name", "--dtype", "--kv-cache-memory-bytes",
-                "--gpu-memory-utilization", "--enforce-eager", "-O", "--compilation-config",
-                "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--seed", "--host",
-                "--port", "--load-format", "--tensor-parallel-size", "--quantization", "--tokenizer")
+                "--gpu-memory-utilization", "--enforce-eager", "-O", "--optimization-level",
+                "--compilation-config", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens",
+                "--seed", "--host", "--port", "--load-format", "--tensor-parallel-size", "--quantization",
+                "--tokenizer")
 ARM_FIELDS = ("name", "description", "plugins", "provider", "server_args", "env")
 
 
@@ -118,13 +120,9 @@ class Arm:
 
 
 def is_shared_flag(arg: str) -> bool:
-    """Whether a server argument sets one of SHARED_FLAGS (`--flag`, `--flag=v`, `--flag.key=v`,
-    `--under_scored`, `-O3`)."""
-    name = arg.split("=", 1)[0]
-    if name.startswith("--"):
-        name = "--" + name[2:].replace("_", "-")
-    return any(name == f or name.startswith(f + ".") for f in SHARED_FLAGS) or (
-        name.startswith("-O") and not name.startswith("--") and name[2:].isdigit())
+    """Whether vLLM could read a server argument as one of SHARED_FLAGS (`--flag`, `--flag=v`,
+    `--flag.key=v`, `--under_scored`, `-O3`, a prefix such as `--max-model`, an alias such as `-tp`)."""
+    return bool(serverflags.setting([arg], SHARED_FLAGS))
 
 
 BUILTIN_FILE = Path(__file__).with_name("arms.toml")

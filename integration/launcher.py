@@ -61,10 +61,22 @@ class ServerConfig:
         serverflags.check_listen_address(arm_of(self).extra_args, f"arm {arm_of(self).name}: server_args")
 
 
+# the flags server_command sets itself, from the ServerConfig and the arm; in any spelling vLLM takes
+RUN_FLAGS = ("--model", "--served-model-name", "--host", "--port", "--load-format", "--skip-tokenizer-init",
+             "--dtype", "--seed", "--enforce-eager", "--gpu-memory-utilization", "--kv-cache-memory-bytes",
+             "--max-model-len", "--max-num-seqs", "--compilation-config", "--ir-op-priority")
+
+
 def check_server_args(args: Sequence[str], where: str = "server arguments") -> None:
     """ValueError naming `where` when the server arguments every arm gets (`--server-arg`) set where
-    a server listens."""
+    a server listens or a flag the run sets itself (RUN_FLAGS), which run.json would then misstate."""
     serverflags.check_listen_address(args, where)
+    own = serverflags.setting(args, RUN_FLAGS)
+    if own:
+        raise ValueError(f"{where} {' '.join(own)}: sets what the run sets itself on every server (model, "
+                         "dtype, seed, KV cache, context length, compile mode, the arms' kernels: "
+                         "integration/launcher.py RUN_FLAGS), so run.json would misstate what ran; use "
+                         "run.py's own flag where it has one (--max-model-len, --dtype, --seed, ...)")
 
 
 def arm_of(cfg: "ServerConfig") -> arms.Arm:

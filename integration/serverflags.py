@@ -14,6 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 LISTEN_FLAGS = ("--host", "--port")  # where a server listens: the kit's alone (127.0.0.1, a free port)
+# the other names vLLM's parser gives a flag (its aliases and --no- forms, in 0.32; 0.26 has no more)
+ALIASES = {"--compilation-config": ("-cc",), "--enforce-eager": ("--no-enforce-eager",),
+           "--gpu-memory-utilization": ("--device-memory-utilization",), "--quantization": ("-q",),
+           "--skip-tokenizer-init": ("--no-skip-tokenizer-init",), "--tensor-parallel-size": ("-tp",)}
 
 
 def flag_name(word: str) -> str | None:
@@ -40,8 +44,9 @@ def reads_as(word: str, flag: str) -> bool:
 
 
 def setting(args: Sequence[str], flags: Sequence[str]) -> list[str]:
-    """The words of `args` that vLLM could read as one of `flags`."""
-    return [a for a in args if any(reads_as(a, f) for f in flags)]
+    """The words of `args` that vLLM could read as one of `flags` or one of their ALIASES."""
+    spelled = [s for f in flags for s in (f, *ALIASES.get(f, ()))]
+    return [a for a in args if any(reads_as(a, s) for s in spelled)]
 
 
 def check_listen_address(args: Sequence[str], where: str) -> None:

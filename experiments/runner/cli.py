@@ -249,8 +249,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-model-len", type=int, help=f"vLLM --max-model-len ({_defaults('max_model_len')})")
     s.add_argument("--max-num-seqs", type=int, help="vLLM --max-num-seqs (default: vLLM's)")
     s.add_argument("--server-arg", action="append", default=[], metavar="ARG",
-                   help="extra vLLM server argument, given to both arms (repeatable, "
-                        "e.g. --server-arg=--foo=1)")
+                   help="extra vLLM server argument, given to every arm (repeatable, e.g. "
+                        "--server-arg=--tensor-parallel-size=2); refused where vLLM could read it as a flag "
+                        "the run sets itself (model, dtype, seed, KV cache, context length, compile mode, "
+                        "the arms' kernels, --host, --port: integration/launcher.py RUN_FLAGS), prefixes "
+                        "and aliases included")
     s.add_argument("--request-timeout-s", type=float, default=600.0,
                    help="limit on one request, send to end (default: 600)")
     s.add_argument("--server-timeout-s", type=float, default=900.0,

@@ -178,3 +178,22 @@ def test_no_flag_or_arm_moves_a_server_off_127_0_0_1_even_when_arms_may_differ(
                          "--allow-arm-differences", "--dry-run", *argv])
     err = capsys.readouterr().err
     assert code == 2 and named in err and "127.0.0.1 only" in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--arms", "base,abbreviated"], "--arm abbreviated sets --max-model=4096, which every arm"),
+    (["--arms", "base,tp"], "--arm tp sets -tp, which every arm"),
+    (["--server-arg=--max-model-len=4096"], "--server-arg --max-model-len=4096: sets what the run sets"),
+    (["--server-arg=--max-model=4096"], "--server-arg --max-model=4096: sets what the run sets"),
+    (["--server-arg=--ir-op-priority.rms_norm=vllm_c"], "--server-arg --ir-op-priority.rms_norm=vllm_c:"),
+])
+def test_a_flag_every_arm_shares_or_the_run_sets_is_refused_in_any_spelling(
+        argv: list[str], named: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    arms_file = tmp_path / "arms.toml"
+    arms_file.write_text(ARM_FILE + '[[arm]]\nname = "abbreviated"\nserver_args = ["--max-model=4096"]\n'
+                         '[[arm]]\nname = "tp"\nserver_args = ["-tp", "2"]\n')
+    code = run_cli.main(["--trace", str(TRACE), "--device", "cpu", "--results-dir", str(tmp_path / "r"),
+                         "--arms-file", str(arms_file), "--dry-run", *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and named in err and len(err.strip().splitlines()) == 1, err
+    assert _parse("--server-arg=--tensor-parallel-size=2").extra_server_args == ("--tensor-parallel-size=2",)

@@ -30,7 +30,7 @@ def test_bad_config_is_rejected(tmp_path) -> None:
 
 
 def test_server_that_dies_surfaces_its_log(tmp_path) -> None:
-    cfg = tiny_server_config("stock", extra_args=("--max-model-len", "not-a-number"))
+    cfg = tiny_server_config("stock", extra_args=("--max-logprobs", "not-a-number"))
     server = VllmServer(cfg, tmp_path / "dead.log")
     with pytest.raises(RuntimeError, match="exited with code"):
         server.launch(timeout_s=300)
