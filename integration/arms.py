@@ -42,6 +42,8 @@ from kernels.shapes import CONFIG_DTYPES
 # how a planted arm that is the patched arm plus the delay describes itself (run records keep it;
 # the earlier designs' descriptions begin otherwise)
 PLANTED_TWIN = "positive control: the patched arm with"
+# the providers vLLM itself registers for its two norm IR ops (vllm/kernels/, 0.26 and 0.32)
+VLLM_PROVIDERS = ("native", "vllm_c", "aiter", "oink")
 QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM",)  # vLLM's qwen3.py: q_norm and k_norm per layer
 MAX_COMPILE_ROWS = 16384  # compile-range ends are looked for up to this many rows per step
 
@@ -138,9 +140,16 @@ def _arm_from_table(table: dict, where: str) -> Arm:
     unknown = sorted(set(table) - set(ARM_FIELDS))
     if unknown or not isinstance(table.get("name"), str) or not table["name"]:
         raise ValueError(f"{where}: needs a name and only the keys {ARM_FIELDS}; unknown {unknown}")
+    where = f"{where} ({table['name']})"
     env = table.get("env", {})
     if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
         raise ValueError(f"{where}: env must be a table of strings, got {env!r}")
+    for key, value in env.items():
+        if not key or "=" in key or "\0" in key:
+            raise ValueError(f"{where}: env key {key!r} cannot name an environment variable (empty, or "
+                             "holding '=' or a NUL byte)")
+        if "\0" in value:
+            raise ValueError(f"{where}: env {key} holds a NUL byte, which no environment variable can")
     provider = table.get("provider")
     if provider is not None and not isinstance(provider, str):
         raise ValueError(f"{where}: provider must be a string, got {provider!r}")
@@ -167,12 +176,31 @@ def load_arm_file(path: str | Path) -> dict[str, Arm]:
     builtin = {} if path.resolve() == BUILTIN_FILE.resolve() else ARMS
     for i, table in enumerate(tables, start=1):
         arm = _arm_from_table(table, f"{path}: [[arm]] #{i}")
-        serverflags.check_listen_address(arm.extra_args, f"{path}: [[arm]] #{i} ({arm.name}): server_args")
+        if builtin:  # a user's file: what vLLM would find only once the arm's server starts
+            _check_startable(arm, f"{path}: [[arm]] #{i} ({arm.name})")
         if arm.name in found or arm.name in builtin or _PLANTED.match(arm.name):
             whose = " by a built-in arm; choose another name" if arm.name in builtin else ""
             raise ValueError(f"{path}: [[arm]] #{i}: name {arm.name!r} is taken{whose}")
         found[arm.name] = arm
     return found
+
+
+def _check_startable(arm: Arm, where: str) -> None:
+    """ValueError naming `where` for what a server of `arm` would fail on only once it starts: a flag
+    that moves where it listens, a provider no loaded plugin or vLLM registers, a plugin not
+    installed."""
+    serverflags.check_listen_address(arm.extra_args, f"{where}: server_args")
+    if arm.provider == PROVIDER and PLUGIN_NAME not in arm.plugins:
+        raise ValueError(f"{where}: provider {PROVIDER!r} needs plugins = [{PLUGIN_NAME!r}], the plugin that "
+                         "registers it")
+    if arm.provider not in (None, PROVIDER, *VLLM_PROVIDERS) and set(arm.plugins) <= {PLUGIN_NAME}:
+        raise ValueError(f"{where}: provider {arm.provider!r} is none of vLLM's "
+                         f"({', '.join(VLLM_PROVIDERS)}) or the kit's ({PROVIDER}), and the arm loads no "
+                         "other plugin that could register it")
+    try:
+        check_plugin_installed(arm)
+    except RuntimeError as exc:
+        raise ValueError(f"{where}: {exc}") from None
 
 
 ARMS: dict[str, Arm] = {}  # the built-in arms (BUILTIN_FILE), filled below
@@ -260,7 +288,8 @@ def check_plugin_installed(arm: Arm) -> None:
     missing = [name for name in arm.plugins if name not in installed]
     if missing:
         raise RuntimeError(f"the vLLM plugin entry point(s) {missing} of arm {arm.name!r} are not "
-                           f"installed in {sys.prefix}; run `pip install -e .` in the project root")
+                           f"installed in {sys.prefix} (installed: {sorted(installed)}); the kit's own "
+                           f"({PLUGIN_NAME}) comes with `pip install -e .` in the project root")
 
 
 def compilation_config(model_dir: Path, dtype: str = "auto", max_rows: int = MAX_COMPILE_ROWS,

@@ -108,15 +108,22 @@ def test_a_shared_flag_runs_when_allowed_and_is_named(arm_file: Path) -> None:
     ("[[arm]]\nname = 'x'\nport = 3\n", "[[arm]] #1: needs a name and only the keys"),
     ("[[arm]]\nname = 'x'\n[[arm]]\nname = 'x'\n", "[[arm]] #2: name 'x' is taken"),
     ("[[arm]\n", "not valid TOML"),
+    ("[[arm]]\nname = 'x'\nprovider = 'nosuch'\n", "[[arm]] #1 (x): provider 'nosuch' is none of vLLM's"),
+    ("[[arm]]\nname = 'x'\nprovider = 'cupy_fused'\n", "#1 (x): provider 'cupy_fused' needs plugins"),
+    ("[[arm]]\nname = 'x'\nplugins = ['nosuch']\n", "#1 (x): the vLLM plugin entry point(s) ['nosuch']"),
+    ('[[arm]]\nname = "x"\nenv = { "A=B" = "1" }\n', "#1 (x): env key 'A=B' cannot name"),
+    ('[[arm]]\nname = "x"\nenv = { "A\\u0000B" = "1" }\n', "#1 (x): env key 'A\\x00B' cannot name"),
+    ('[[arm]]\nname = "x"\nenv = { A = "1\\u0000" }\n', "#1 (x): env A holds a NUL byte"),
 ])
 def test_a_bad_arms_file_is_named(text: str, message: str, tmp_path: Path,
                                   capsys: pytest.CaptureFixture) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text(text)
     code = run_cli.main(["--trace", str(TRACE), "--device", "cpu", "--results-dir", str(tmp_path / "r"),
-                         "--arms-file", str(bad), "--arms", "stock,x"])
+                         "--arms-file", str(bad), "--arms", "stock,x", "--dry-run"])
     err = capsys.readouterr().err
-    assert code == 2 and f"--arms-file {bad}" in err and message in err
+    assert code == 2 and f"--arms-file {bad}" in err and message in err, err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_endpoints_name_the_arms_and_may_declare_unknown_ones() -> None:

@@ -164,3 +164,11 @@ def test_replica_labels_name_an_arms_further_engines_and_map_back_only_within_th
     assert arms.replica_base("x-b", run) == "x-b"  # "x" is not in the run
     with pytest.raises(ValueError, match="out of range"):
         arms.replica_label("stock", 25)
+
+
+def test_an_arm_may_name_every_provider_vllm_registers_for_its_norm_ops() -> None:
+    import vllm.ir as ir
+    import vllm.kernels  # noqa: F401  (registers vLLM's providers)
+
+    for op in arms.IR_OPS:
+        assert set(getattr(ir.ops, op).impls) - {arms.PROVIDER} <= set(arms.VLLM_PROVIDERS)
