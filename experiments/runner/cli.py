@@ -101,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = OneLineParser(prog="python experiments/run.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", type=Path, required=True, help="JSONL request trace (traces/*.jsonl format)")
     ap.add_argument("--name",
-                    help="run directory name under --results-dir (default: <timestamp>-<device>-<model>)")
+                    help="run directory name under --results-dir (default: <timestamp>-<device>-<model>, "
+                         "with -2, -3, ... where a run started in the same second has it)")
     ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR,
                     help=f"where run directories are created (default: {RESULTS_DIR})")
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",

@@ -88,12 +88,24 @@ def default_name(cfg: RunConfig) -> str:
 
 
 def make_run_dir(cfg: RunConfig) -> Path:
-    """Create results_dir/<name>; ConfigError if it already holds files (runs are never overwritten)."""
-    run_dir = Path(cfg.results_dir) / (cfg.name or default_name(cfg))
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise ConfigError(f"{run_dir} already exists and is not empty; choose another --name")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
+    """Create results_dir/<name>; ConfigError if a --name's folder already holds files (runs are never
+    overwritten). Without --name, a folder of its own: default_name, then with -2, -3, ... where runs
+    started in the same second took it (made with mkdir, so two processes never share one)."""
+    if cfg.name:
+        run_dir = Path(cfg.results_dir) / cfg.name
+        if run_dir.exists() and any(run_dir.iterdir()):
+            raise ConfigError(f"{run_dir} already exists and is not empty; choose another --name")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return run_dir
+    Path(cfg.results_dir).mkdir(parents=True, exist_ok=True)
+    base, k = default_name(cfg), 1
+    while True:
+        run_dir = Path(cfg.results_dir) / (base if k == 1 else f"{base}-{k}")
+        try:
+            run_dir.mkdir()
+            return run_dir
+        except FileExistsError:
+            k += 1
 
 
 class RunRecord:

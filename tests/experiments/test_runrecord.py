@@ -1,15 +1,21 @@
-"""run.json records the policy the patched arm dispatches by (experiments.runner.runrecord.patched_policy)."""
+"""run.json records the policy the patched arm dispatches by (experiments.runner.runrecord.patched_policy);
+every run gets a folder of its own."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from experiments.runner import runrecord
+from experiments.runner.config import make_config
 from experiments.runner.runrecord import patched_policy
 from integration import arms, choice
 from integration.launcher import MODELS_DIR
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
@@ -44,3 +50,13 @@ def test_cuda_ab_run_records_the_table_and_its_row_ranges() -> None:
 def test_cpu_and_aa_runs_record_no_policy() -> None:
     assert patched_policy(_cfg(device="cpu")) is None
     assert patched_policy(_cfg(arms=("stock", "stock"))) is None
+
+
+def test_runs_started_without_a_name_in_the_same_second_get_folders_of_their_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = make_config(REPO / "traces" / "chat.jsonl", "cpu", results_dir=tmp_path / "results")
+    monkeypatch.setattr(runrecord.time, "strftime", lambda fmt: "20261202-153012")  # one second for all
+    made = [runrecord.make_run_dir(cfg) for _ in range(3)]
+    assert [p.name for p in made] == ["20261202-153012-cpu-tiny-llama", "20261202-153012-cpu-tiny-llama-2",
+                                      "20261202-153012-cpu-tiny-llama-3"]
+    assert all(p.is_dir() and p.parent == tmp_path / "results" for p in made)
