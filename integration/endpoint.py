@@ -91,6 +91,9 @@ class Endpoint:
     def stop(self, timeout_s: float = 0.0) -> None:
         """Nothing: the kit never stops a server it did not start."""
 
+    def kill(self) -> None:
+        """Nothing: the kit never stops a server it did not start."""
+
     def describe(self) -> dict:
         """What the server says about itself: its /v1/models entry and, where it exposes them,
         the info metrics of /metrics (vLLM: `vllm:cache_config_info`), labels only."""

@@ -226,15 +226,20 @@ class VllmServer:
         """SIGTERM the process group, then SIGKILL what is left after `timeout_s`."""
         if self.proc is None or self.proc.poll() is not None:
             return
-        pgid = os.getpgid(self.proc.pid)
-        os.killpg(pgid, signal.SIGTERM)
+        os.killpg(self.proc.pid, signal.SIGTERM)  # the group's id is the server's pid (its own session)
         try:
             self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(pgid, signal.SIGKILL)
+            self.kill()
             self.proc.wait()
-        try:  # workers that outlived the front-end
-            os.killpg(pgid, signal.SIGKILL)
+        self.kill()  # workers that outlived the front-end
+
+    def kill(self) -> None:
+        """SIGKILL the server and every process it started (its process group), at once."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
 

@@ -103,6 +103,10 @@ class DuetRunner:
         for step in self.plan.steps:
             self._replay_step(step)
 
+    def owned_servers(self) -> list[Server]:
+        """The servers this runner started (and must stop)."""
+        return [self.slots[key] for key in sorted(self.owned)]
+
     def stop_owned(self) -> None:
         """Stop every server this runner started."""
         for key in sorted(self.owned):

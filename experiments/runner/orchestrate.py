@@ -20,14 +20,9 @@ the reason, and the (partial) report is still written.
 
 from __future__ import annotations
 
-import gzip
 import logging
-import shutil
-import signal
-import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tqdm import tqdm
@@ -44,9 +39,9 @@ from experiments.core.schedule import (
     replay_seed,
     segments,
 )
-from experiments.runner import duetrun, instances, kneesearch, placement, readiness
+from experiments.runner import closing, duetrun, instances, kneesearch, placement, readiness
 from experiments.runner.config import RunConfig
-from experiments.runner.environment import capture_environment, gpu_clocks
+from experiments.runner.environment import capture_environment
 from experiments.runner.hostprobe import Probe
 from experiments.runner.metrics_scrape import CumulativeHistogram, difference, scrape
 from experiments.runner.plan import Plan, Window, prepare
@@ -105,6 +100,10 @@ class Runner:
                 for label in step.order:
                     if label in seg.arms:
                         self._replay_step(step, label)
+
+    def owned_servers(self) -> list[Server]:
+        """The servers this runner started (and must stop)."""
+        return [self.servers[label] for label in sorted(self.owned)]
 
     def stop_owned(self) -> None:
         """Stop every server this runner started."""
@@ -275,17 +274,6 @@ class Runner:
             return None
 
 
-def compress(path: Path) -> Path | None:
-    """gzip `path` to `path`.gz and remove it; None when there is nothing to compress."""
-    if not path.is_file():
-        return None
-    gz = path.with_name(path.name + ".gz")
-    with path.open("rb") as src, gzip.open(gz, "wb") as dst:
-        shutil.copyfileobj(src, dst)
-    path.unlink()
-    return gz
-
-
 def run_experiment(cfg: RunConfig, *, argv: Sequence[str] | None = None,
                    servers: Mapping[str, Server] | None = None,
                    before_replay: BeforeReplay | None = None, analyze: bool = True, n_instances: int = 1,
@@ -323,45 +311,23 @@ def run_experiment(cfg: RunConfig, *, argv: Sequence[str] | None = None,
         log.info("%s", line)
     runner = (duetrun.DuetRunner(plan, record, servers, before_replay, prompts) if cfg.layout == "duet" else
               Runner(plan, record, servers, before_replay, prompts, n_instances, place))
-    with logging_redirect_tqdm(), sigterm_as_interrupt(), placement.pinned(place.of(placement.KIT)):
+    with logging_redirect_tqdm(), closing.sigterm_as_interrupt(), placement.pinned(place.of(placement.KIT)):
         try:
             runner.execute()
-            record.finish("complete", None)
+            status, reason = "complete", None
         except StopRun as exc:
             log.error("run stopped: %s", exc)
-            record.finish("partial", str(exc))
+            status, reason = "partial", str(exc)
         except KeyboardInterrupt:
             log.error("interrupted %s", runner.where)
-            record.finish("partial", f"interrupted (Ctrl-C, SIGTERM or SIGHUP) {runner.where}")
+            status, reason = "partial", f"interrupted (Ctrl-C, SIGTERM or SIGHUP) {runner.where}"
         except Exception as exc:
-            record.finish("partial", f"internal error {runner.where}: {exc!r}")
+            closing.close(runner, record, "partial", f"internal error {runner.where}: {exc!r}")
             raise
-        finally:
-            runner.stop_owned()
-            compress(record.requests_path)
-            record.set_environment_after(gpu_clocks())
-    if analyze:
+        closing.close(runner, record, status, reason)
+    if analyze and "analysis_error" not in record.data:
         _analyze(run_dir, cfg, record)
     return run_dir
-
-
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
-@contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """Treat SIGTERM and SIGHUP (a closed terminal) like Ctrl-C while the run is on, so the servers
-    (own sessions) are stopped too."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _analyze(run_dir: Path, cfg: RunConfig, record: RunRecord) -> None:

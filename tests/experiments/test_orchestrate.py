@@ -40,11 +40,12 @@ def _trace(path: Path) -> Path:
     return path
 
 
-def _fake_server(log: Path, **kw: object) -> VllmServer:
-    """A VllmServer object whose process is loadgen's fake server (no /metrics, answers in ms)."""
+def _fake_server(log: Path, code: str = FAKE, **kw: object) -> VllmServer:
+    """A VllmServer object whose process is loadgen's fake server (no /metrics, answers in ms), started
+    by `code` (FAKE, formatted with `kw` and the port)."""
     port = free_port()
     server = VllmServer(ServerConfig(model_dir=MODELS_DIR / "tiny-llama", arm="stock", port=port), log)
-    server.proc = subprocess.Popen([sys.executable, "-c", FAKE.format(kw=kw, port=port)],
+    server.proc = subprocess.Popen([sys.executable, "-c", code.format(kw=kw, port=port)],
                                    stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
     server.model_name = "fake-model"
     deadline = time.monotonic() + 60

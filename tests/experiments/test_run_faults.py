@@ -1,0 +1,69 @@
+"""How a run ends when it cannot end as planned: Ctrl-C again while its servers stop. Against fake
+servers (loadgen's); no server outlives the run, and what it leaves says how to finish it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from experiments.core.schedule import Step
+from experiments.runner.config import RunConfig, make_config
+from experiments.runner.orchestrate import run_experiment
+from integration.launcher import VllmServer
+from tests.experiments.test_orchestrate import _fake_server, _trace
+
+# a server that, asked to stop (SIGTERM), goes on serving while the user presses Ctrl-C again (SIGINT
+# to the run, its parent)
+SLOW_TO_STOP = ("import os, signal; from aiohttp import web; "
+                "from loadgen.fakeserver import FakeServerConfig, make_app; "
+                "signal.signal(signal.SIGTERM, lambda *a: os.kill(os.getppid(), signal.SIGINT)); "
+                "web.run_app(make_app(FakeServerConfig()), host='127.0.0.1', port={port}, "
+                "handle_signals=False, print=None, access_log=None)")
+
+
+@pytest.fixture
+def cfg(tmp_path: Path) -> RunConfig:
+    return make_config(_trace(tmp_path / "t.jsonl"), "cpu", windows=2, window_s=1.0, warmup_s=0.5,
+                       loads=(1.0, 4.0), results_dir=tmp_path / "results", name="run", progress=False)
+
+
+def _group_gone(server: VllmServer) -> bool:
+    try:
+        os.killpg(server.proc.pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_ctrl_c_again_while_the_servers_stop_kills_them_all_and_the_run_ends_whole(
+        cfg: RunConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[VllmServer] = []
+
+    def start_slow_to_stop(c: RunConfig, label: str, arm: str, run_dir: Path, cpus: tuple = ()) -> VllmServer:
+        started.append(_fake_server(tmp_path / f"{label}.log", SLOW_TO_STOP))
+        return started[-1]
+
+    def ctrl_c(step: Step, label: str, live: Mapping[str, VllmServer]) -> None:
+        if step.window == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("experiments.runner.servers.start_arm", start_slow_to_stop)
+    try:
+        run_dir = run_experiment(cfg, before_replay=ctrl_c)
+    except KeyboardInterrupt:
+        pytest.fail("the second Ctrl-C escaped the run while its servers stopped")
+    finally:
+        orphans = [s for s in started if not _group_gone(s)]
+        for s in orphans:
+            os.killpg(s.proc.pid, signal.SIGKILL)
+    assert len(started) == 2 and orphans == []
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["status"] == "partial" and run["stopped_reason"].startswith("interrupted")
+    assert any(w.startswith("SIGINT while the run was closing") for w in run["warnings"])
+    assert (run_dir / "requests.jsonl.gz").is_file() and not (run_dir / "requests.jsonl").exists()
+    assert "python -m experiments.analyze" in run["analysis_error"] and not (run_dir / "report.md").exists()
