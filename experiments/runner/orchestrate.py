@@ -321,10 +321,15 @@ def run_experiment(cfg: RunConfig, *, argv: Sequence[str] | None = None,
         except KeyboardInterrupt:
             log.error("interrupted %s", runner.where)
             status, reason = "partial", f"interrupted (Ctrl-C, SIGTERM or SIGHUP) {runner.where}"
+        except OSError as exc:  # the run's own files could not be written (a full disk)
+            log.error("could not write to %s %s: %s", run_dir, runner.where, exc)
+            status, reason = "partial", f"could not write to {run_dir} {runner.where}: {exc.strerror or exc}"
         except Exception as exc:
             closing.close(runner, record, "partial", f"internal error {runner.where}: {exc!r}")
             raise
-        closing.close(runner, record, status, reason)
+        problems = closing.close(runner, record, status, reason)
+    if problems:
+        raise closing.not_finished(record, reason, problems)
     if analyze and "analysis_error" not in record.data:
         _analyze(run_dir, cfg, record)
     return run_dir

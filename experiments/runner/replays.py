@@ -13,6 +13,12 @@ from loadgen.records import RequestRecord, succeeded
 from loadgen.replay import ReplayStopped
 
 LOG_TAIL_LINES = 30
+TAIL_INTRO = "; last lines of "  # a stop's reason ends with the server's log tail, introduced so
+
+
+def headline(reason: str) -> str:
+    """A stop's reason without the server log tail it may end with (its first line, up to TAIL_INTRO)."""
+    return reason.splitlines()[0].split(TAIL_INTRO)[0] if reason else reason
 # Called before every measured replay with the step, the arm label and the live servers.
 BeforeReplay = Callable[[Step, str, Mapping[str, Server]], None]
 
@@ -26,7 +32,7 @@ def settle(record: RunRecord, label: str, server: Server, what: str,
     """The records of one replay of `what` on `label`, its prompt lengths checked into run.json; StopRun
     when it stopped early (a dead server says so), failed, or no request succeeded. An outcome that is
     not a replay error (KeyboardInterrupt, a cancellation) is raised as it is."""
-    tail = f"; last lines of server-{label}.log:\n{server.log_tail(LOG_TAIL_LINES)}"
+    tail = f"{TAIL_INTRO}server-{label}.log:\n{server.log_tail(LOG_TAIL_LINES)}"
     if isinstance(outcome, ReplayStopped):  # every request has its record on disk; a dead server says so
         record.check_prompt_tokens(label, outcome.records)
         if server.is_alive():

@@ -1,5 +1,6 @@
-"""How a run ends when it cannot end as planned: Ctrl-C again while its servers stop. Against fake
-servers (loadgen's); no server outlives the run, and what it leaves says how to finish it."""
+"""How a run ends when it cannot end as planned: Ctrl-C again while its servers stop, a full disk.
+Against fake servers (loadgen's); no server outlives the run, and what it leaves says how to finish
+it."""
 
 from __future__ import annotations
 
@@ -12,11 +13,17 @@ from pathlib import Path
 import pytest
 
 from experiments.core.schedule import Step
+from experiments.runner import cli as run_cli
 from experiments.runner.config import RunConfig, make_config
 from experiments.runner.orchestrate import run_experiment
 from integration.launcher import VllmServer
+from loadgen.fakeserver import FakeServerConfig
+from loadgen.records import read_whole_records
 from tests.experiments.test_orchestrate import _fake_server, _trace
+from tests.loadgen.serving import serving
+from tests.mounts import tmpfs
 
+FAST = FakeServerConfig(ttft_s=0.001, itl_s=0.001, model="tiny-llama")
 # a server that, asked to stop (SIGTERM), goes on serving while the user presses Ctrl-C again (SIGINT
 # to the run, its parent)
 SLOW_TO_STOP = ("import os, signal; from aiohttp import web; "
@@ -67,3 +74,24 @@ def test_ctrl_c_again_while_the_servers_stop_kills_them_all_and_the_run_ends_who
     assert any(w.startswith("SIGINT while the run was closing") for w in run["warnings"])
     assert (run_dir / "requests.jsonl.gz").is_file() and not (run_dir / "requests.jsonl").exists()
     assert "python -m experiments.analyze" in run["analysis_error"] and not (run_dir / "report.md").exists()
+
+
+def test_a_full_disk_under_a_run_ends_in_one_line_with_the_records_whole(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(f'{{"timestamp": {t * 0.05}, "input_tokens": 8, "output_tokens": 4}}\n'
+                             for t in range(200)))
+    with tmpfs(tmp_path / "small", "size=64k") as small, serving(FAST) as a, serving(FAST) as b:
+        code = run_cli.main(["--trace", str(trace), "--device", "cpu", "--endpoint", f"stock={a}",
+                             "--endpoint", f"patched={b}", "--windows", "2", "--window-s", "2",
+                             "--warmup-s", "0.5", "--loads", "1,4", "--results-dir", str(small),
+                             "--name", "run", "--no-progress"])
+        run_dir = small / "run"
+        records, torn = read_whole_records(run_dir / "requests.jsonl")
+        left = sorted(p.name for p in run_dir.iterdir())
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "run.py: error:" in line]
+    assert code == 1 and len(errors) == 1 and "Traceback" not in err, err
+    assert "No space left on device" in errors[0] and "requests.jsonl" in errors[0]
+    assert f"python -m experiments.analyze {run_dir} --in-place" in errors[0]
+    assert "requests.jsonl.gz" not in left and records and not torn  # no empty .gz; whole lines kept
