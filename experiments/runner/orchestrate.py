@@ -320,7 +320,7 @@ def run_experiment(cfg: RunConfig, *, argv: Sequence[str] | None = None,
             status, reason = "partial", str(exc)
         except KeyboardInterrupt:
             log.error("interrupted %s", runner.where)
-            status, reason = "partial", f"interrupted (Ctrl-C, SIGTERM or SIGHUP) {runner.where}"
+            status, reason = "partial", f"{closing.INTERRUPTED} {runner.where}"
         except OSError as exc:  # the run's own files could not be written (a full disk)
             log.error("could not write to %s %s: %s", run_dir, runner.where, exc)
             status, reason = "partial", f"could not write to {run_dir} {runner.where}: {exc.strerror or exc}"
@@ -328,20 +328,8 @@ def run_experiment(cfg: RunConfig, *, argv: Sequence[str] | None = None,
             closing.close(runner, record, "partial", f"internal error {runner.where}: {exc!r}")
             raise
         problems = closing.close(runner, record, status, reason)
-    if problems:
-        raise closing.not_finished(record, reason, problems)
-    if analyze and "analysis_error" not in record.data:
-        _analyze(run_dir, cfg, record)
+        if problems:
+            raise closing.not_finished(record, reason, problems)
+        if analyze and "analysis_error" not in record.data:
+            closing.analyze(record, list(cfg.slos) if cfg.slos else None)
     return run_dir
-
-
-def _analyze(run_dir: Path, cfg: RunConfig, record: RunRecord) -> None:
-    from experiments.analyze import analyze_run  # the analysis half; imported late, it pulls in plotting
-
-    try:
-        analyze_run(run_dir, list(cfg.slos) if cfg.slos else None)
-        log.info("report: %s", run_dir / "report.md")
-    except Exception as exc:  # the data is on disk; say why the report is missing, keep the run
-        log.exception("analysis failed")
-        record.data["analysis_error"] = repr(exc)
-        record.save()

@@ -1,12 +1,15 @@
-"""How a run ends when it cannot end as planned: Ctrl-C again while its servers stop, a full disk.
-Against fake servers (loadgen's); no server outlives the run, and what it leaves says how to finish
-it."""
+"""How a run ends when it cannot end as planned: Ctrl-C again while its servers stop, a full disk,
+SIGTERM during its analysis. Against fake servers (loadgen's); no server outlives the run, run.py
+ends in one line with exit status 1, and what the run leaves says how to finish it."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -23,6 +26,7 @@ from tests.experiments.test_orchestrate import _fake_server, _trace
 from tests.loadgen.serving import serving
 from tests.mounts import tmpfs
 
+REPO = Path(__file__).resolve().parents[2]
 FAST = FakeServerConfig(ttft_s=0.001, itl_s=0.001, model="tiny-llama")
 # a server that, asked to stop (SIGTERM), goes on serving while the user presses Ctrl-C again (SIGINT
 # to the run, its parent)
@@ -95,3 +99,27 @@ def test_a_full_disk_under_a_run_ends_in_one_line_with_the_records_whole(
     assert "No space left on device" in errors[0] and "requests.jsonl" in errors[0]
     assert f"python -m experiments.analyze {run_dir} --in-place" in errors[0]
     assert "requests.jsonl.gz" not in left and records and not torn  # no empty .gz; whole lines kept
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_once_the_run_has_ended_leaves_the_command_that_finishes_its_report(
+        sig: signal.Signals, tmp_path: Path) -> None:
+    trace = _trace(tmp_path / "t.jsonl")
+    with serving(FAST) as a, serving(FAST) as b:
+        proc = subprocess.Popen(
+            [sys.executable, str(REPO / "experiments" / "run.py"), "--trace", str(trace), "--device", "cpu",
+             "--endpoint", f"stock={a}", "--endpoint", f"patched={b}", "--windows", "2", "--window-s", "1",
+             "--warmup-s", "0.5", "--loads", "1,4", "--results-dir", str(tmp_path / "r"), "--name", "run",
+             "--no-progress"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)})
+        run_json = tmp_path / "r" / "run" / "run.json"
+        while proc.poll() is None and not (run_json.is_file() and '"status": "running"' not in
+                                           run_json.read_text()):
+            time.sleep(0.02)  # until the replays have ended: the servers stop, the analysis begins
+        proc.send_signal(sig)
+        out, err = proc.communicate()
+    errors = [line for line in err.splitlines() if "run.py: error:" in line]
+    assert proc.returncode == 1 and len(errors) == 1 and "Traceback" not in err, err
+    assert f"python -m experiments.analyze {run_json.parent} --in-place" in errors[0]
+    run = json.loads(run_json.read_text())
+    assert run["status"] == "complete" and "python -m experiments.analyze" in run["analysis_error"]
