@@ -18,8 +18,9 @@ One server at a time (--one-at-a-time): windows are split into contiguous blocks
 arms take turns (in that block's random balanced order) replaying all of the block's cells, each on
 a freshly started server.
 
-After every server start the runner replays one burn-in cell (phase "burnin", window 0 at the
-highest load, with prompts of its own) that is recorded and shown but not compared.
+After every server start the runner replays one burn-in cell (phase "burnin", at the highest load the
+first window the fresh arms replay together: window 0 unless they are a later resident set's, with
+prompts of its own) that is recorded and shown but not compared.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Without a CUDA GPU the defaults are the embedded run: the tiny random-weight Lla
 float32, a short slice of the trace with token counts clipped, a few minutes in all on two cores.
 With a CUDA GPU they are the kit's best design (h200-llama8b-confirm3's): stock, patched, the planted
 twin and the interleaved A/A resident at once with the same explicit KV cache, a knee search, 24
-windows of 10 s; the CLI sizes the model, KV cache and memory share to the GPU (readiness.sized).
+windows of 10 s; the CLI sizes the model, KV cache, memory share and the servers resident at once
+(--resident, where every arm does not fit) to the GPU (readiness.sized).
 """
 
 from __future__ import annotations

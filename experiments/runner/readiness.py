@@ -310,7 +310,7 @@ def summary(d: dict) -> list[str]:
         r = d["resident_sets"]
         why = f" ({r['why']})" if r["why"] else ""
         lines.append(f"resident sets: at most {r['most']} servers at once{why}, in turn within each of "
-                     f"{r['instances']} instance(s), {r['windows_per_set']} windows each: "
+                     f"{r['instances']} instance(s), {r['windows_per_set']} window(s) each: "
                      f"{resident.describe(r['sets'])}")
     bound = (f" at most (the knee search to {d['knee_max']:g}x and the loads of a knee at its first factor)"
              if d.get("knee_max") else "")

@@ -157,7 +157,7 @@ def test_the_plan_says_which_servers_share_an_80_gb_gpu_in_turn(on_gpu, capsys) 
     assert first == {("stock", "stock-b")}  # the first set's windows: the baseline and its A/A server
     line = next(x for x in readiness.summary(plan) if x.startswith("resident sets"))
     assert line.startswith("resident sets: at most 2 servers at once (all 4 do not fit") and line.endswith(
-        "in turn within each of 3 instance(s), 3 windows each: stock, stock-b | stock, patched | patched, "
+        "in turn within each of 3 instance(s), 3 window(s) each: stock, stock-b | stock, patched | patched, "
         "planted:3us")
     assert any(x.startswith("GPU a100-sxm4-40gb: 2 x llama-3.1-8b") for x in readiness.summary(plan))
 
