@@ -13,8 +13,8 @@ was not the same between an arm's instances. `--instances 1` (the default) chang
 the committed prior (experiments/results/instance-floor.json: its variance components and costs,
 the costs rescaled to this run's servers and loads: a start costs what the prior's run took per
 server from its start to its first replay, warm-up included, burn-in not; with resident sets, the
-start waves of the sets, the arms that replay a window and the windows the compared pair shares) and
-say what they predict before a server starts.
+start waves of the sets, the arms that replay a window and the windows each compared pair shares)
+and say what they predict before a server starts.
 """
 
 from __future__ import annotations
@@ -172,12 +172,15 @@ def prior(cfg: RunConfig, path: Path = PRIOR) -> tuple[design.Components, design
 
 
 def layout(cfg: RunConfig) -> design.Resident:
-    """The resident sets as the design sees them: how many, and the share of the windows in which the
-    baseline and the primary arm replay together."""
+    """The resident sets as the design sees them: how many, and the smallest share of the windows in
+    which the two arms of a required comparison (comparisons.required_pairs: the A/B, the planted twin,
+    the A/A) replay together, so that every one of them reaches the precision asked for."""
     found = resident.sets(cfg)
-    p = comparisons.plan(resident.run_like(cfg))
-    both = sum(p["baseline"] in s and p["primary"] in s for s in found)
-    return design.Resident(len(found), both / len(found)) if len(found) > 1 else design.Resident()
+    if len(found) == 1:
+        return design.Resident()
+    pairs = comparisons.required_pairs(resident.run_like(cfg))
+    shared = min(sum(a in s and b in s for s in found) for a, b in pairs)
+    return design.Resident(len(found), shared / len(found))
 
 
 def predict(c: design.Components, costs: design.Costs, instances: int, windows: int, window_s: float,

@@ -78,8 +78,11 @@ def test_each_swap_is_a_start_in_the_plan_and_the_design(gpu_default: RunConfig)
     assert costs.start_min == pytest.approx(2 * costs_every.start_min)
     assert costs.arms == 2 and costs_every.arms == 4  # arms replaying each window
     assert instances.layout(gpu_default).sets == 3
-    assert instances.layout(gpu_default).shared == pytest.approx(1 / 3)  # stock with patched: one set of 3
+    assert instances.layout(gpu_default).shared == pytest.approx(1 / 3)  # every compared pair: one set of 3
     assert instances.layout(every).shared == 1.0
+    three = dataclasses.replace(gpu_default, resident=3)  # stock, patched, planted | stock, patched, stock-b
+    assert resident.start_waves_per_instance(three, resident.sets(three)) == 3
+    assert (instances.layout(three).sets, instances.layout(three).shared) == (2, 0.5)  # the twin, the A/A
 
 
 def _main(tmp_path: Path, *flags: str) -> int:
