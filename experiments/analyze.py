@@ -41,15 +41,16 @@ REANALYSIS = "reanalysis"  # the folder inside a run directory a re-analysis wri
 
 
 def completeness(run: dict, measured: pd.DataFrame) -> tuple[set, list[dict], list[dict]]:
-    """(complete cells {(arm, window, load)}, missing cells with reasons, warnings) from the schedule."""
-    labels = run["arm_labels"]
+    """(complete cells {(arm, window, load)}, missing cells with reasons, warnings) from the schedule (a
+    cell of a run of resident sets is expected of its set's arms only)."""
     done = {(lab, int(e["window"]), float(e["load"])) for e in run["schedule"] for lab in e.get("done", [])}
     counts = measured.groupby(goodput.CELL).size().to_dict() if len(measured) else {}
     expected_n = {int(w["id"]): int(w["requests"]) for w in run["windows"]}
     missing, warnings = [], []
+    expected = comparisons.cell_arms(run)
     for w in run["windows"]:
         for load in run["loads"]:
-            for lab in labels:
+            for lab in expected[(int(w["id"]), float(load))]:
                 cell = (lab, int(w["id"]), float(load))
                 have = counts.get(cell, 0)
                 if cell in done:

@@ -9,17 +9,24 @@ analysis (experiments.stats.paired).
 
 Resident servers (default): every cell is replayed against all arms back to back.
 
+Resident sets (--resident K, fewer servers on the GPU than arms): the arms come in sets of at most K
+labels (`cover`), and every instance block of windows is cut into equal sub-blocks, one per set in
+the sets' order; a sub-block's cells are replayed only by its set's arms, in balanced random orders of
+those arms (per load and set), so a cell's order holds only the arms that replay it.
+
 One server at a time (--one-at-a-time): windows are split into contiguous blocks; in each block the
 arms take turns (in that block's random balanced order) replaying all of the block's cells, each on
 a freshly started server.
 
-After every server start the runner replays one burn-in cell (phase "burnin", window 0 at the
-highest load, with prompts of its own) that is recorded and shown but not compared.
+After every server start the runner replays one burn-in cell (phase "burnin", at the highest load the
+first window the fresh arms replay together: window 0 unless they are a later resident set's, with
+prompts of its own) that is recorded and shown but not compared.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,20 +42,25 @@ class Step:
     order: tuple[str, ...]
     block: int | None = None
     done: list[str] = field(default_factory=list)
+    resident_set: int | None = None  # the index of the resident set that replays it (--resident)
 
     def to_json(self) -> dict:
         d = {"window": self.window, "load": self.load, "order": list(self.order), "done": list(self.done)}
         if self.block is not None:
             d["block"] = self.block
+        if self.resident_set is not None:
+            d["set"] = self.resident_set
         return d
 
 
 @dataclass(frozen=True)
 class Segment:
-    """A stretch of the run during which the same servers are up: `arms` resident, `steps` replayed."""
+    """A stretch of the run during which the same servers are up: `arms` resident, `steps` replayed, in
+    block `block` of windows (a server instance)."""
 
     arms: tuple[str, ...]
     steps: tuple[Step, ...]
+    block: int = 0
 
 
 def split_blocks(n_windows: int, blocks: int) -> list[range]:
@@ -73,12 +85,68 @@ def balanced_orders(labels: tuple[str, ...], n: int, rng: np.random.Generator) -
     return out[:n]
 
 
+def _consecutive(seq: Sequence[tuple[str, ...]], label: str) -> bool:
+    where = [i for i, s in enumerate(seq) if label in s]
+    return bool(where) and where[-1] - where[0] == len(where) - 1
+
+
+def cover(labels: Sequence[str], pairs: Iterable[tuple[str, str]], most: int) -> tuple[tuple[str, ...], ...]:
+    """The resident sets of a run whose servers may be at most `most` at once: sets of 2 to `most`
+    labels (in label order) that together hold every label and put both labels of every pair of
+    `pairs` in one set, the first set holding labels[0] (the baseline) and each label's sets
+    consecutive (so that each arm starts once per instance). The fewest sets, then the most pairs of
+    labels resident together, then the earliest labels first; all labels as one set when `most` allows.
+    ValueError when no such order exists."""
+    labels = tuple(labels)
+    if most >= len(labels):
+        return (labels,)
+    need = list(dict.fromkeys(frozenset(p) for p in pairs))  # in the order given, each once
+    if most < 2:
+        raise ValueError(f"a resident set holds 2 or more servers, got {most}")
+    index = {lab: i for i, lab in enumerate(labels)}
+    candidates = [c for k in range(2, most + 1) for c in itertools.combinations(labels, k)]
+    for m in range(1, len(need) + 1):
+        best = None
+        for seq in itertools.product(candidates, repeat=m):
+            if labels[0] not in seq[0] or len(set(seq)) < m or set().union(*seq) != set(labels):
+                continue
+            together = {frozenset(p) for s in seq for p in itertools.combinations(s, 2)}
+            if together.issuperset(need) and all(_consecutive(seq, lab) for lab in labels):
+                key = (-len(together), tuple(tuple(index[lab] for lab in s) for s in seq))
+                best = min(best or (key, seq), (key, seq))
+        if best is not None:
+            return best[1]
+    pairs_text = ", ".join(" and ".join(sorted(p, key=index.get)) for p in need)
+    raise ValueError(f"no order of resident sets of at most {most} servers holds {pairs_text} together "
+                     "with every arm's sets consecutive")
+
+
+def set_of_window(n_windows: int, n_sets: int, instances: int = 1) -> list[int]:
+    """The resident set of every window: each of `instances` contiguous blocks cut into `n_sets` sub-blocks
+    in the sets' order."""
+    out = [0] * n_windows
+    for block in split_blocks(n_windows, instances):
+        for k, sub in enumerate(split_blocks(len(block), n_sets)):
+            for i in sub:
+                out[block[i]] = k
+    return out
+
+
 def build_schedule(n_windows: int, loads: tuple[float, ...], labels: tuple[str, ...],
-                   one_at_a_time: bool = False, blocks: int = 2, seed: int = 0) -> list[Step]:
-    """Every (window, load) cell once, windows outer, loads in the given order, with its arm order."""
+                   one_at_a_time: bool = False, blocks: int = 2, seed: int = 0,
+                   sets: Sequence[tuple[str, ...]] | None = None, instances: int = 1) -> list[Step]:
+    """Every (window, load) cell once, windows outer, loads in the given order, with its arm order;
+    with two or more resident `sets`, each of `instances` blocks of windows split among them in order
+    (set_of_window) and each cell's order one of its set's arms only."""
     if len(labels) < 2 or len(set(labels)) != len(labels):
         raise ValueError(f"need two or more distinct arm labels, got {labels}")
     rng = np.random.default_rng(seed)
+    if sets is not None and len(sets) > 1:
+        owner = set_of_window(n_windows, len(sets), instances)
+        drawn = {(j, k): iter(balanced_orders(tuple(s), owner.count(k), rng))
+                 for j in range(len(loads)) for k, s in enumerate(sets)}
+        return [Step(w, load, j, next(drawn[(j, owner[w])]), resident_set=owner[w])
+                for w in range(n_windows) for j, load in enumerate(loads)]
     if one_at_a_time:
         groups = split_blocks(n_windows, blocks)
         steps = []
@@ -96,23 +164,36 @@ def simultaneous_schedule(n_windows: int, loads: tuple[float, ...], labels: tupl
 
 
 def segments(steps: list[Step], one_at_a_time: bool) -> list[Segment]:
-    """The server segments that execute `steps`: one with every arm, or one per (block, arm)."""
+    """The server segments that execute `steps`: one with every arm (one per resident set), or one per
+    (block, arm)."""
     if not steps:
         return []
     if not one_at_a_time:
-        return [Segment(tuple(steps[0].order), tuple(steps))]
+        return set_segments(steps, steps)
     out: list[Segment] = []
     for block in sorted({s.block for s in steps}):
         in_block = tuple(s for s in steps if s.block == block)
-        out += [Segment((arm,), in_block) for arm in in_block[0].order]
+        out += [Segment((arm,), in_block, block or 0) for arm in in_block[0].order]
     return out
 
 
+def set_segments(steps: Sequence[Step], every: Sequence[Step], block: int = 0) -> list[Segment]:
+    """One segment per stretch of consecutive `steps` of one resident set (all of them without sets), in
+    `block`, its arms the order of that set's first step in `every` (the run's steps)."""
+    arms: dict[int | None, tuple[str, ...]] = {}
+    for s in every:
+        arms.setdefault(s.resident_set, tuple(s.order))
+    return [Segment(arms[k], tuple(group), block)
+            for k, group in itertools.groupby(steps, key=lambda s: s.resident_set)]
+
+
 def burnin_step(steps: list[Step], loads: tuple[float, ...], arms: tuple[str, ...]) -> Step:
-    """The burn-in cell replayed after a server start: window 0 at the highest load, on ``arms``."""
+    """The burn-in cell replayed after a server start, on ``arms``: at the highest load, the first window
+    those arms replay together (window 0 when every arm replays every cell)."""
     top = max(range(len(loads)), key=lambda j: loads[j])
-    order = next((s.order for s in steps if s.window == 0 and s.load_index == top), arms)
-    return Step(0, loads[top], top, tuple(a for a in order if a in arms))
+    first = next((s for s in steps if s.load_index == top and set(arms) <= set(s.order)), None)
+    window, order = (first.window, first.order) if first is not None else (0, arms)
+    return Step(window, loads[top], top, tuple(a for a in order if a in arms))
 
 
 def burnin_seed(run_seed: int, burnin: int) -> int:

@@ -164,6 +164,8 @@ def _design(run: Mapping, pair: list[str]) -> dict:
                    "over cells: the primary interval) and per cell (goodput, per-window medians: % of the "
                    "baseline's mean at that load, Student-t over paired cells)",
         **({"placement": run["placement"]} if run.get("placement") else {}),  # runner.placement's levers
+        **({"resident_sets": run["resident_sets"], "not_measured_together": comparisons.not_measured(run)}
+           if run.get("resident_sets") else {}),  # --resident: which arms shared the GPU, what never did
     }
 
 

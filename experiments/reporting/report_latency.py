@@ -36,7 +36,8 @@ def aa_floor_text(pair, estimate: float, ci, digits: int = 2) -> str:
 def paired_lines(r: Report) -> list[str]:
     """Per latency metric: the paired per-request change of the primary comparison, its intervals and
     MDE, and the A/A floor's interval from the same run; then the position effect; then the same
-    change for every further arm that is not the A/A control (e.g. a planted slowdown)."""
+    change for every further arm that is not the A/A control (e.g. a planted slowdown); then every
+    comparison a run of resident sets could not make."""
     treat = r.treatment
     others = [lab for lab in r.paired_latency if lab != treat and lab not in r.aa.controls]
     out = _metric_lines(r, treat, with_floor=True)
@@ -47,7 +48,17 @@ def paired_lines(r: Report) -> list[str]:
                    "estimate")
     for lab in others:
         out += _metric_lines(r, lab, with_floor=False)
-    return out
+    return out + [f"- {arm} vs {ref}: not measured (the two never shared a resident set, so never replayed a "
+                  "cell together)" for ref, arm in r.design.get("not_measured_together") or []]
+
+
+def resident_line(design: Mapping) -> list[str]:
+    """The resident sets of a --resident run, in the order they take the GPU within every instance."""
+    sets = design.get("resident_sets")
+    if not sets:
+        return []
+    return [f"- resident sets (--resident {max(map(len, sets))}), in turn within every server instance, each "
+            f"replaying its own equal share of the windows: {' | '.join(', '.join(s) for s in sets)}"]
 
 
 def _metric_lines(r: Report, treat: str, with_floor: bool) -> list[str]:

@@ -9,7 +9,13 @@ from collections.abc import Mapping
 from experiments.reporting import hostreport
 from experiments.reporting.duetreport import layout_lines
 from experiments.reporting.report_knee import capacity_text, knee_lines
-from experiments.reporting.report_latency import fmt_num, latency_lines, noise_floor_lines, paired_lines
+from experiments.reporting.report_latency import (
+    fmt_num,
+    latency_lines,
+    noise_floor_lines,
+    paired_lines,
+    resident_line,
+)
 from experiments.reporting.schema import Report
 from experiments.reporting.summary import summary_lines
 from experiments.stats import knee
@@ -326,7 +332,7 @@ def render_markdown(r: Report) -> str:
              f"warm-up {d['warmup']}",
              f"- records: {rec.total} in {rec.file}; {rec.warmup_excluded} warm-up and "
              f"{rec.burnin_excluded} burn-in records are not compared",
-             *_clipping_line(d.get("clipping")), "", *comparison_lines(r)]
+             *_clipping_line(d.get("clipping")), *resident_line(d), "", *comparison_lines(r)]
     if r.missing:
         lines += ["## Missing", ""] + [f"- {m['arm']} window {m['window']} load {m['load']:g}x: {m['reason']}"
                                        for m in r.missing] + [""]

@@ -168,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "--gpu-memory-utilization of its GPU and the same KV cache), the GPU a covariate "
                         "of the analysis; resident servers the kit starts only (no --one-at-a-time, "
                         "--endpoint or --knee); --aa defaults to none (an A/A duet is --arms stock,stock)")
+    d.add_argument("--resident", type=positive_int, metavar="K",
+                   help="at most K >= 2 servers on the GPU at once, the arms in sets taking turns in every "
+                        "instance (default: all, or what fits)")
     d.add_argument("--gpus", type=gpu_list, metavar="I,J[,...]",
                    help="duet: the CUDA device indices, one per arm (each server gets "
                         "CUDA_VISIBLE_DEVICES of its GPU); default: the first as many as there are arms. "
@@ -283,7 +286,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     overrides = {k: getattr(args, k) for k in (
         "name", "results_dir", "windows", "window_s", "start_s", "warmup_s", "loads", "model", "dtype",
         "eager", "gpu_memory_utilization", "kv_cache_memory_bytes", "max_model_len", "max_num_seqs",
-        "max_input_tokens", "max_output_tokens", "blocks", "seed", "request_timeout_s", "server_timeout_s")}
+        "max_input_tokens", "max_output_tokens", "blocks", "seed", "request_timeout_s", "server_timeout_s",
+        "resident")}
     overrides.update(knee_factors=args.knee, knee_max=args.knee_max, knee_lateness_ms=args.knee_lateness_ms)
     clips = {k: overrides.pop(k) for k in ("max_input_tokens", "max_output_tokens")}
     device = None if args.device == "auto" else args.device

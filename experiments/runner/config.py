@@ -4,7 +4,8 @@ Without a CUDA GPU the defaults are the embedded run: the tiny random-weight Lla
 float32, a short slice of the trace with token counts clipped, a few minutes in all on two cores.
 With a CUDA GPU they are the kit's best design (h200-llama8b-confirm3's): stock, patched, the planted
 twin and the interleaved A/A resident at once with the same explicit KV cache, a knee search, 24
-windows of 10 s; the CLI sizes the model, KV cache and memory share to the GPU (readiness.sized).
+windows of 10 s; the CLI sizes the model, KV cache, memory share and the servers resident at once
+(--resident, where every arm does not fit) to the GPU (readiness.sized).
 """
 
 from __future__ import annotations
@@ -114,6 +115,7 @@ class RunConfig:
     fuse_all: bool = False  # patched and its planted twin fuse every norm call, whatever the GPU's table says
     pin_cpus: bool = False  # every server on cores of its own, the kit on the rest (runner.placement)
     start_order: str = "waves"  # or "rotate": the start order rotated at every instance (runner.placement)
+    resident: int | None = None  # at most this many servers at once, in resident sets (None: every arm)
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -167,6 +169,8 @@ class RunConfig:
             del d["start_order"]
         if self.knee_factors is None:  # no search: the records of such runs stay as they were
             del d["knee_max"], d["knee_lateness_ms"]
+        if self.resident is None:
+            del d["resident"]
         d["start_s"] = self.first_window_s
         return d
 
@@ -248,10 +252,10 @@ def _validate(c: RunConfig) -> None:
     if c.gpu_memory_utilization is not None:
         _check(0 < c.gpu_memory_utilization <= 1,
                f"--gpu-memory-utilization must be in (0, 1], got {c.gpu_memory_utilization}")
-        _check(c.one_at_a_time or c.gpu_memory_utilization * len(c.arms) <= 1.0,
-               f"--gpu-memory-utilization {c.gpu_memory_utilization} for each of {len(c.arms)} resident "
-               "servers "
-               f"exceeds the GPU; use <= {1 / len(c.arms):.3g} or --one-at-a-time")
+        n = min(len(c.arms), c.resident or len(c.arms))
+        _check(c.one_at_a_time or c.gpu_memory_utilization * n <= 1.0,
+               f"--gpu-memory-utilization {c.gpu_memory_utilization} for each of {n} resident servers "
+               f"exceeds the GPU; use <= {1 / n:.3g}, --resident or --one-at-a-time")
     for flag, v in (("--max-model-len", c.max_model_len), ("--max-num-seqs", c.max_num_seqs),
                     ("--max-input-tokens", c.max_input_tokens), ("--max-output-tokens", c.max_output_tokens)):
         _check(v is None or (isinstance(v, int) and v >= 1), f"{flag} must be an int >= 1, got {v!r}")
@@ -281,7 +285,20 @@ def _validate(c: RunConfig) -> None:
     _check(c.start_order in START_ORDERS,
            f"--start-order must be one of {START_ORDERS}, got {c.start_order!r}")
     _validate_layout(c)
+    _validate_resident(c)
     resolve_model(c.model)
+
+
+def _validate_resident(c: RunConfig) -> None:
+    """--resident K: K >= 2 servers the kit starts and swaps on one GPU (K=1 is --one-at-a-time)."""
+    if c.resident is None:
+        return
+    _check(isinstance(c.resident, int) and c.resident >= 2,
+           f"--resident must be an int >= 2 (one server at a time is --one-at-a-time), got {c.resident!r}")
+    for bad, why in ((c.one_at_a_time, "--one-at-a-time (one server at a time already)"),
+                     (bool(c.endpoints), "--endpoint (the kit cannot stop or start the user's servers)"),
+                     (c.layout == "duet", "--layout duet (one server per arm and GPU, all resident)")):
+        _check(not bad, f"--resident {c.resident}: not with {why}")
 
 
 def _validate_layout(c: RunConfig) -> None:

@@ -12,8 +12,9 @@ was not the same between an arm's instances. `--instances 1` (the default) chang
 `--precision PCT` or `--budget-min MIN` choose instances x windows by experiments.stats.design from
 the committed prior (experiments/results/instance-floor.json: its variance components and costs,
 the costs rescaled to this run's servers and loads: a start costs what the prior's run took per
-server from its start to its first replay, warm-up included, burn-in not) and say what they predict
-before a server starts.
+server from its start to its first replay, warm-up included, burn-in not; with resident sets, the
+start waves of the sets, the arms that replay a window and the windows each compared pair shares)
+and say what they predict before a server starts.
 """
 
 from __future__ import annotations
@@ -28,13 +29,14 @@ from pathlib import Path
 from scipy import stats as sps
 
 from common.jsonfile import read_json
-from experiments.core.schedule import Segment, Step, split_blocks
+from experiments.core.schedule import Segment, Step, set_segments, split_blocks
 from experiments.core.schedule import segments as block_segments
+from experiments.runner import resident
 from experiments.runner.config import ConfigError, RunConfig
 from experiments.runner.replays import gpu_state
 from experiments.runner.runrecord import RunRecord
 from experiments.runner.servers import Server
-from experiments.stats import design
+from experiments.stats import comparisons, design
 from experiments.stats.paired import pct
 
 PRIOR = Path(__file__).resolve().parents[1] / "results" / "instance-floor.json"
@@ -79,13 +81,13 @@ def default_count(cfg: RunConfig) -> int:
 
 def segments(steps: Sequence[Step], n: int) -> list[Segment]:
     """The resident run's steps in n blocks of contiguous windows, one per instance, every block with
-    the arms of the first step's order."""
+    the arms of the first step's order (with resident sets, one segment per set in turn)."""
     if not steps:
         return []
     windows = sorted({s.window for s in steps})
     blocks = [set(windows[i] for i in b) for b in split_blocks(len(windows), n)]
-    arms = tuple(steps[0].order)
-    return [Segment(arms, tuple(s for s in steps if s.window in b)) for b in blocks]
+    return [seg for i, b in enumerate(blocks)
+            for seg in set_segments([s for s in steps if s.window in b], steps, i)]
 
 
 def engine_start(log_text: str) -> dict:
@@ -119,8 +121,10 @@ class Instances:
         """`segments` of the run's steps (with --one-at-a-time its (block, arm) segments, block k on
         instance k of every arm), the windows of each instance kept in run.json."""
         segs = block_segments(list(steps), True) if one_at_a_time else segments(steps, self.n)
-        blocks = [sorted({s.window for s in seg.steps}) for seg in segs]
-        self.record.data["instances"]["windows"] = [b for i, b in enumerate(blocks) if b not in blocks[:i]]
+        blocks: dict[int, set[int]] = {}
+        for seg in segs:
+            blocks.setdefault(seg.block, set()).update(s.window for s in seg.steps)
+        self.record.data["instances"]["windows"] = [sorted(b) for b in blocks.values()]
         return segs
 
     def tags(self, label: str) -> dict:
@@ -150,21 +154,39 @@ class Instances:
 
 def prior(cfg: RunConfig, path: Path = PRIOR) -> tuple[design.Components, design.Costs, str]:
     """The committed components and costs, the costs rescaled to this run's servers and loads (a
-    server start and a replay cost what they cost in the prior's run), and where they come from."""
+    server start and a replay cost what they cost in the prior's run; resident sets start their servers
+    in more waves, each a start, and replay each window on their own arms only), and where they come
+    from."""
     doc = read_json(path, 1, "instance floor")
     p = doc["plan"]
     base = design.Costs(**p["costs"])
-    servers = len(cfg.labels)
-    costs = dataclasses.replace(base, start_min=base.start_min * servers / base.arms, arms=servers,
+    servers, found = len(cfg.labels), resident.sets(cfg)
+    waves = (resident.start_waves_per_instance(cfg, found)
+             / resident.start_waves_per_instance(cfg, (cfg.labels,)))  # 1 with every arm resident
+    costs = dataclasses.replace(base, start_min=base.start_min * servers / base.arms * waves,
+                                arms=servers if len(found) == 1 else resident.replays_per_window(found),
                                 loads=len(cfg.loads))
     source = (f"{path.name}: instance variance of {', '.join(doc['instance'])}, timings of "
               f"{p['basis']['timing_run']}")
     return design.Components(**p["components"]), costs, source
 
 
-def predict(c: design.Components, costs: design.Costs, instances: int, windows: int, window_s: float) -> dict:
+def layout(cfg: RunConfig) -> design.Resident:
+    """The resident sets as the design sees them: how many, and the smallest share of the windows in
+    which the two arms of a required comparison (comparisons.required_pairs: the A/B, the planted twin,
+    the A/A) replay together, so that every one of them reaches the precision asked for."""
+    found = resident.sets(cfg)
+    if len(found) == 1:
+        return design.Resident()
+    pairs = comparisons.required_pairs(resident.run_like(cfg))
+    shared = min(sum(a in s and b in s for s in found) for a, b in pairs)
+    return design.Resident(len(found), shared / len(found))
+
+
+def predict(c: design.Components, costs: design.Costs, instances: int, windows: int, window_s: float,
+            sets: design.Resident = design.Resident()) -> dict:
     """Half-width (percent, over instance pairs) and GPU minutes of `instances` x `windows` per instance."""
-    var = design.variance(c, costs, instances, windows, window_s)
+    var = design.variance(c, costs, instances, windows, window_s, sets)
     half = pct(float(sps.t.ppf(0.975, instances - 1)) * math.sqrt(var)) if instances >= 2 else None
     return {"instances": instances, "windows": windows * instances, "windows_per_instance": windows,
             "half_width_pct": half, "gpu_minutes": float(design.cost(costs, instances, windows, window_s))}
@@ -174,15 +196,18 @@ def choose(cfg: RunConfig, instances: int | None, windows_given: bool, precision
            budget_min: float | None, path: Path = PRIOR) -> tuple[RunConfig, int, dict | None]:
     """(config, instances, the design's record or None): with --precision or --budget-min, the
     cheapest design reaching it (or the narrowest the budget buys) at the run's window length, its
-    instances and windows taken where the user gave none; without them, the user's (default 1)."""
+    instances and windows taken where the user gave none; without them, the user's (default 1), a
+    default --windows rounded up to split into the resident sets (resident.fit_windows)."""
     if precision is None and budget_min is None:
-        return cfg, instances or default_count(cfg), None
+        n = instances or default_count(cfg)
+        return resident.fit_windows(cfg, n, windows_given), n, None
     c, costs, source = prior(cfg, path)
+    sets = layout(cfg)
     if precision is not None:
-        chosen = design.plan(c, costs, precision, window_s=(cfg.window_s,))
+        chosen = design.plan(c, costs, precision, window_s=(cfg.window_s,), resident=sets)
         goal = f"--precision {precision:g}%"
     else:
-        chosen = design.plan_for_budget(c, costs, budget_min, window_s=(cfg.window_s,))
+        chosen = design.plan_for_budget(c, costs, budget_min, window_s=(cfg.window_s,), resident=sets)
         goal = f"--budget-min {budget_min:g}"
     n = instances or chosen["instances"]
     per = cfg.windows // n if windows_given else chosen["windows"]
@@ -191,7 +216,7 @@ def choose(cfg: RunConfig, instances: int | None, windows_given: bool, precision
                           "replays the same number of windows)")
     if per < 1:
         raise ConfigError(f"--windows {cfg.windows} is fewer than {n} instances")
-    run = predict(c, costs, n, per, cfg.window_s)
+    run = predict(c, costs, n, per, cfg.window_s, sets)
     record = {"goal": goal, "prior": source, "plan": chosen, "run": run}
     return dataclasses.replace(cfg, windows=n * per), n, record
 
@@ -200,7 +225,7 @@ def describe(rec: dict) -> str:
     """What the design chose and predicts, and what the run will do if the user's flags differ."""
     p, r = rec["plan"], rec["run"]
     lines = [f"design for {rec['goal']}: {p['instances']} instances x {p['windows']} windows of "
-             f"{p['window_s']:g} s per instance at {p['loads']} loads on {p['costs']['arms']} servers: "
+             f"{p['window_s']:g} s per instance at {p['loads']} loads on {p['costs']['arms']:g} servers: "
              f"{p['gpu_minutes']:.1f} GPU minutes, half-width +-{p['half_width_pct']:.3f}% over "
              f"instances ({p['df']} df), MDE {p['mde_pct']:.2f}% (prior: {rec['prior']})"]
     if (r["instances"], r["windows_per_instance"]) != (p["instances"], p["windows"]):

@@ -8,7 +8,8 @@ then replays one burn-in cell on the freshly started arms (phase "burnin": recor
 report, never compared). Every replay's start, wall time, where a GPU exists its clocks and
 temperature right after it, and the host's signals over it (experiments.runner.hostprobe) are appended
 to run.json's "replays". With --instances N every server is restarted between N blocks of windows
-(experiments.runner.instances); --pin-cpus and --start-order place them (experiments.runner.placement).
+(experiments.runner.instances); --pin-cpus and --start-order place them (experiments.runner.placement);
+--resident K swaps sets of K (experiments.runner.resident).
 
     run_dir = run_experiment(make_config("traces/chat.jsonl"))
 
@@ -75,26 +76,26 @@ class Runner:
         self.record.data.setdefault("burnin", [])
         self.record.data["order"] = {"method": "randomised balanced per load (experiments.core.schedule)",
                                      "seed": self.cfg.seed}
-        self.bar = tqdm(total=len(self.cfg.labels) * len(plan.steps), unit="replay", desc="run",
-                        disable=not self.cfg.progress,
-                        position=0, leave=True)
+        self.bar = tqdm(total=sum(len(s.order) for s in plan.steps), unit="replay", desc="run",
+                        disable=not self.cfg.progress, position=0, leave=True)
 
     def execute(self) -> None:
         """Run every segment: bring up its arms (warming each new one up and burning it in), replay
         its steps; with --knee, search the knee on the baseline first (the servers warmed up, the
         burn-in left for the loads the search chooses) and measure at the loads it chose. With
         --instances N, every server is restarted before each of the N blocks of windows but the first
-        (--one-at-a-time: every arm's server is new in every block, none carried into the next)."""
+        (--one-at-a-time: every arm's server is new in every block, none carried into the next; resident
+        sets: a block's segments are its sets in turn, a new block restarting the first set's)."""
         if self.cfg.knee_factors:
-            self._ensure(tuple(self.cfg.labels), burn_in=False)
+            self._ensure(self.plan.sets[0], burn_in=False)
             self._knee_search()
         n, one = self.instances.n, self.cfg.one_at_a_time
         segs = self.instances.segments(self.plan.steps, one) if n > 1 else segments(self.plan.steps, one)
         for k, seg in enumerate(segs):
             if n > 1 and one:
                 self._retire_earlier_instances(seg)
-            elif k and n > 1:
-                self._restart(k)
+            elif k and n > 1 and seg.block != segs[k - 1].block:
+                self._restart(seg.block, seg.arms)
             self._ensure(seg.arms)
             for step in seg.steps:
                 for label in step.order:
@@ -126,17 +127,18 @@ class Runner:
             if label in self.owned and self.instances.current.get(label) != seg.steps[0].block:
                 self._stop(label, "next instance")
 
-    def _restart(self, instance: int) -> None:
-        """Stop every server and start them again (instance `instance` of every arm) in the order of
-        their first start, rotated by `instance` with --start-order rotate, each warmed up as new; the
-        block's _ensure burns them in."""
-        for label in list(self.start_order):
+    def _restart(self, instance: int, arms: tuple[str, ...]) -> None:
+        """Stop every server and start those of `arms` (the block's first resident set; every arm without
+        sets) again as instance `instance`, in the order of their first start, rotated by `instance` with
+        --start-order rotate, each warmed up as new; the block's _ensure burns them in."""
+        for label in [lab for lab in self.start_order if lab in self.owned]:
             self._stop(label, "next instance")
-        self._ensure(placement.rotated(self.start_order, instance, self.place.start_order), burn_in=False)
+        order = placement.rotated(self.start_order, instance, self.place.start_order)
+        self._ensure(tuple(lab for lab in order if lab in arms), burn_in=False)
 
     def _ensure(self, arms: tuple[str, ...], burn_in: bool = True) -> None:
         for label in [lab for lab in self.owned if lab not in arms]:
-            self._stop(label, "one at a time")
+            self._stop(label, "one at a time" if self.cfg.one_at_a_time else "not in the next resident set")
         new = [lab for lab in arms if lab not in self.servers or not self.servers[lab].is_alive()]
         times: dict[str, tuple[float, float]] = {}
         if new:
@@ -201,10 +203,11 @@ class Runner:
         loads = decided["loads"]
         if loads:
             log.info("knee of %s at %.3gx: measuring at %s", decided["tier"], decided["knee"], loads)
-            self.plan.steps = build_schedule(cfg.windows, loads, cfg.labels, False, cfg.blocks, cfg.seed)
+            self.plan.steps = build_schedule(cfg.windows, loads, cfg.labels, False, cfg.blocks, cfg.seed,
+                                             self.plan.sets, self.instances.n)
             self.loads = tuple(loads)
             self.record.data["loads"] = list(loads)
-            self.bar.total = len(cfg.labels) * len(self.plan.steps)
+            self.bar.total = sum(len(s.order) for s in self.plan.steps)
         else:
             log.info("knee search: %s; measuring at --loads %s", decided["reason"], cfg.loads)
         self.record.save()
@@ -291,9 +294,9 @@ def run_experiment(cfg: RunConfig, *, argv: Sequence[str] | None = None,
     place = placement.plan(cfg, n_instances)
     plan = prepare(cfg, n_instances)
     keys = duetrun.slot_keys(cfg) if cfg.layout == "duet" else list(cfg.labels)
-    if servers is not None and (cfg.one_at_a_time or set(servers) != set(keys)):
+    if servers is not None and (cfg.one_at_a_time or set(servers) != set(keys) or len(plan.sets) > 1):
         raise ValueError(f"servers must map every label (a duet: every server) {keys} and the run must be "
-                         "resident")
+                         "resident, every arm at once")
     prompts, prompt_record = prompt_source(cfg, plan.vocab_size)
     run_dir = make_run_dir(cfg)
     record = RunRecord.create(run_dir, plan, argv)

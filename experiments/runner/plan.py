@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from experiments.core.schedule import Step, build_schedule, simultaneous_schedule
-from experiments.runner import readiness
+from experiments.runner import readiness, resident
 from experiments.runner.config import ConfigError, RunConfig
-from experiments.runner.servers import start_waves
 from experiments.stats import duet
 from traces.gaps import busy_spans, count_in, describe_spans
 from traces.trace import TraceError, TraceRequest, clip_tokens, file_sha256, load_trace, time_window
@@ -55,6 +54,7 @@ class Plan:
     clipped_requests: int  # measured or warm-up requests whose token counts the clip changed
     placements: list[duet.Placement] = field(default_factory=list)  # duet: the GPU of each arm per window
     design: dict = field(default_factory=dict)  # readiness.design: each arm's server, memory, length
+    sets: resident.Sets = ()  # the resident sets in the order they take the GPU (one: every arm at once)
 
     @property
     def vocab_size(self) -> int:
@@ -117,8 +117,9 @@ def _check_lengths(cfg: RunConfig, reqs: list[TraceRequest], spans: list[tuple[f
 def prepare(cfg: RunConfig, n_instances: int = 1) -> Plan:
     """Read and check the trace, cut windows and warm-up, build the schedule.
 
-    Raises TraceError (file:line) for a bad trace and ConfigError for windows the trace cannot fill
-    or, on a GPU, a policy arm without a table or servers that do not fit (readiness.design).
+    Raises TraceError (file:line) for a bad trace and ConfigError for windows the trace cannot fill or
+    that do not split into the resident sets, or, on a GPU, a policy arm without a table or servers that
+    do not fit (readiness.design).
     """
     original = load_trace(cfg.trace)
     reqs = clip_tokens(original, cfg.max_input_tokens, cfg.max_output_tokens)
@@ -139,14 +140,18 @@ def prepare(cfg: RunConfig, n_instances: int = 1) -> Plan:
     spans = [(first, last_end)] + ([(warm_start, warm_start + cfg.warmup_s)] if warmup else [])
     _check_lengths(cfg, reqs, spans)
     changed = sum(a != b for a, b in zip(original, reqs) if any(lo <= a.timestamp < hi for lo, hi in spans))
+    resident.check(cfg, n_instances)
+    sets = resident.sets(cfg)
     return Plan(
         cfg=cfg, trace_requests=len(original), trace_sha256=file_sha256(cfg.trace), windows=windows,
         warmup=warmup, warmup_start_s=warm_start, warmup_duration_s=cfg.warmup_s, warmup_load=max(cfg.loads),
         steps=(simultaneous_schedule(cfg.windows, cfg.loads, cfg.labels) if cfg.layout == "duet" else
-               build_schedule(cfg.windows, cfg.loads, cfg.labels, cfg.one_at_a_time, cfg.blocks, cfg.seed)),
+               build_schedule(cfg.windows, cfg.loads, cfg.labels, cfg.one_at_a_time, cfg.blocks, cfg.seed,
+                              sets, n_instances)),
         model_config=json.loads((Path(cfg.model_dir) / "config.json").read_text()),
         clipped_requests=changed,
         placements=(duet.placements(cfg.labels, cfg.gpus, cfg.windows, cfg.seed) if cfg.layout == "duet"
                     else []),
-        design=readiness.design(cfg, len(start_waves(cfg, list(cfg.labels))) * n_instances),
+        design=readiness.design(cfg, n_instances, sets),
+        sets=sets,
     )

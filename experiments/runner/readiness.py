@@ -11,7 +11,7 @@ import sys
 from collections.abc import Collection
 from pathlib import Path
 
-from experiments.runner import sizing
+from experiments.runner import resident, sizing
 from experiments.runner.config import SIZED, ConfigError, RunConfig, resolve_model
 from experiments.stats import knee
 from integration import arms as arm_defs
@@ -33,9 +33,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def resident_servers(cfg: RunConfig) -> int:
-    """Servers on one GPU at once: one per arm (a duet's GPU too: one server per arm and GPU), or one
-    with --one-at-a-time."""
-    return 1 if cfg.one_at_a_time else len(cfg.labels)
+    """Servers on one GPU at once: one per arm (a duet's GPU too: one server per arm and GPU), at most
+    --resident, or one with --one-at-a-time."""
+    return 1 if cfg.one_at_a_time else min(len(cfg.labels), cfg.resident or len(cfg.labels))
 
 
 def highest_load(cfg: RunConfig) -> float:
@@ -52,33 +52,41 @@ def need_tokens(cfg: RunConfig) -> int:
     return sizing.kv_need_tokens(stretches, (highest_load(cfg),), cfg.max_model_len)
 
 
-def memory_fit(cfg: RunConfig, memory: tuple[int, int] | None = None) -> sizing.Fit:
-    """The memory of cfg's resident servers against the GPU's free memory (sizing.gpu_memory())."""
+def memory_fit(cfg: RunConfig, memory: tuple[int, int] | None = None,
+               servers: int | None = None) -> sizing.Fit:
+    """The memory of cfg's resident servers (or of `servers` of them) against the GPU's free memory
+    (sizing.gpu_memory())."""
     free, _ = memory or sizing.gpu_memory()
-    return sizing.Fit(sizing.shape(cfg.model_dir, cfg.dtype), resident_servers(cfg),
+    return sizing.Fit(sizing.shape(cfg.model_dir, cfg.dtype), servers or resident_servers(cfg),
                       cfg.kv_cache_memory_bytes, need_tokens(cfg), free)
 
 
 def sized(cfg: RunConfig, given: Collection[str], memory: tuple[int, int] | None = None) -> RunConfig:
-    """cfg with the model, KV cache and memory share that fit this GPU where the user gave none: the
-    first of sizing.DESIGN_MODELS whose resident servers fit with the KV cache the trace needs, the
-    largest whole-GiB cache up to sizing.DESIGN_KV_BYTES. ConfigError with the reason and the flags
+    """cfg with the model, KV cache, memory share and resident servers that fit this GPU where the user
+    gave none: the first of sizing.DESIGN_MODELS whose resident servers fit with the KV cache the trace
+    needs, the largest whole-GiB cache up to sizing.DESIGN_KV_BYTES, with every arm resident or, where
+    they do not fit (and neither --resident nor --one-at-a-time is given), the most that do, down to 2
+    (--resident: the larger model wins over more servers). ConfigError with the reason and the flags
     that fit when none does."""
     free, total = memory or sizing.gpu_memory()
     need = need_tokens(cfg)
-    servers = resident_servers(cfg)
+    most = resident_servers(cfg)
+    counts = [most] if cfg.one_at_a_time or "resident" in given else list(range(most, 1, -1)) or [most]
     models = (cfg.model,) if "model" in given else sizing.DESIGN_MODELS
     names = dict.fromkeys((*models, *sizing.DESIGN_MODELS))
     shapes = {m: sizing.shape(resolve_model(m), cfg.dtype) for m in names}
     fits = []
     for m in models:
-        kv = cfg.kv_cache_memory_bytes if "kv_cache_memory_bytes" in given else (
-            sizing.largest_kv(shapes[m], servers, free, need) or sizing.need_bytes(shapes[m], need))
-        fits.append(sizing.Fit(shapes[m], servers, kv, need, free))
-        if fits[-1].fits:
-            util = cfg.gpu_memory_utilization if "gpu_memory_utilization" in given else \
-                sizing.utilization(fits[-1].server_bytes, total)
-            return dataclasses.replace(cfg, model=m, kv_cache_memory_bytes=kv, gpu_memory_utilization=util)
+        for servers in counts:
+            kv = cfg.kv_cache_memory_bytes if "kv_cache_memory_bytes" in given else (
+                sizing.largest_kv(shapes[m], servers, free, need) or sizing.need_bytes(shapes[m], need))
+            fits.append(sizing.Fit(shapes[m], servers, kv, need, free))
+            if fits[-1].fits:
+                util = cfg.gpu_memory_utilization if "gpu_memory_utilization" in given else \
+                    sizing.utilization(fits[-1].server_bytes, total)
+                return dataclasses.replace(cfg, model=m, kv_cache_memory_bytes=kv,
+                                           gpu_memory_utilization=util,
+                                           resident=cfg.resident if servers == most else servers)
     base = cfg.arms[0]
     aa = servers > 1 and len(cfg.arms) > 2 and cfg.arms[-1] == base and cfg.arms.count(base) == 2
     flags = sizing.flags_that_fit(shapes, fits[0].shape.model, cfg.arms[:-1] if aa else cfg.arms, aa, free,
@@ -244,12 +252,15 @@ def measured_loads(cfg: RunConfig) -> tuple[float, ...]:
     return at_knee if sum(1 / x for x in at_knee) > sum(1 / x for x in cfg.loads) else cfg.loads
 
 
-def duration_s(cfg: RunConfig, server_waves: int) -> float:
-    """About how long the run takes, server starts to report, at the rates of h200-llama8b-confirm3; with
-    a knee search an upper bound on the search (every factor up to --knee-max searched,
-    experiments.stats.knee.possible_factors) and on the loads it chooses (measured_loads)."""
+def duration_s(cfg: RunConfig, server_waves: int, sets: resident.Sets | None = None) -> float:
+    """About how long the run takes, server starts to report, at the rates of h200-llama8b-confirm3:
+    `server_waves` waves of server starts (each swap between resident `sets` a start), every cell
+    replayed by its set's arms; with a knee search an upper bound on the search (every factor up to
+    --knee-max searched, experiments.stats.knee.possible_factors) and on the loads it chooses
+    (measured_loads)."""
     n = len(cfg.labels)
-    measured = cfg.windows * n * sum(cfg.window_s / k + REPLAY_OVERHEAD_S for k in measured_loads(cfg))
+    replays = resident.replays_per_window(sets) if sets else n
+    measured = cfg.windows * replays * sum(cfg.window_s / k + REPLAY_OVERHEAD_S for k in measured_loads(cfg))
     factors = knee.possible_factors(cfg.knee_factors, cfg.knee_max) if cfg.knee_factors else []
     search = sum(KNEE_WINDOWS * (cfg.window_s / f + REPLAY_OVERHEAD_S) for f in factors)
     top = max(cfg.loads)
@@ -262,17 +273,27 @@ def duration_s(cfg: RunConfig, server_waves: int) -> float:
     return starts + warm + search + measured + ANALYSIS_S
 
 
-def design(cfg: RunConfig, server_waves: int) -> dict:
+def design(cfg: RunConfig, n_instances: int, sets: resident.Sets) -> dict:
     """What the plan says before any server starts: each arm's server, the memory (on a GPU the kit
-    fills) and the run's length; ConfigError first for a policy arm without a table."""
+    fills), the resident sets where fewer servers than arms share the GPU (each set's windows per
+    instance), and the run's length (each instance's start waves, swaps included); ConfigError first
+    for a policy arm without a table."""
+    server_waves = resident.start_waves_per_instance(cfg, sets) * n_instances
     gpu = gpu_of(cfg)
     check_tables(cfg, gpu)
     fit = memory_fit(cfg) if cfg.device == "cuda" and not cfg.endpoints else None
     if fit is not None and not fit.fits:  # as configured: refused with the flags that fit
-        sized(cfg, SIZED)
-    return {"gpu": gpu, "arms_run": describe_arms(cfg, gpu), "memory": fit and fit.to_json(),
-            "duration_s": round(duration_s(cfg, server_waves)),
-            **({"knee_max": cfg.knee_max} if cfg.knee_factors else {})}
+        sized(cfg, {*SIZED, "resident"})
+    out = {"gpu": gpu, "arms_run": describe_arms(cfg, gpu), "memory": fit and fit.to_json(),
+           "duration_s": round(duration_s(cfg, server_waves, sets)),
+           **({"knee_max": cfg.knee_max} if cfg.knee_factors else {})}
+    if len(sets) > 1:
+        every = memory_fit(cfg, servers=len(cfg.labels)) if fit is not None else None
+        why = None if every is None or every.fits else f"all {len(cfg.labels)} do not fit: {every.why_not()}"
+        out["resident_sets"] = {"most": cfg.resident, "sets": [list(s) for s in sets], "why": why,
+                                "instances": n_instances,
+                                "windows_per_set": cfg.windows // (n_instances * len(sets))}
+    return out
 
 
 def summary(d: dict) -> list[str]:
@@ -285,6 +306,12 @@ def summary(d: dict) -> list[str]:
                      f"({m['kv_tokens']:,} tokens, the trace needs {m['need_tokens']:,}) + "
                      f"{sizing.gib(m['reserve_bytes'])} reserve = {sizing.gib(m['total_bytes'])} with the "
                      f"margin, of {sizing.gib(m['free_bytes'])} free")
+    if d.get("resident_sets"):
+        r = d["resident_sets"]
+        why = f" ({r['why']})" if r["why"] else ""
+        lines.append(f"resident sets: at most {r['most']} servers at once{why}, in turn within each of "
+                     f"{r['instances']} instance(s), {r['windows_per_set']} window(s) each: "
+                     f"{resident.describe(r['sets'])}")
     bound = (f" at most (the knee search to {d['knee_max']:g}x and the loads of a knee at its first factor)"
              if d.get("knee_max") else "")
     lines.append(f"about {d['duration_s'] / 60:.0f} min{bound}, server starts to report")

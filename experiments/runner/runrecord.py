@@ -137,6 +137,7 @@ class RunRecord:
             "clipping": {"max_input_tokens": cfg.max_input_tokens, "max_output_tokens": cfg.max_output_tokens,
                          "clipped_requests": plan.clipped_requests},
             "resident": not cfg.one_at_a_time,
+            **({"resident_sets": [list(s) for s in plan.sets]} if len(plan.sets) > 1 else {}),
             "schedule": [s.to_json() for s in plan.steps],
             "patched_policy": patched_policy(cfg),
             "step_histograms": {}, "status": "running", "stopped_reason": None,

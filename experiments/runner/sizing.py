@@ -184,9 +184,10 @@ def utilization(server_bytes: int, total_bytes: int) -> float:
 def flags_that_fit(shapes: dict[str, Shape], model: str, arms: Sequence[str], aa: bool, free_bytes: int,
                    need_tokens: int, most: int = 3) -> list[str]:
     """Up to `most` flag sets with which a run of `arms` (plus the interleaved A/A when `aa`) fits,
-    best first: the same model with no A/A, two arms, then --one-at-a-time; then each smaller model
-    of `shapes` the same way; each with the KV cache that fits."""
-    layouts = [(len(arms) + aa, "")]
+    best first: the same model with fewer servers resident at once (--resident), no A/A, two arms,
+    then --one-at-a-time; then each smaller model of `shapes` the same way; each with the KV cache that
+    fits."""
+    layouts = [(len(arms) + aa, "")] + [(k, f"--resident {k}") for k in range(len(arms) + aa - 1, 1, -1)]
     if aa:
         layouts.append((len(arms), "--aa none"))
     if len(arms) > 2:

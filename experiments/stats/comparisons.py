@@ -4,16 +4,20 @@ drift summaries. Pure functions of run.json (a dict) and records frames (goodput
 Every arm is compared with the first (the baseline). An arm that runs the baseline's kernel on a
 second server (the interleaved A/A arm, e.g. "stock-b") is the run's own noise floor; the primary
 comparison is the first arm that is not such a control, or, in a pure A/A run, the A/A pair itself.
+A planted arm is compared with its twin too (experiments.stats.planted). In a run of resident sets
+(--resident) two labels are compared only where they replayed cells together; every pair the report
+would compare and that never did is named (`not_measured`).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
-from experiments.stats import duet, paired
+from experiments.stats import duet, paired, planted
 
 
 def arm_of(run: Mapping) -> dict[str, str]:
@@ -40,6 +44,48 @@ def cell_orders(run: Mapping) -> dict[tuple[int, float], list[str]]:
     return {(int(e["window"]), float(e["load"])): list(e.get("order") or []) for e in run["schedule"]}
 
 
+def cell_arms(run: Mapping) -> dict[tuple[int, float], list[str]]:
+    """(window, load) -> the labels that replay that cell: its order in a run of resident sets, else
+    every label."""
+    labels = list(run["arm_labels"])
+    orders = cell_orders(run)
+    return {(int(w["id"]), float(load)): orders.get((int(w["id"]), float(load)), labels)
+            if run.get("resident_sets") else labels for w in run["windows"] for load in run["loads"]}
+
+
+def required_pairs(run: Mapping) -> list[tuple[str, str]]:
+    """(reference, arm) of every comparison that must be measured together: the baseline with the
+    primary arm and with every arm but a planted one that has a twin, and such a planted arm with its
+    twin. `run` needs arm_labels, arms and arm_definitions (run.json's, or the same made from a config)."""
+    labels = list(run["arm_labels"])
+    out = [(labels[0], plan(run)["primary"])]
+    for label in labels[1:]:
+        pair = (planted.reference_label(run, label), label)
+        if pair not in out:
+            out.append(pair)
+    return out
+
+
+def reported_pairs(run: Mapping) -> list[tuple[str, str]]:
+    """(reference, arm) of every comparison a report makes: the baseline with every other arm, and a
+    planted arm with its twin."""
+    base = run["arm_labels"][0]
+    return list(dict.fromkeys([(base, lab) for lab in run["arm_labels"][1:]] + required_pairs(run)))
+
+
+def together(run: Mapping) -> set[frozenset[str]]:
+    """Every pair of labels that replayed a cell together: every pair, unless the run had resident sets
+    (then from the schedule's cell orders)."""
+    orders = cell_orders(run).values() if run.get("resident_sets") else [run["arm_labels"]]
+    return {frozenset(p) for order in orders for p in itertools.combinations(order, 2)}
+
+
+def not_measured(run: Mapping) -> list[list[str]]:
+    """[reference, arm] of every comparison of `reported_pairs` that was never measured together."""
+    shared = together(run)
+    return [list(p) for p in reported_pairs(run) if frozenset(p) not in shared]
+
+
 def fingerprint(run: Mapping) -> dict:
     """What an A/A floor must share with a run to be its noise floor: device, model, servers, loads,
     windows, clipping. The number of resident servers counts the third server of `--with-aa` runs."""
@@ -62,6 +108,7 @@ def fingerprint(run: Mapping) -> dict:
         "window_s": sorted({float(w["duration_s"]) for w in run["windows"]}),
         "max_input_tokens": clip.get("max_input_tokens"), "max_output_tokens": clip.get("max_output_tokens"),
         "trace_sha256": (run.get("trace") or {}).get("sha256"),
+        **({"resident_sets": run["resident_sets"]} if run.get("resident_sets") else {}),
     }
 
 
@@ -81,8 +128,9 @@ def paired_latency(measured: pd.DataFrame, run: Mapping, seed: int = 0) -> dict[
         sched = duet.from_record(run["duet"]["schedule"])
         return {lab: duet.compare(measured, p["baseline"], lab, sched, run["loads"], seed)
                 for lab in p["treatments"]}
-    orders = cell_orders(run)
-    return {lab: paired.compare_all(measured, p["baseline"], lab, orders, seed) for lab in p["treatments"]}
+    orders, shared = cell_orders(run), together(run)
+    return {lab: paired.compare_all(measured, p["baseline"], lab, orders, seed) for lab in p["treatments"]
+            if frozenset((p["baseline"], lab)) in shared}
 
 
 def burnin_summary(df: pd.DataFrame, measured: pd.DataFrame) -> list[dict]:

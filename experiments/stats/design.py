@@ -8,6 +8,9 @@ instance pairs (one server per arm each), W windows of T seconds at L loads, has
 
 (r requests per second per cell; the request term is the median's share of one request's scatter)
 and costs I (c_start + W c_window(T)) GPU minutes, c_window(T) = arms x L x (overhead + k T) / 60.
+With resident sets (--resident) W comes in multiples of the sets (one equal sub-block each), every
+window is replayed by its set's arms only (arms: their mean) and the compared pair shares a part of
+the windows (`Resident.shared`), so its cell term is over I W L x shared cells.
 The interval is the t interval over instance pairs (experiments.stats.instances), I - 1 degrees of
 freedom, so a plan has I >= 2. Without the t (normal=True) the two-level optimum is the classic
 W* = sqrt(c_start s2_cell / (L c_window 2 s2_instance)) windows per instance pair.
@@ -52,16 +55,26 @@ class Costs:
     overhead_s: float
     s_per_window_s: float
     loads: int
-    arms: int = 2
+    arms: float = 2  # arms replaying each window (with resident sets, the mean over the sets)
 
     def window_min(self, window_s: float) -> float:
         """GPU minutes of one window: every load, every arm."""
         return self.arms * self.loads * (self.overhead_s + self.s_per_window_s * window_s) / 60.0
 
 
-def variance(c: Components, costs: Costs, instances, windows, window_s):
+@dataclass(frozen=True)
+class Resident:
+    """Resident sets: windows per instance come in multiples of `sets`, and the compared arms replay
+    together in `shared` of them (1: every arm replays every window)."""
+
+    sets: int = 1
+    shared: float = 1.0
+
+
+def variance(c: Components, costs: Costs, instances, windows, window_s, resident: Resident = Resident()):
     """var(mu) of a design (numbers or arrays alike)."""
-    return 2.0 * c.instance_var / instances + c.cell_at(window_s) / (instances * windows * costs.loads)
+    cells = instances * windows * resident.shared * costs.loads
+    return 2.0 * c.instance_var / instances + c.cell_at(window_s) / cells
 
 
 def cost(costs: Costs, instances, windows, window_s):
@@ -75,45 +88,48 @@ def _quantile(instances: np.ndarray, normal: bool, confidence: float) -> np.ndar
 
 
 def _grid(c: Components, costs: Costs, window_s: Sequence[float], max_instances: int, max_windows: int,
-          normal: bool, confidence: float) -> dict:
-    i, w, t = np.meshgrid(np.arange(2, max_instances + 1), np.arange(1, max_windows + 1),
-                          np.asarray(window_s, dtype=float), indexing="ij")
-    var = variance(c, costs, i, w, t)
+          normal: bool, confidence: float, resident: Resident) -> dict:
+    windows = np.arange(resident.sets, max_windows + 1, resident.sets)
+    i, w, t = np.meshgrid(np.arange(2, max_instances + 1), windows, np.asarray(window_s, dtype=float),
+                          indexing="ij")
+    var = variance(c, costs, i, w, t, resident)
     return {"instances": i, "windows": w, "window_s": t, "cost": cost(costs, i, w, t),
             "half_width": _quantile(i, normal, confidence) * np.sqrt(var), "se": np.sqrt(var)}
 
 
-def _chosen(g: dict, k: tuple, target: dict, c: Components, costs: Costs) -> dict:
+def _chosen(g: dict, k: tuple, target: dict, c: Components, costs: Costs, resident: Resident) -> dict:
     se, dof = float(g["se"][k]), int(g["instances"][k]) - 1
     return {"instances": int(g["instances"][k]), "windows": int(g["windows"][k]),
             "window_s": float(g["window_s"][k]), "loads": costs.loads, "gpu_minutes": float(g["cost"][k]),
             "half_width_pct": pct(float(g["half_width"][k])), "df": dof,
             "mde_pct": pct(mde_se(se, dof)), **target,
-            "components": asdict(c), "costs": asdict(costs)}
+            "components": asdict(c), "costs": asdict(costs),
+            **({"resident": asdict(resident)} if resident != Resident() else {})}
 
 
 def plan(c: Components, costs: Costs, half_width_pct: float, window_s: Sequence[float] = (10.0,),
          max_instances: int = 64, max_windows: int = 400, normal: bool = False,
-         confidence: float = 0.95) -> dict:
+         confidence: float = 0.95, resident: Resident = Resident()) -> dict:
     """The cheapest design whose interval half-width is at most half_width_pct (percent): instances,
     windows, window_s, GPU minutes, the half-width and MDE it gives. ValueError when none in the
     grid reaches it."""
-    g = _grid(c, costs, window_s, max_instances, max_windows, normal, confidence)
+    g = _grid(c, costs, window_s, max_instances, max_windows, normal, confidence, resident)
     ok = g["half_width"] <= math.log1p(half_width_pct / 100.0)
     if not ok.any():
         raise ValueError(f"no design of up to {max_instances} instance pairs x {max_windows} windows "
                          f"reaches +-{half_width_pct:g}%")
     k = np.unravel_index(np.argmin(np.where(ok, g["cost"], np.inf)), ok.shape)
-    return _chosen(g, k, {"target_half_width_pct": half_width_pct}, c, costs)
+    return _chosen(g, k, {"target_half_width_pct": half_width_pct}, c, costs, resident)
 
 
 def plan_for_budget(c: Components, costs: Costs, gpu_minutes: float, window_s: Sequence[float] = (10.0,),
                     max_instances: int = 64, max_windows: int = 400, normal: bool = False,
-                    confidence: float = 0.95) -> dict:
+                    confidence: float = 0.95, resident: Resident = Resident()) -> dict:
     """The narrowest interval a GPU-minute budget buys (same grid and fields as `plan`)."""
-    g = _grid(c, costs, window_s, max_instances, max_windows, normal, confidence)
+    g = _grid(c, costs, window_s, max_instances, max_windows, normal, confidence, resident)
     ok = g["cost"] <= gpu_minutes
     if not ok.any():
-        raise ValueError(f"{gpu_minutes:g} GPU minutes do not buy 2 instance pairs of one window")
+        windows = "one window" if resident.sets == 1 else f"{resident.sets} windows (one per resident set)"
+        raise ValueError(f"{gpu_minutes:g} GPU minutes do not buy 2 instance pairs of {windows}")
     k = np.unravel_index(np.argmin(np.where(ok, g["half_width"], np.inf)), ok.shape)
-    return _chosen(g, k, {"budget_gpu_minutes": gpu_minutes}, c, costs)
+    return _chosen(g, k, {"budget_gpu_minutes": gpu_minutes}, c, costs, resident)

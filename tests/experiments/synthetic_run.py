@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.core.schedule import build_schedule
 from loadgen.records import RecordWriter, RequestRecord
 
 MS = 1_000_000  # ns per ms
@@ -40,14 +41,19 @@ def write_run(run_dir: Path, cell_fn: CellFn, *, labels: Sequence[str] = ("stock
               duration_s: float = 20.0, requests: int = 40, skip: set | None = None, status: str = "complete",
               stopped_reason: str | None = None, mode_note: str | None = None, device: str = "cuda",
               step_histograms: dict | None = None, warmup: int = 3, seed: int = 0, itl: bool = False,
-              host: Callable[[str, int, float], dict | None] | None = None) -> Path:
+              host: Callable[[str, int, float], dict | None] | None = None,
+              sets: Sequence[tuple[str, ...]] | None = None, instances: int = 1) -> Path:
     """Write run.json + requests.jsonl for a synthetic run; cells in ``skip`` are not run. With ``itl``
     the records keep their token gaps; with ``host`` run.json lists every measured replay with its host
-    entry host(arm, window, load)."""
+    entry host(arm, window, load). With resident ``sets`` the cells' orders are
+    experiments.core.schedule's for them on ``instances`` instances (the records tagged with theirs),
+    each cell replayed by its set's arms only."""
     rng = np.random.default_rng(seed)
     skip = skip or set()
     run_dir.mkdir(parents=True, exist_ok=True)
     schedule = []
+    steps = {(s.window, s.load): list(s.order) for s in build_schedule(
+        windows, tuple(loads), tuple(labels), sets=sets, instances=instances, seed=seed)} if sets else {}
     with RecordWriter(run_dir / "requests.jsonl") as w:
         for lab in labels:
             for i in range(warmup):
@@ -55,14 +61,15 @@ def write_run(run_dir: Path, cell_fn: CellFn, *, labels: Sequence[str] = ("stock
                                                               "phase": "warmup"}))
         for win in range(windows):
             for load in loads:
-                order = list(labels) if win % 2 == 0 else list(reversed(labels))
+                order = steps.get((win, load)) or (list(labels) if win % 2 == 0 else list(reversed(labels)))
                 done = [lab for lab in order if (lab, win, load) not in skip]
                 schedule.append({"window": win, "load": load, "order": order, "done": done})
                 for lab in done:
                     cell = cell_fn(lab, win, load, rng)
                     assert len(cell) == requests
                     for i, (ttft, tpot, err) in enumerate(cell):
-                        tags = {"arm": lab, "window": win, "load": load, "phase": "measure"}
+                        tags = {"arm": lab, "window": win, "load": load, "phase": "measure",
+                                **({"instance": win * instances // windows} if instances > 1 else {})}
                         w.write(record(ttft, tpot, index=i, error=err, status=500 if err else 200,
                                        completion=0 if err else None, tags=tags, itl=itl))
     run = {
@@ -79,6 +86,7 @@ def write_run(run_dir: Path, cell_fn: CellFn, *, labels: Sequence[str] = ("stock
         "step_histograms": step_histograms or {}, "status": status, "stopped_reason": stopped_reason,
         "servers": {lab: {"log": f"server-{lab}.log", "cmd": [], "kv_cache_memory_bytes": 1}
                     for lab in labels},
+        **({"resident_sets": [list(s) for s in sets]} if sets else {}),
     }
     if host is not None:
         run["replays"] = [{"arm": lab, "window": e["window"], "load": e["load"], "phase": "measure",

@@ -94,10 +94,13 @@ def test_the_gpu_default_is_the_confirm3_design_sized_to_the_gpu(on_gpu) -> None
     cfg = run_cli.config_from_args(run_cli.build_parser().parse_args(["--trace", str(TRACE)]))
     assert cfg.labels == ("stock", "patched", "planted:3us", "stock-b") and cfg.knee_factors == (5.0, 8.0)
     assert (cfg.windows, cfg.window_s, cfg.max_output_tokens, cfg.max_model_len) == (24, 10.0, 128, 16384)
-    assert cfg.model == "llama-3.1-8b" and cfg.kv_cache_memory_bytes == 12 * GIB
-    on_gpu(NEW_GPU, 80)
+    assert cfg.model == "llama-3.1-8b" and cfg.kv_cache_memory_bytes == 12 * GIB and cfg.resident is None
+    on_gpu(NEW_GPU, 80)  # four 8B servers do not fit, two do: the 8B shape in resident sets of 2
+    eighty = run_cli.config_from_args(run_cli.build_parser().parse_args(["--trace", str(TRACE)]))
+    assert (eighty.model, eighty.resident, eighty.kv_cache_memory_bytes) == ("llama-3.1-8b", 2, 12 * GIB)
+    on_gpu(NEW_GPU, 40)  # not even two 8B servers: the 1B shape, every arm resident
     small = run_cli.config_from_args(run_cli.build_parser().parse_args(["--trace", str(TRACE)]))
-    assert small.model == "llama-3.2-1b" and small.kv_cache_memory_bytes == 10 * GIB
+    assert small.model == "llama-3.2-1b" and small.kv_cache_memory_bytes == 3 * GIB and small.resident is None
     one_flags = ["--trace", str(TRACE), "--one-at-a-time"]
     one = run_cli.config_from_args(run_cli.build_parser().parse_args(one_flags))
     assert one.knee_factors is None and one.labels == ("stock", "patched", "planted:3us")
@@ -109,7 +112,7 @@ def test_a_run_without_a_table_stops_before_any_server(on_gpu, monkeypatch, tmp_
     assert run_cli.main(["--trace", str(TRACE), "--results-dir", str(tmp_path), "--no-calibrate"]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and "--arm patched: no compiled policy table for GPU a100-sxm4-40gb" in err[0]
-    assert "python -m integration.calibrate --model integration/models/llama-3.2-1b" in err[0]
+    assert "python -m integration.calibrate --model integration/models/llama-3.1-8b" in err[0]
     assert "python -m kernels.suite" in err[0] and not any(tmp_path.iterdir())
 
 
@@ -123,20 +126,40 @@ def test_a_run_without_a_table_calibrates_first_and_says_so(on_gpu, monkeypatch,
     err = capsys.readouterr().err
     assert "no policy table for GPU a100-sxm4-40gb: calibrating first (python -m integration.calibrate" in err
     assert calls and calls[0][1:5] == ["-m", "integration.calibrate", "--model",
-                                       "integration/models/llama-3.2-1b"]
+                                       "integration/models/llama-3.1-8b"]
     assert "calibration for GPU a100-sxm4-40gb failed (exit 1)" in err and not any(tmp_path.iterdir())
     assert not readiness.needs_calibration(cuda_cfg(), "h200")  # the committed table
     assert not readiness.needs_calibration(cuda_cfg(allow_no_table=True), NEW_GPU)
 
 
 def test_the_printed_plan_says_per_arm_memory_and_length(on_gpu, capsys) -> None:
-    on_gpu(NEW_GPU, 80)
+    on_gpu(NEW_GPU, 40)
     assert run_cli.main(["--trace", str(TRACE), "--allow-no-table", "--dry-run"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["gpu"] == NEW_GPU and plan["config"]["allow_no_table"] is True
     assert [line.split(":")[0] for line in plan["arms_run"]] == ["stock", "patched", "planted", "stock-b"]
     assert plan["memory"]["model"] == "llama-3.2-1b" and plan["memory"]["fits"] and plan["duration_s"] > 0
     assert any(line.startswith("GPU a100-sxm4-40gb: 4 x llama-3.2-1b") for line in readiness.summary(plan))
+    assert "resident_sets" not in plan and "resident" not in plan["config"]
+
+
+def test_the_plan_says_which_servers_share_an_80_gb_gpu_in_turn(on_gpu, capsys) -> None:
+    on_gpu(NEW_GPU, 80)
+    assert run_cli.main(["--trace", str(TRACE), "--allow-no-table", "--dry-run"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    memory = plan["memory"]
+    assert memory["model"] == "llama-3.1-8b" and memory["servers"] == 2 and memory["fits"]
+    sets = plan["resident_sets"]
+    assert sets["sets"] == [["stock", "stock-b"], ["stock", "patched"], ["patched", "planted:3us"]]
+    assert sets["why"].startswith("all 4 do not fit: 4 x llama-3.1-8b") and plan["config"]["resident"] == 2
+    assert plan["config"]["windows"] == 27 and sets["windows_per_set"] == 3  # the default 24, rounded up
+    first = {tuple(sorted(e["order"])) for e in plan["schedule"][:3 * len(plan["config"]["loads"])]}
+    assert first == {("stock", "stock-b")}  # the first set's windows: the baseline and its A/A server
+    line = next(x for x in readiness.summary(plan) if x.startswith("resident sets"))
+    assert line.startswith("resident sets: at most 2 servers at once (all 4 do not fit") and line.endswith(
+        "in turn within each of 3 instance(s), 3 window(s) each: stock, stock-b | stock, patched | patched, "
+        "planted:3us")
+    assert any(x.startswith("GPU a100-sxm4-40gb: 2 x llama-3.1-8b") for x in readiness.summary(plan))
 
 
 def test_a_run_without_a_table_is_recorded_as_an_a_a(monkeypatch) -> None:
@@ -158,7 +181,7 @@ H100 = "h100-80gb-hbm3"  # its committed table was made for the 1B shape and fus
 
 def test_default_arms_on_a_table_that_fuses_nothing_fuse_every_call_and_say_so(on_gpu, capsys) -> None:
     on_gpu(H100, 80)
-    assert run_cli.main(["--trace", str(TRACE), "--dry-run"]) == 0
+    assert run_cli.main(["--trace", str(TRACE), "--model", "llama-3.2-1b", "--dry-run"]) == 0
     captured = capsys.readouterr()
     assert "policy-h100-80gb-hbm3-in-graph.json fuses no call of llama-3.2-1b on GPU h100-80gb-hbm3" in \
         captured.err and "(--fuse-all)" in captured.err

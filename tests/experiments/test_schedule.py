@@ -1,9 +1,10 @@
 """Randomised balanced arm order of (window, load) replays, blocks for one-server-at-a-time runs,
-the burn-in cell, prompt seeds."""
+resident sets (--resident), the burn-in cell, prompt seeds."""
 
 from __future__ import annotations
 
 from collections import Counter
+from itertools import combinations
 
 import pytest
 
@@ -11,6 +12,7 @@ from experiments.core.schedule import (
     build_schedule,
     burnin_seed,
     burnin_step,
+    cover,
     knee_seed,
     replay_seed,
     segments,
@@ -111,3 +113,47 @@ def test_knee_windows_pooled_at_one_factor_share_no_prompt_prefix() -> None:
     req = TraceRequest(0.0, 64, 8)
     first = {tuple(prompt_token_ids(0, req, seed=knee_seed(3, 2, w))[:16]) for w in (12, 16, 18)}
     assert len(first) == 3
+
+
+FOUR = ("stock", "patched", "planted:3us", "stock-b")
+NEEDED = [("stock", "patched"), ("patched", "planted:3us"), ("stock", "stock-b")]  # A/B, twin, A/A
+
+
+def test_sets_of_two_cover_every_comparison_each_arm_once_per_instance() -> None:
+    sets = cover(FOUR, NEEDED, 2)
+    assert sets == (("stock", "stock-b"), ("stock", "patched"), ("patched", "planted:3us"))
+    for label in FOUR:  # each label's sets follow one another: its server starts once per instance
+        where = [i for i, s in enumerate(sets) if label in s]
+        assert where == list(range(where[0], where[-1] + 1))
+    three = cover(FOUR, NEEDED, 3)  # fewer sets, and every pair but one resident together
+    assert len(three) == 2 and all(len(s) == 3 for s in three) and "stock" in three[0]
+    assert {frozenset(p) for s in three for p in combinations(s, 2)} >= {frozenset(p) for p in NEEDED}
+    assert cover(FOUR, NEEDED, 4) == (FOUR,) and cover(FOUR, NEEDED, 9) == (FOUR,)
+
+
+def test_sets_that_cannot_keep_each_arm_s_turns_together_are_refused() -> None:
+    every = list(combinations("abc", 2))  # every pair in sets of two: the first and last share a label
+    with pytest.raises(ValueError, match="^no order of resident sets of at most 2 servers holds a and b, "
+                                         "a and c, b and c together"):
+        cover("abc", every, 2)
+    assert cover("abc", every, 3) == (("a", "b", "c"),)
+    with pytest.raises(ValueError, match="holds 2 or more servers, got 1"):
+        cover(FOUR, NEEDED, 1)
+
+
+def test_sets_split_every_instance_and_order_only_their_own_arms() -> None:
+    sets = cover(FOUR, NEEDED, 2)
+    steps = build_schedule(12, (1.0, 4.0), FOUR, sets=sets, instances=2, seed=5)
+    assert [s.resident_set for s in steps if s.load == 1.0] == [0, 0, 1, 1, 2, 2] * 2
+    assert all(sorted(s.order) == sorted(sets[s.resident_set]) for s in steps)
+    for k, s in enumerate(sets):  # both orders of a set's two arms, equally often at every load
+        for load in (1.0, 4.0):
+            assert Counter(st.order for st in steps if st.resident_set == k and st.load == load) == {
+                s: 2, s[::-1]: 2}
+    assert steps[0].to_json()["set"] == 0 and "set" not in build_schedule(2, (1.0,), LABELS)[0].to_json()
+    segs = segments(steps, one_at_a_time=False)
+    assert [set(seg.arms) for seg in segs] == [set(s) for s in sets] * 2
+    assert [sorted({st.window for st in seg.steps}) for seg in segs] == [[0, 1], [2, 3], [4, 5], [6, 7],
+                                                                          [8, 9], [10, 11]]
+    later = burnin_step(steps, (1.0, 4.0), ("planted:3us",))  # a later set's fresh server: its first cell
+    assert (later.window, later.load, later.order) == (4, 4.0, ("planted:3us",))

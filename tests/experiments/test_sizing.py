@@ -59,6 +59,9 @@ def _apply(cfg: RunConfig, flags: str) -> tuple[RunConfig, set[str]]:
             given.add("model")
         elif w == "--kv-cache-memory-bytes":
             changes["kv_cache_memory_bytes"] = int(words[i + 1].removesuffix("GiB")) * GIB
+        elif w == "--resident":
+            changes["resident"] = int(words[i + 1])
+            given.add("resident")
         elif w == "--one-at-a-time":
             changes.update(one_at_a_time=True, knee_factors=None)
             arms = arms[:-1]  # no interleaved A/A with one server at a time
@@ -69,14 +72,18 @@ def _apply(cfg: RunConfig, flags: str) -> tuple[RunConfig, set[str]]:
     return dataclasses.replace(cfg, arms=tuple(arms), **changes), given
 
 
-# (GB, --model or None for the default) -> (model picked, KV GiB) or None for a refusal; the KV cache
-# is sized for the knee search's highest load (--knee-max 64 x 1.25), 12 GiB of the 8B shape (11 at 8x)
+# (GB, --model or None for the default) -> (model picked, KV GiB, servers resident at once) or None for a
+# refusal: the larger model in resident sets (--resident) before the smaller one with every arm resident;
+# the KV cache is sized for the knee search's highest load (--knee-max 64 x 1.25), 12 GiB of the 8B shape
 EXPECTED = {
-    (24, None): None, (24, "llama-3.2-1b"): None, (24, "llama-3.1-8b"): None,
-    (40, None): ("llama-3.2-1b", 3), (40, "llama-3.2-1b"): ("llama-3.2-1b", 3), (40, "llama-3.1-8b"): None,
-    (80, None): ("llama-3.2-1b", 10), (80, "llama-3.2-1b"): ("llama-3.2-1b", 10), (80, "llama-3.1-8b"): None,
-    (141, None): ("llama-3.1-8b", 12), (141, "llama-3.2-1b"): ("llama-3.2-1b", 10),
-    (141, "llama-3.1-8b"): ("llama-3.1-8b", 12),
+    (24, None): ("llama-3.2-1b", 5, 2), (24, "llama-3.2-1b"): ("llama-3.2-1b", 5, 2),
+    (24, "llama-3.1-8b"): None,
+    (40, None): ("llama-3.2-1b", 3, 4), (40, "llama-3.2-1b"): ("llama-3.2-1b", 3, 4),
+    (40, "llama-3.1-8b"): None,
+    (80, None): ("llama-3.1-8b", 12, 2), (80, "llama-3.2-1b"): ("llama-3.2-1b", 10, 4),
+    (80, "llama-3.1-8b"): ("llama-3.1-8b", 12, 2),
+    (141, None): ("llama-3.1-8b", 12, 4), (141, "llama-3.2-1b"): ("llama-3.2-1b", 10, 4),
+    (141, "llama-3.1-8b"): ("llama-3.1-8b", 12, 4),
 }
 
 
@@ -99,17 +106,22 @@ def test_the_design_fits_or_is_refused_with_flags_that_fit(design: RunConfig, ne
         return
     out = _sized(cfg, gb, given)
     fit = readiness.memory_fit(out, (gb * GB, gb * GB))
-    assert (out.model, out.kv_cache_memory_bytes // GIB) == expected
-    assert fit.fits and fit.servers == 4 and fit.kv_tokens >= need
-    assert fit.total_bytes <= gb * GB and 4 * out.gpu_memory_utilization <= 1
+    assert (out.model, out.kv_cache_memory_bytes // GIB, fit.servers) == expected
+    assert out.resident == (None if fit.servers == 4 else fit.servers)
+    assert fit.fits and fit.kv_tokens >= need
+    assert fit.total_bytes <= gb * GB and fit.servers * out.gpu_memory_utilization <= 1
+    if fit.servers < 4:  # the most that fit: one more does not
+        assert not readiness.memory_fit(out, (gb * GB, gb * GB), servers=fit.servers + 1).fits
 
 
 def test_the_default_fits_an_h100_and_an_h200_as_torch_reports_them(design: RunConfig) -> None:
     h100 = (85_029_158_912 - GIB // 2, 85_029_158_912)  # "NVIDIA H100 80GB HBM3": 79.2 GiB
     h200 = (int(139.29 * GIB), 150_754_820_096)  # the first server's "Initial free memory 139.29 GiB"
-    assert readiness.sized(design, {"arms"}, h100).model == "llama-3.2-1b"
+    on_h100 = readiness.sized(design, {"arms"}, h100)  # two 8B servers at a time, not the 1B shape
+    assert (on_h100.model, on_h100.resident, on_h100.kv_cache_memory_bytes) == ("llama-3.1-8b", 2, 12 * GIB)
     on_h200 = readiness.sized(design, {"arms"}, h200)
     assert on_h200.model == "llama-3.1-8b" and on_h200.kv_cache_memory_bytes == 12 * GIB
+    assert on_h200.resident is None  # all four fit
 
 
 def test_the_kv_cache_is_sized_for_the_knee_searchs_highest_load(design: RunConfig, need: int) -> None:
@@ -117,6 +129,14 @@ def test_the_kv_cache_is_sized_for_the_knee_searchs_highest_load(design: RunConf
     low = dataclasses.replace(design, knee_max=8.0)
     assert readiness.highest_load(low) == 10.0 and readiness.need_tokens(low) < need
     assert readiness.highest_load(dataclasses.replace(design, knee_factors=None)) == 8.0  # --loads 5,8
+
+
+def test_a_given_resident_count_is_kept_or_refused(design: RunConfig) -> None:
+    three = dataclasses.replace(design, resident=3)
+    assert readiness.sized(three, {"arms", "resident"}, (141 * GB, 141 * GB)).resident == 3
+    with pytest.raises(ConfigError, match=r"^GPU memory: 3 x llama-3.1-8b .* need 91.2 GiB, the GPU has "
+                                          r"74.5 GiB free .* flags that fit: `--resident 2 --kv-cache"):
+        readiness.sized(three, {"arms", "resident", "model"}, (80 * GB, 80 * GB))
 
 
 def test_a_given_kv_cache_too_small_for_the_trace_is_refused(design: RunConfig) -> None:

@@ -1,0 +1,85 @@
+"""Resident sets: fewer servers on the GPU at once than the run has arms (`--resident K`).
+
+The comparisons a run must measure together (experiments.stats.comparisons.required_pairs: the
+baseline with the primary arm and every other arm, a planted arm with its twin instead, the A/A) are
+covered by sets of at most K labels (experiments.core.schedule.cover), the first holding the baseline
+(the knee search runs on it) and each label's sets consecutive, so that every arm starts once per
+server instance. Every instance block of windows is cut into one equal sub-block per set; a
+sub-block's cells are replayed by that set's arms only (experiments.core.schedule.build_schedule).
+The runner swaps servers between sets: it stops those the next set does not hold and starts the ones
+it lacks (each warmed up and burnt in as a fresh server is); at a new instance it stops every server
+and starts the first set's. run.json "resident_sets" records the sets; its schedule records each
+cell's order, which holds only the arms that replay it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+from experiments.core.schedule import cover
+from experiments.runner.config import ConfigError, RunConfig
+from experiments.runner.servers import start_waves
+from experiments.stats.comparisons import required_pairs
+
+Sets = tuple[tuple[str, ...], ...]
+
+
+def run_like(cfg: RunConfig) -> dict:
+    """What experiments.stats reads of a run's arms (run.json's arm_labels, arms, arm_definitions), from
+    the config, before any run.json exists."""
+    return {"arm_labels": list(cfg.labels), "arms": list(cfg.arms),
+            "arm_definitions": {lab: arm.to_json() for lab, arm in zip(cfg.labels, cfg.arm_definitions)}}
+
+
+def sets(cfg: RunConfig) -> Sets:
+    """The run's resident sets in the order they take the GPU: every label as one set unless --resident
+    is below the number of arms; ConfigError when no order of sets of that size covers the comparisons."""
+    if cfg.resident is None or cfg.resident >= len(cfg.labels):
+        return (tuple(cfg.labels),)
+    try:
+        return cover(cfg.labels, required_pairs(run_like(cfg)), cfg.resident)
+    except ValueError as exc:
+        raise ConfigError(f"--resident {cfg.resident}: {exc}") from None
+
+
+def describe(found: Sets) -> str:
+    """The sets as text: 'stock, stock-b | stock, patched'."""
+    return " | ".join(", ".join(s) for s in found)
+
+
+def check(cfg: RunConfig, n_instances: int) -> None:
+    """ConfigError when the windows of every instance do not split into one equal sub-block per set,
+    naming the multiple of --windows to give."""
+    found = sets(cfg)
+    per = len(found) * n_instances
+    if len(found) > 1 and cfg.windows % per:
+        raise ConfigError(f"--resident {cfg.resident}: --windows {cfg.windows} does not split into "
+                          f"{n_instances} instance(s) x {len(found)} resident sets ({describe(found)}), "
+                          f"every set replaying the same number of windows: give a multiple of {per}")
+
+
+def fit_windows(cfg: RunConfig, n_instances: int, windows_given: bool) -> RunConfig:
+    """cfg with a default --windows rounded up to the next multiple of instances x resident sets (said on
+    stderr by the CLI); as it is when the windows were given (check refuses them) or already split."""
+    per = len(sets(cfg)) * n_instances
+    if windows_given or cfg.windows % per == 0:
+        return cfg
+    return dataclasses.replace(cfg, windows=math.ceil(cfg.windows / per) * per)
+
+
+def start_waves_per_instance(cfg: RunConfig, found: Sets) -> int:
+    """Server start waves in one instance: the first set's servers, then each later set's new ones, in
+    the waves of experiments.runner.servers.start_waves (a wave's servers start together: one start time)."""
+    waves, up = 0, ()
+    for s in found:
+        new = [lab for lab in s if lab not in up]
+        waves += len(start_waves(cfg, new)) if new else 0
+        up = s
+    return waves
+
+
+def replays_per_window(found: Sequence[Sequence[str]]) -> float:
+    """Arms that replay each cell, on average over the sets (each set replays an equal share)."""
+    return sum(len(s) for s in found) / len(found)
