@@ -73,7 +73,7 @@ def section_lines(g: GpuShare | None) -> list[str]:
         return []
     out = ["## GPU share of a served decode step", ""]
     if g.reason is not None:
-        return [*out, f"Not known: {g.reason}.", ""]
+        return [*out, f"Not known — {g.reason}.", ""]
     out += [f"The stock engine's CUDA-graph decode step ({g.source}) at the batch the engine ran (its "
             "requests in decode, from the records' first and last token times), against the served step "
             "(a gap between two tokens of one reply), each step counted once; the share is the median "

@@ -74,7 +74,7 @@ def test_a_run_without_step_times_says_so_in_one_line_and_warns_of_nothing() -> 
     text = render_markdown(report(source=None, reason="a CPU run: there is no GPU step to set the served "
                                                       "steps against"))
     section = text.split("## GPU share of a served decode step\n\n")[1].split("\n\n")[0]
-    assert section == "Not known: a CPU run: there is no GPU step to set the served steps against."
+    assert section == "Not known — a CPU run: there is no GPU step to set the served steps against."
     assert "measures the host" not in text
 
 
