@@ -26,7 +26,7 @@ from common.cliargs import OneLineParser, add_debug_flag, fail, same_file
 from common.jsonfile import ResultFileError, project_relative, read_json
 from experiments.core.rundir import check_records, read_run_record
 from experiments.core.slo import DEFAULT_SLO_FILE, SLO, load_slo_file, parse_slo
-from experiments.reporting import duetreport, noisefloor, plots, report, schema
+from experiments.reporting import duetreport, hostbound, noisefloor, plots, report, schema
 from experiments.reporting.reportdiff import report_change
 from experiments.stats import attribution, comparisons, goodput, hostslow, instances, knee, planted
 from integration.proof import profiles
@@ -162,11 +162,13 @@ class Inputs:
     kernel_results: Path | None = None
     planted_steps: Path | None = None
     graph_steps: Path | None = None
+    gpu_steps: Path | None = None
     notes: tuple[str, ...] = field(default=(), compare=False)  # where each came from, for the CLI
 
 
-PATH_INPUTS = ("aa_report", "patched_policy", "profile", "kernel_results", "planted_steps", "graph_steps")
-REQUIRED_INPUTS = PATH_INPUTS[:4]  # in every report that records inputs; the last two came later
+PATH_INPUTS = ("aa_report", "patched_policy", "profile", "kernel_results", "planted_steps", "graph_steps",
+               "gpu_steps")
+REQUIRED_INPUTS = PATH_INPUTS[:4]  # in every report that records inputs; the last three came later
 
 
 def _shown(path: Path | None) -> str | None:
@@ -199,7 +201,7 @@ def recorded_inputs(run_dir: Path) -> Inputs:
 def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: Path | None = None,
                 patched_policy: Path | None = None, profile: Path | None = None,
                 kernel_results: Path | None = None, planted_steps: Path | None = None,
-                graph_steps: Path | None = None, out_dir: Path | None = None,
+                graph_steps: Path | None = None, gpu_steps: Path | None = None, out_dir: Path | None = None,
                 accept_damaged: bool = False) -> dict:
     """Analyse RUN_DIR, write report.json, report.md and PNGs into out_dir (default RUN_DIR itself) and
     return the report dict.
@@ -213,8 +215,9 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
     time inside vLLM, which the planted control's prediction then uses (default for a run with a
     planted arm: the GPU's and model's committed one, integration/results/profiles.json);
     ``graph_steps`` a graph-steps file of the fused kernel at every size, whose decode step savings
-    the attribution then uses. Records that fail their integrity checks raise rundir.DamagedRecords
-    unless ``accept_damaged``; the report is then titled damaged.
+    the attribution then uses; ``gpu_steps`` one whose stock decode steps are the host-bound guard's GPU
+    time (default: the GPU's and model's committed one). Records that fail their integrity checks raise
+    rundir.DamagedRecords unless ``accept_damaged``; the report is then titled damaged.
     """
     run_dir = Path(run_dir)
     out_dir = run_dir if out_dir is None else Path(out_dir)
@@ -255,9 +258,13 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
         policy = _policy_record(patched_policy)
     attrib = attribution.attribute(run, labels[0], PROJECT_ROOT, gpu, profile_path=profile,
                                    kernel_path=kernel_results, policy=policy, graph_path=graph_steps)
+    model = (run.get("model") or {}).get("name")
     if planted_steps is None and planted.has_planted_arm(run):  # the GPU's committed one, if any
-        found = profiles.default_planted_steps(gpu, (run.get("model") or {}).get("name"))
+        found = profiles.default_planted_steps(gpu, model)
         planted_steps = PROJECT_ROOT / found if found else None
+    if gpu_steps is None and run.get("device") == "cuda":
+        found = profiles.default_graph_steps(gpu, model)
+        gpu_steps = PROJECT_ROOT / found if found else None
     latency_rows = goodput.latency_table(complete)
     paired_lat = comparisons.paired_latency(complete, run)
     planted_lines = planted.planted_lines(
@@ -280,6 +287,8 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
     )
     result = report.build_report(analysis)
     result["noise_floor"] = noisefloor.noise_floor(result, aa_report)
+    result["gpu_share"] = hostbound.entry(complete, run, gpu, None if gpu_steps is None else (
+        _shown(gpu_steps), read_json(gpu_steps, None, "graph-steps file")))
     if aa_report is not None and result["noise_floor"]["source"] == str(aa_report):
         result["noise_floor"]["source"] = _shown(aa_report)  # the same wherever analyze runs from
     if duetreport.is_duet(run):
@@ -287,7 +296,7 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
     result["inputs"] = {"slos": [s.to_json() for s in slos], "aa_report": _shown(aa_report),
                         "patched_policy": _shown(patched_policy), "profile": attrib["profile"],
                         "kernel_results": attrib["kernel_results"]}
-    for key, path in (("planted_steps", planted_steps), ("graph_steps", graph_steps)):
+    for key, path in zip(PATH_INPUTS[4:], (planted_steps, graph_steps, gpu_steps)):
         if path is not None:  # recorded only when given, so earlier reports re-derive unchanged
             result["inputs"][key] = _shown(path)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -339,6 +348,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "(e.g. integration/results/h200-llama8b-graph/h200-graph-steps.json): at the decode "
                          "sizes it timed, the attribution counts the step time saved there instead of the "
                          "profile's norm time (default: as recorded, else none)")
+    ap.add_argument("--gpu-steps", type=Path, default=None, metavar="GRAPH_STEPS_JSON",
+                    help="a graph-steps file: its stock engine's CUDA-graph decode steps are the GPU time "
+                         "of a served step in the report's host-bound guard (default: as recorded, else the "
+                         "GPU's and model's in integration/results/profiles.json or its calibration record)")
     ap.add_argument("--accept-damaged", action="store_true",
                     help="analyse records that fail their integrity checks (no records file, a torn last "
                          "line, a field of the wrong type or range, a repeated request, a finished cell with "

@@ -64,6 +64,20 @@ def record_path(gpu: str) -> Path:
     return ROOT / KERNEL_RESULTS / f"calibration-{gpu}.json"
 
 
+def graph_steps_file(gpu: str, model: str) -> Path | None:
+    """The graph-steps file (the stock and all-fused engines' CUDA-graph decode steps) of the GPU's
+    committed calibration where it was made for `model` (the model directory's name), relative to the
+    project root; None where there is none."""
+    try:
+        rec = read_json(record_path(gpu), SCHEMA_VERSION, "calibration record")
+    except ResultFileError:
+        return None
+    if ((rec.get("key") or {}).get("model") or {}).get("name") != model:
+        return None
+    outputs = [out for step in rec.get("steps") or [] for out in step.get("outputs") or []]
+    return next((Path(out) for out in outputs if out.endswith(f"{gpu}-graph-steps.json")), None)
+
+
 def kernel_source_hash() -> str:
     """sha256 over the kernel's source files, in a fixed order."""
     h = hashlib.sha256()

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 from experiments.reporting import hostreport
 from experiments.reporting.duetreport import layout_lines
+from experiments.reporting.hostbound import section_lines, warning_lines
 from experiments.reporting.report_knee import capacity_text, knee_lines
 from experiments.reporting.report_latency import (
     fmt_num,
@@ -322,7 +323,7 @@ def render_markdown(r: Report) -> str:
     durations = sorted({w["duration_s"] for w in d["windows"]})
     aa = "; A/A run" if r.aa.is_aa else ""
     notes = notices(r)
-    lines = [f"# RMSNorm A/B goodput report ({r.status}{aa})", "", *summary_lines(r),
+    lines = [f"# RMSNorm A/B goodput report ({r.status}{aa})", "", *warning_lines(r), *summary_lines(r),
              *notes, *([""] if notes else []),
              f"- model {model.get('name')} ({model.get('dtype')}, eager {model.get('eager')}) on {r.gpu}; "
              f"arms {', '.join(r.arm_labels)} (kernels {', '.join(r.arms)}), baseline first",
@@ -341,7 +342,8 @@ def render_markdown(r: Report) -> str:
     if r.warnings:
         lines += ["## Warnings", ""] + [f"- {w}" for w in r.warnings] + [""]
     lines += (arm_lines(r) + instance_lines(r) + knee_lines(r) + _slo_tables(r) + _latency_table(r)
-              + design_lines(r) + hostreport.slow_host_lines(r) + _power_and_attribution(r))
+              + section_lines(r.gpu_share) + design_lines(r) + hostreport.slow_host_lines(r)
+              + _power_and_attribution(r))
     lines += ["## Plots", ""] + [f"![{p}]({p})" for p in r.plots or []] + [""]
     if cmd and str(cmd[0]).endswith(".py"):
         cmd = ["python", *cmd]

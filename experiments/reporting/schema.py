@@ -20,7 +20,7 @@ REPORT_SCHEMA_VERSION = 1
 UPGRADES: dict[int, Callable[[dict], dict]] = {}
 # entries written only when set: the layout of a duet run; the analysis inputs, noise floor and plots
 # of reports written before them (filled in by analyze before every write today)
-OPTIONAL = ("noise_floor", "layout", "inputs", "plots", "over_instances", "slow_host")
+OPTIONAL = ("noise_floor", "layout", "inputs", "plots", "over_instances", "slow_host", "gpu_share")
 
 Json = dict[str, Any]
 
@@ -43,6 +43,39 @@ class Records:
     warmup_excluded: int
     burnin_excluded: int = 0
     damage: list[str] | None = None  # what the integrity checks found (analysed anyway: --accept-damaged)
+
+
+@dataclass
+class GpuShareRow:
+    """One arm and load of the host-bound guard (experiments.stats.gpushare.shares)."""
+
+    arm: str
+    load: float
+    gaps: int  # token gaps compared
+    prefill: int  # gaps left out: a prefill ran in the step
+    above_timed: int  # gaps left out: a batch above the largest timed size
+    batch_p50: float | None  # over the compared steps, each counted once
+    served_step_ms: float | None
+    gpu_step_ms: float | None  # the graph step at batch_p50
+    gpu_share: float | None  # the median over steps of graph step / served step
+
+
+@dataclass
+class GpuShare:
+    """The share of a served decode step that is GPU time, per arm and load, or why it is not known."""
+
+    bound: float  # a share below it: more than about a quarter of a step is host time
+    source: str | None  # the graph-steps file whose stock decode steps were the GPU time
+    reason: str | None  # why there are no rows (a CPU run, no step times of the shape, no token gaps)
+    rows: list[GpuShareRow]
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> GpuShare:
+        return cls(**{**doc, "rows": [GpuShareRow(**row) for row in doc["rows"]]})
+
+    def below_bound(self) -> list[GpuShareRow]:
+        """The rows whose served steps are more than about a quarter host time."""
+        return [row for row in self.rows if row.gpu_share is not None and row.gpu_share < self.bound]
 
 
 @dataclass
@@ -86,6 +119,7 @@ class Report:
     plots: list[str] | None = None
     over_instances: Json | None = None  # paired TPOT with the server-instance variance (stats.instances)
     slow_host: Json | None = None  # replays that ran in a slow host episode (stats.hostslow); new runs only
+    gpu_share: GpuShare | None = None  # the host-bound guard (reporting.hostbound)
 
     @property
     def baseline(self) -> str:
@@ -105,6 +139,8 @@ class Report:
         kw = dict(doc)
         kw["aa"] = AA(**doc["aa"])
         kw["records"] = Records(**doc["records"])
+        if doc.get("gpu_share") is not None:
+            kw["gpu_share"] = GpuShare.from_json(doc["gpu_share"])
         return cls(**kw)
 
     def to_json(self) -> Json:
@@ -114,7 +150,7 @@ class Report:
             value = getattr(self, f.name)
             if value is None and f.name in OPTIONAL:
                 continue
-            out[f.name] = asdict(value) if f.name in ("aa", "records") else value
+            out[f.name] = asdict(value) if f.name in ("aa", "records", "gpu_share") else value
         if self.records.damage is None:  # only a damaged run's report has the entry
             del out["records"]["damage"]
         return out

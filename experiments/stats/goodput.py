@@ -42,9 +42,9 @@ def met_column(slo: SLO) -> str:
 
 
 def records_frame(records: Sequence[RequestRecord], slos: Sequence[SLO]) -> pd.DataFrame:
-    """One row per record: tags, success, latencies (ms, NaN when undefined), the request's inter-token
-    latencies (a list, empty when not recorded), the arm's server instance (0 for a run of one) and
-    one met column per SLO."""
+    """One row per record: tags, success, latencies (ms, NaN when undefined), the first and last token's
+    time (ms since the replay's t0, NaN without one), the request's inter-token latencies (a list,
+    empty when not recorded), the arm's server instance (0 for a run of one) and one met column per SLO."""
     rows = []
     for pos, r in enumerate(records):
         missing = [t for t in REQUIRED_TAGS if t not in r.tags]
@@ -54,6 +54,8 @@ def records_frame(records: Sequence[RequestRecord], slos: Sequence[SLO]) -> pd.D
             "arm": str(r.tags["arm"]), "window": int(r.tags["window"]), "load": float(r.tags["load"]),
             "phase": str(r.tags["phase"]), "index": r.index, "ok": succeeded(r), "error": r.error,
             "due_ms": r.due_ns / 1e6, "end_ms": None if r.end_ns is None else r.end_ns / 1e6,
+            "first_token_ms": None if r.first_token_ns is None else r.first_token_ns / 1e6,
+            "last_token_ms": None if r.last_token_ns is None else r.last_token_ns / 1e6,
             "input_tokens": r.input_tokens, "output_tokens": r.output_tokens,
             "prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
             "ttft_ms": ttft_ms(r), "tpot_ms": tpot_ms(r), "e2e_ms": e2e_ms(r), "lateness_ms": lateness_ms(r),
@@ -62,16 +64,17 @@ def records_frame(records: Sequence[RequestRecord], slos: Sequence[SLO]) -> pd.D
         }
         row.update({met_column(s): meets(r, s) for s in slos})
         rows.append(row)
-    columns = [*REQUIRED_TAGS, "index", "ok", "error", "due_ms", "end_ms", "input_tokens", "output_tokens",
-               "prompt_tokens", "completion_tokens", "ttft_ms", "tpot_ms", "e2e_ms", "lateness_ms",
-               "tpot_unobserved", "batched", "itl_ms", "instance", *(met_column(s) for s in slos)]
+    columns = [*REQUIRED_TAGS, "index", "ok", "error", "due_ms", "end_ms", "first_token_ms", "last_token_ms",
+               "input_tokens", "output_tokens", "prompt_tokens", "completion_tokens", "ttft_ms", "tpot_ms",
+               "e2e_ms", "lateness_ms", "tpot_unobserved", "batched", "itl_ms", "instance",
+               *(met_column(s) for s in slos)]
     df = pd.DataFrame(rows, columns=columns)
     # typed also when empty (a run stopped before its first request): "ok" a mask, never a column
     # selection; the numbers numeric for the pairing's comparisons
     df = df.astype({"window": int, "load": float, "index": int, "ok": bool, "due_ms": float,
                     "input_tokens": int, "output_tokens": int, "tpot_unobserved": bool,
                     "batched": bool})
-    for col in ("end_ms", "ttft_ms", "tpot_ms", "e2e_ms", "lateness_ms"):
+    for col in ("end_ms", "first_token_ms", "last_token_ms", "ttft_ms", "tpot_ms", "e2e_ms", "lateness_ms"):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
     return df
 

@@ -4,7 +4,8 @@ A profile holds, per decode or prefill step of `batch_tokens` tokens, the stock 
 norm kernels' GPU time per step in the stock and the patched engine. experiments/ reads profiles
 only through `load_profile` and finds the committed ones through `default_profile`, which looks
 them up in integration/results/profiles.json by GPU and mode (data, not code: a new GPU's profiles
-are added there).
+are added there); `default_graph_steps` finds a GPU's and model's CUDA-graph step times there or in
+the GPU's calibration record.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from common.jsonfile import ResultFileError, read_json
+from integration import calibrate
 
 SCHEMA_VERSION = 1  # written by integration.proof.evidence.profile_from_raw
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
@@ -53,11 +55,25 @@ def default_profile(gpu: str | None, mode: str) -> Path | None:
     return Path(path) if path else None
 
 
+def _indexed(section: str, gpu: str | None, model: str | None) -> Path | None:
+    """The index's file of `section` for this GPU and model, relative to the project root."""
+    if gpu is None or model is None or not INDEX.is_file():
+        return None
+    path = ((read_json(INDEX, SCHEMA_VERSION, "profile index").get(section) or {}).get(gpu) or {}).get(model)
+    return Path(path) if path else None
+
+
 def default_planted_steps(gpu: str | None, model: str | None) -> Path | None:
     """The committed graph-steps file with a planted arm's step time for this GPU and model (its
     directory name, e.g. llama-3.1-8b), relative to the project root; None where there is none."""
-    if gpu is None or model is None or not INDEX.is_file():
-        return None
-    index = read_json(INDEX, SCHEMA_VERSION, "profile index").get("planted_steps") or {}
-    path = (index.get(gpu) or {}).get(model)
-    return Path(path) if path else None
+    return _indexed("planted_steps", gpu, model)
+
+
+def default_graph_steps(gpu: str | None, model: str | None) -> Path | None:
+    """The committed graph-steps file with the stock engine's CUDA-graph decode step times for this GPU
+    and model: the index's "graph_steps" entry (files made by hand), else the one the GPU's calibration
+    record names for that model (integration.calibrate); None where neither has one."""
+    found = _indexed("graph_steps", gpu, model)
+    if found is None and gpu is not None and model is not None:
+        found = calibrate.graph_steps_file(gpu, model)
+    return found

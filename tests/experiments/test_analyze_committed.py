@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from experiments.analyze import main, recorded_inputs
+from experiments.reporting import schema
 from experiments.reporting.reportdiff import differing_entries
 from integration.proof import profiles
 from kernels.environment import gpu_slug
@@ -76,3 +77,22 @@ def test_todays_default_profile_does_not_change_a_reanalysis(tmp_path: Path,
     assert main([str(bare)]) == 0
     attribution = json.loads((bare / "report.json").read_text())["attribution"]
     assert attribution["profile"] == "integration/results/other.json"
+
+
+def test_the_host_bound_guard_trips_on_the_1b_shape_and_not_on_the_8b_confirm3_run() -> None:
+    """Every committed report has the guard; the 1B engine's served steps are mostly host time (said at
+    the top of report.md), the 8B's on the H200 (confirm3) are not."""
+    def guard(run_dir: Path) -> tuple[schema.Report, str]:
+        return (schema.read_report(run_dir / "report.json"),
+                (run_dir / "report.md").read_text(encoding="utf-8").splitlines()[2])
+    one_b = []
+    for run_dir in RUNS:
+        r, top = guard(run_dir)
+        assert r.gpu_share is not None and bool(r.gpu_share.rows) != bool(r.gpu_share.reason), run_dir
+        assert top.startswith("**This run measures the host") == bool(r.gpu_share.below_bound()), run_dir
+        if r.model["name"] == "llama-3.2-1b" and r.gpu_share.rows:
+            one_b.append(run_dir.name)
+            assert len(r.gpu_share.below_bound()) == len(r.gpu_share.rows), run_dir
+    assert len(one_b) >= 5, one_b
+    r, _ = guard(RESULTS / "h200-llama8b-confirm3")
+    assert r.gpu_share.rows and not r.gpu_share.below_bound()

@@ -61,4 +61,5 @@ def test_unset_optional_entries_are_left_out_and_set_ones_kept() -> None:
     doc = json.loads((RESULTS / "cpu-tiny-aa" / "report.json").read_text(encoding="utf-8"))
     assert "layout" not in Report.from_json(doc).to_json()  # a turns run has no layout entry
     duet = Report.from_json({**doc, "layout": {"name": "duet"}}).to_json()
-    assert list(duet)[-3:] == ["layout", "inputs", "plots"] and duet["layout"] == {"name": "duet"}
+    assert list(duet)[-4:] == ["layout", "inputs", "plots", "gpu_share"]
+    assert duet["layout"] == {"name": "duet"}

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from common.jsonfile import ResultFileError
+from integration import calibrate
 from integration.proof import profiles
 
 
@@ -44,3 +46,24 @@ def test_wrong_version_and_truncated_files_name_the_file(tmp_path) -> None:
     cut.write_text('{"schema_version": 1, "steps": [')
     with pytest.raises(ResultFileError, match=r"cut.json:1: step profile is not valid JSON"):
         profiles.load_profile(cut)
+
+
+def test_graph_step_times_come_from_the_index_else_the_gpus_calibration_record() -> None:
+    # H200 files were made by hand and are indexed; the H100's calibration record names its own
+    assert profiles.default_graph_steps("h200", "llama-3.1-8b") == Path(
+        "integration/results/h200-llama8b-graph/h200-graph-steps.json")
+    record = json.loads(calibrate.record_path("h100-80gb-hbm3").read_text())
+    model = record["key"]["model"]["name"]
+    found = profiles.default_graph_steps("h100-80gb-hbm3", model)
+    assert found is not None and str(found) in [o for s in record["steps"] for o in s["outputs"]]
+    assert (profiles.PROJECT_ROOT / found).is_file() and str(found).endswith("-graph-steps.json")
+    assert profiles.default_graph_steps("h100-80gb-hbm3", "a-model-never-calibrated") is None
+    assert profiles.default_graph_steps("b200", "llama-3.1-8b") is None
+    assert profiles.default_graph_steps(None, "llama-3.1-8b") is None
+
+
+def test_every_indexed_graph_steps_file_has_stock_decode_steps() -> None:
+    for gpu, models in json.loads(profiles.INDEX.read_text())["graph_steps"].items():
+        for model in models:
+            doc = json.loads((profiles.PROJECT_ROOT / profiles.default_graph_steps(gpu, model)).read_text())
+            assert model in doc["model"] and all(s["baseline"] == "stock" for s in doc["sizes"])
