@@ -310,7 +310,7 @@ def _validate_sleep_mode(c: RunConfig) -> None:
     for bad, what in ((c.one_at_a_time, "--one-at-a-time (one server at a time has nothing to switch)"),
                       (bool(c.endpoints), "--endpoint (the kit starts every server with sleep mode on)"),
                       (c.layout != "turns", "--layout duet (every arm has a GPU of its own)"),
-                      (c.resident is not None, f"--resident {c.resident} (with it every server stays)")):
+                      (c.resident is not None, f"--resident {c.resident} (sleep mode keeps every server)")):
         _check(not bad, f"--sleep-mode: not with {what}")
 
 

@@ -106,7 +106,7 @@ def sized(cfg: RunConfig, given: Collection[str], memory: tuple[int, int] | None
     base = cfg.arms[0]
     aa = servers > 1 and len(cfg.arms) > 2 and cfg.arms[-1] == base and cfg.arms.count(base) == 2
     flags = sizing.flags_that_fit(shapes, fits[0].shape.model, cfg.arms[:-1] if aa else cfg.arms, aa, free,
-                                  need, sleep_mode=cfg.sleep_mode)
+                                  need, sleep_mode=cfg.sleep_mode, may_sleep=cfg.resident is None)
     hint = "; ".join(f"`{f}`" for f in flags) if flags else ("none (a smaller KV cache, fewer arms, "
                                                               "--one-at-a-time, a smaller model): the GPU is "
                                                               "too small for the kit's models")

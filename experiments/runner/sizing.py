@@ -210,16 +210,18 @@ def awake_asleep(servers: int, sleep_mode: bool) -> tuple[int, int]:
 
 
 def flags_that_fit(shapes: dict[str, Shape], model: str, arms: Sequence[str], aa: bool, free_bytes: int,
-                   need_tokens: int, most: int = 3, sleep_mode: bool = False) -> list[str]:
+                   need_tokens: int, most: int = 3, sleep_mode: bool = False,
+                   may_sleep: bool = True) -> list[str]:
     """Up to `most` flag sets with which a run of `arms` (plus the interleaved A/A when `aa`) fits,
-    best first: the same model with --sleep-mode (unless the run has it already), with fewer servers
-    resident at once (--resident, not beside --sleep-mode), no A/A, two arms, then --one-at-a-time (not
-    beside --sleep-mode); then each smaller model of `shapes` the same way; each with the KV cache that
-    fits."""
+    best first: the same model with fewer servers resident at once (--resident), with --sleep-mode
+    (where `may_sleep`: no --resident given), no A/A, two arms, then --one-at-a-time; then each smaller
+    model of `shapes` the same way; each with the KV cache that fits. A run that has --sleep-mode
+    (`sleep_mode`: one server awake, the others asleep) gets the same model's no A/A and two arms."""
     n = len(arms) + aa
     layouts = [(n, "")]
     if not sleep_mode:
-        layouts += [(n, "--sleep-mode")] + [(k, f"--resident {k}") for k in range(n - 1, 1, -1)]
+        layouts += [(k, f"--resident {k}") for k in range(n - 1, 1, -1)]
+        layouts += [(n, "--sleep-mode")] if may_sleep else []
     if aa:
         layouts.append((len(arms), "--aa none"))
     if len(arms) > 2:

@@ -164,10 +164,15 @@ def test_the_plan_says_which_servers_share_an_80_gb_gpu_in_turn(on_gpu, capsys) 
 
 def test_the_plan_says_when_the_servers_fit_only_with_sleep_mode(on_gpu, capsys) -> None:
     on_gpu(NEW_GPU, 80)
+    assert run_cli.main(["--trace", str(TRACE), "--allow-no-table", "--dry-run"]) == 0  # resident sets
+    sets = json.loads(capsys.readouterr().out)["resident_sets"]
+    assert sets["why"].startswith("all 4 do not fit") and sets["why"].endswith(
+        "; with --sleep-mode all stay resident, one awake")
     assert run_cli.main(["--trace", str(TRACE), "--allow-no-table", "--sleep-mode", "--dry-run"]) == 0
     plan = json.loads(capsys.readouterr().out)
     m = plan["memory"]
     assert plan["config"]["sleep_mode"] is True and m["model"] == "llama-3.1-8b" and m["fits"]
+    assert "resident_sets" not in plan and "resident" not in plan["config"]
     assert (m["servers"], m["asleep"], m["all_awake_fit"], m["start_awake"]) == (1, 3, False, 2)
     lines = readiness.summary(plan)
     assert any(line.startswith("GPU a100-sxm4-40gb: 4 x llama-3.1-8b servers with --sleep-mode, one awake of")

@@ -144,9 +144,15 @@ def test_a_given_resident_count_is_kept_or_refused(design: RunConfig) -> None:
 def test_sleep_mode_fits_the_8b_design_on_an_h100_one_server_awake(design: RunConfig, need: int) -> None:
     h100 = (85_029_158_912 - GIB // 2, 85_029_158_912)  # as torch reports it: 78.7 GiB free
     kv = max(sizing.DESIGN_KV_BYTES, sizing.need_bytes(sizing.shape(design.model_dir, design.dtype), need))
-    with pytest.raises(ConfigError, match=rf"fit: `--sleep-mode --kv-cache-memory-bytes {kv // GIB}GiB`"):
-        readiness.sized(design, {"arms", "model"}, h100)  # four 8B servers awake do not fit
+    shapes = {m: sizing.shape(MODELS_DIR / m, design.dtype) for m in sizing.DESIGN_MODELS}
+    arms = DESIGN_ARMS[:3]
+    offered = sizing.flags_that_fit(shapes, "llama-3.1-8b", arms, True, h100[0], need)
+    assert offered[:2] == [f"--resident 2 --kv-cache-memory-bytes {kv // GIB}GiB",  # four awake do not fit
+                           f"--sleep-mode --kv-cache-memory-bytes {kv // GIB}GiB"]
+    beside = sizing.flags_that_fit(shapes, "llama-3.1-8b", arms, True, h100[0], need, may_sleep=False)
+    assert not any("--sleep-mode" in f for f in beside)  # not offered beside a given --resident
     out = readiness.sized(dataclasses.replace(design, sleep_mode=True), {"arms"}, h100)
+    assert out.resident is None  # every arm stays resident: no sets chosen
     assert (out.model, out.kv_cache_memory_bytes) == ("llama-3.1-8b", kv)
     fit = readiness.memory_fit(out, h100)
     assert (fit.servers, fit.asleep, fit.fits) == (1, 3, True)
