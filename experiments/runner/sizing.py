@@ -3,8 +3,9 @@
 Per server: the weights (parameter count from the model's config.json x dtype size), the explicit
 KV cache (the same for every server) and a measured reserve for the CUDA context, activations and
 CUDA graphs. The KV cache must hold what the trace's requests need at the run's highest load
-(`kv_need_tokens`). `fit` adds them up for the servers resident at once and says whether they fit
-the GPU's free memory; `flags_that_fit` names the changes that would.
+(`kv_need_tokens`). `Fit` adds them up for the servers resident at once and says whether they fit
+the GPU's free memory; with sleep mode (--sleep-mode) one server is awake and each of the others holds
+only what a server asleep keeps (ASLEEP_BYTES). `flags_that_fit` names the changes that would.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import math
 import subprocess
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from traces.trace import TraceRequest
@@ -30,6 +31,11 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
 # KV) is 2.47 GiB. The larger serves every model.
 RESERVE_BYTES = int(3.1 * GIB)
 MARGIN_BYTES = 1 * GIB  # left free on the GPU (fragmentation, the kit's own process)
+# What a server asleep (vLLM's sleep mode, level 1: weights offloaded, KV cache discarded) still holds:
+# on the H100, llama-3.1-8b with 7 GiB of KV, one server awake alone used 25,681 MiB and with a second
+# asleep beside it 28,363 MiB (experiments/results/h100-llama8b-startcost/startcost.json, used_mib.one
+# and sleep_cycles[].used_mib_asleep): 2.62 GiB, taken for every model.
+ASLEEP_BYTES = (28_363 - 25_681) * (1 << 20)
 # How long a request holds its KV cache at the run's highest load: the median TTFT plus its output
 # tokens at the median TPOT of h200-llama8b-confirm3 at 8.1x (requests.jsonl.gz, phase measure).
 RESIDENT_TTFT_S = 0.155
@@ -112,13 +118,15 @@ def kv_need_tokens(stretches: Sequence[Sequence[TraceRequest]], loads: Iterable[
 
 @dataclass(frozen=True)
 class Fit:
-    """The memory of `servers` resident servers of one shape against the GPU's free memory."""
+    """The memory of `servers` resident servers of one shape awake, and with sleep mode `asleep` more
+    beside them, against the GPU's free memory."""
 
     shape: Shape
     servers: int
     kv_bytes: int
     need_tokens: int
     free_bytes: int
+    asleep: int = 0
 
     @property
     def server_bytes(self) -> int:
@@ -126,7 +134,14 @@ class Fit:
 
     @property
     def total_bytes(self) -> int:
-        return self.servers * self.server_bytes + MARGIN_BYTES
+        return self.servers * self.server_bytes + self.asleep * ASLEEP_BYTES + MARGIN_BYTES
+
+    @property
+    def start_awake(self) -> int:
+        """With sleep mode: the most of all the servers that fit awake at once, the others asleep (the
+        size of a start group); 0 when not even one does."""
+        n = self.servers + self.asleep
+        return max((k for k in range(1, n + 1) if replace(self, servers=k, asleep=n - k).fits), default=0)
 
     @property
     def kv_tokens(self) -> int:
@@ -146,14 +161,21 @@ class Fit:
         return ""
 
     def describe(self) -> str:
+        asleep = f" and {self.asleep} asleep ({gib(ASLEEP_BYTES)} each)" if self.asleep else ""
         return (f"{self.servers} x {self.shape.model} (weights {gib(self.shape.weight_bytes)} + KV "
-                f"{gib(self.kv_bytes)} + reserve {gib(RESERVE_BYTES)} = {gib(self.server_bytes)} each)")
+                f"{gib(self.kv_bytes)} + reserve {gib(RESERVE_BYTES)} = {gib(self.server_bytes)} each)"
+                f"{asleep}")
 
     def to_json(self) -> dict:
-        return {"model": self.shape.model, "servers": self.servers, "weights_bytes": self.shape.weight_bytes,
-                "kv_cache_bytes": self.kv_bytes, "reserve_bytes": RESERVE_BYTES, "margin_bytes": MARGIN_BYTES,
-                "total_bytes": self.total_bytes, "free_bytes": self.free_bytes, "kv_tokens": self.kv_tokens,
-                "need_tokens": self.need_tokens, "fits": self.fits}
+        out = {"model": self.shape.model, "servers": self.servers, "weights_bytes": self.shape.weight_bytes,
+               "kv_cache_bytes": self.kv_bytes, "reserve_bytes": RESERVE_BYTES, "margin_bytes": MARGIN_BYTES,
+               "total_bytes": self.total_bytes, "free_bytes": self.free_bytes, "kv_tokens": self.kv_tokens,
+               "need_tokens": self.need_tokens, "fits": self.fits}
+        if self.asleep:  # sleep mode: one awake and the rest asleep, and what all awake would need
+            awake = replace(self, servers=self.servers + self.asleep, asleep=0)
+            out.update(asleep=self.asleep, asleep_bytes=ASLEEP_BYTES, all_awake_bytes=awake.total_bytes,
+                       all_awake_fit=awake.fits, start_awake=self.start_awake)
+        return out
 
 
 def gib(n: float) -> str:
@@ -166,10 +188,11 @@ def need_bytes(s: Shape, need_tokens: int) -> int:
 
 
 def largest_kv(s: Shape, servers: int, free_bytes: int, need_tokens: int,
-               cap: int = DESIGN_KV_BYTES) -> int | None:
+               cap: int = DESIGN_KV_BYTES, asleep: int = 0) -> int | None:
     """The largest whole-GiB KV cache up to `cap` (or the one the trace needs, if larger) with which
-    `servers` servers fit; None when even the one the trace needs does not."""
-    room = (free_bytes - MARGIN_BYTES) // servers - s.weight_bytes - RESERVE_BYTES
+    `servers` servers fit awake (beside `asleep` asleep); None when even the one the trace needs does
+    not."""
+    room = (free_bytes - MARGIN_BYTES - asleep * ASLEEP_BYTES) // servers - s.weight_bytes - RESERVE_BYTES
     need = need_bytes(s, need_tokens)
     kv = min(max(cap, need), room // GIB * GIB)
     return kv if kv >= need else None
@@ -181,24 +204,37 @@ def utilization(server_bytes: int, total_bytes: int) -> float:
     return max(0.01, math.floor(100 * server_bytes / total_bytes) / 100)
 
 
+def awake_asleep(servers: int, sleep_mode: bool) -> tuple[int, int]:
+    """(awake, asleep) of `servers` resident servers: with sleep mode one awake, the rest asleep."""
+    return (1, servers - 1) if sleep_mode else (servers, 0)
+
+
 def flags_that_fit(shapes: dict[str, Shape], model: str, arms: Sequence[str], aa: bool, free_bytes: int,
-                   need_tokens: int, most: int = 3) -> list[str]:
+                   need_tokens: int, most: int = 3, sleep_mode: bool = False,
+                   may_sleep: bool = True) -> list[str]:
     """Up to `most` flag sets with which a run of `arms` (plus the interleaved A/A when `aa`) fits,
-    best first: the same model with fewer servers resident at once (--resident), no A/A, two arms,
-    then --one-at-a-time; then each smaller model of `shapes` the same way; each with the KV cache that
-    fits."""
-    layouts = [(len(arms) + aa, "")] + [(k, f"--resident {k}") for k in range(len(arms) + aa - 1, 1, -1)]
+    best first: the same model with fewer servers resident at once (--resident), with --sleep-mode
+    (where `may_sleep`: no --resident given), no A/A, two arms, then --one-at-a-time; then each smaller
+    model of `shapes` the same way; each with the KV cache that fits. A run that has --sleep-mode
+    (`sleep_mode`: one server awake, the others asleep) gets the same model's no A/A and two arms."""
+    n = len(arms) + aa
+    layouts = [(n, "")]
+    if not sleep_mode:
+        layouts += [(k, f"--resident {k}") for k in range(n - 1, 1, -1)]
+        layouts += [(n, "--sleep-mode")] if may_sleep else []
     if aa:
         layouts.append((len(arms), "--aa none"))
     if len(arms) > 2:
         two = f"--arms {','.join(arms[:2])}"
         layouts += [(2 + aa, two)] + ([(2, f"{two} --aa none")] if aa else [])
-    layouts.append((1, "--one-at-a-time"))
+    if not sleep_mode:
+        layouts.append((1, "--one-at-a-time"))
     models = [model] + [m for m, s in shapes.items() if s.weight_bytes < shapes[model].weight_bytes]
     out = []
     for name in models:
         for servers, flags in layouts:
-            kv = largest_kv(shapes[name], servers, free_bytes, need_tokens)
+            awake, asleep = awake_asleep(servers, sleep_mode or flags == "--sleep-mode")
+            kv = largest_kv(shapes[name], awake, free_bytes, need_tokens, asleep=asleep)
             if kv is not None:
                 words = ([f"--model {name}"] if name != model else []) + ([flags] if flags else [])
                 out.append(" ".join([*words, f"--kv-cache-memory-bytes {kv // GIB}GiB"]).strip())

@@ -87,8 +87,9 @@ def not_measured(run: Mapping) -> list[list[str]]:
 
 
 def fingerprint(run: Mapping) -> dict:
-    """What an A/A floor must share with a run to be its noise floor: device, model, servers, loads,
-    windows, clipping. The number of resident servers counts the third server of `--with-aa` runs."""
+    """What an A/A floor must share with a run to be its noise floor: device, model, servers (a duet's
+    GPUs, sleep mode), loads, windows, clipping. The number of resident servers counts the third server
+    of `--with-aa` runs."""
     servers = run.get("servers") or {}
     command = [str(c) for c in (run.get("command") or [])]
     n_servers = len(servers) + (1 if "--with-aa" in command else 0)
@@ -97,6 +98,8 @@ def fingerprint(run: Mapping) -> dict:
     clip = run.get("clipping") or {}
     layout = {"layout": "duet", "gpus": len((run.get("duet") or {}).get("gpus") or [])} if run.get(
         "layout") == "duet" else {}  # absent for turns runs, whose fingerprints stay as they were
+    if config.get("sleep_mode"):  # one server awake at a time, a sleep and a wake before each replay
+        layout["sleep_mode"] = True
     return {
         **layout,
         "device": run.get("device"), "model": model.get("name"), "dtype": model.get("dtype"),

@@ -37,6 +37,9 @@ def test_fingerprint_differences_name_what_differs() -> None:
     diffs = comparisons.fingerprint_differences(this, comparisons.fingerprint(other))
     assert diffs == [{"key": "gpu_memory_utilization", "this": [0.3], "floor": [0.4]}]
     assert comparisons.fingerprint_differences(this, None)[0]["key"] is None
+    asleep = comparisons.fingerprint(_run(config={"sleep_mode": True}))  # switched servers: another design
+    assert comparisons.fingerprint_differences(asleep, this) == [{"key": "sleep_mode", "this": True,
+                                                                  "floor": None}]
 
 
 def _frame(rows: list[tuple]) -> pd.DataFrame:

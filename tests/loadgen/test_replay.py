@@ -6,6 +6,7 @@ import asyncio
 import socket
 import time
 
+import aiohttp
 import pytest
 
 from loadgen import dispatch
@@ -117,6 +118,25 @@ def test_model_name_from_server_and_wrong_model_rejected():
     (r,) = run(FakeServerConfig(model="served-name"), [TraceRequest(0.0, 5, 2)], model="other")
     assert r.status == 400
     assert "does not exist" in r.error
+
+
+def test_a_sleeping_server_refuses_every_request_until_woken():
+    reqs = [TraceRequest(0.001 * i, 5, 2) for i in range(3)]
+
+    async def go():
+        async with fake_server(FakeServerConfig()) as url, aiohttp.ClientSession() as s:
+            async with s.post(f"{url}/sleep?level=1") as r:
+                assert r.status == 200
+            async with s.get(f"{url}/is_sleeping") as r:
+                assert (await r.json()) == {"is_sleeping": True}
+            asleep = await replay(url, reqs, progress=False)
+            async with s.post(f"{url}/wake_up") as r:
+                assert r.status == 200
+            return asleep, await replay(url, reqs, progress=False)
+
+    asleep, awake = asyncio.run(go())
+    assert [r.status for r in asleep] == [503] * 3 and not any(succeeded(r) for r in asleep)
+    assert "the engine is asleep" in asleep[0].error and all(succeeded(r) for r in awake)
 
 
 def test_record_that_cannot_be_stored_stops_the_replay(tmp_path, monkeypatch):
