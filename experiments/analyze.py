@@ -2,7 +2,7 @@
 
     python -m experiments.analyze RUN_DIR [--out DIR | --in-place] [--slo NAME:TTFT_MS:TPOT_MS[:E2E_MS] ...]
 
-Reads run.json and requests.jsonl(.gz) and writes report.json, report.md and PNG plots. A run's first
+Reads run.json and requests.jsonl(.xz) and writes report.json, report.md and PNG plots. A run's first
 analysis (experiments/runner/orchestrate.py, after the replays) writes them into RUN_DIR; a re-analysis
 writes beside the existing report, into RUN_DIR/reanalysis/ (or --out), unless --in-place.
 report.json records the analysis inputs ("inputs": SLO tiers, A/A report, patched policy, step
@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from common.cliargs import OneLineParser, add_debug_flag, fail, same_file
-from common.jsonfile import ResultFileError, project_relative, read_json
+from common.jsonfile import ResultFileError, project_relative, read_json, stored
 from experiments.core.rundir import check_records, read_run_record
 from experiments.core.slo import DEFAULT_SLO_FILE, SLO, load_slo_file, parse_slo
 from experiments.reporting import duetreport, hostbound, noisefloor, plots, report, schema
@@ -183,7 +183,7 @@ def _from_root(text: str | None) -> Path | None:
 def recorded_inputs(run_dir: Path) -> Inputs:
     """The inputs recorded in RUN_DIR/report.json (a run's own analysis or the last --in-place one);
     Inputs() when there is no report, or one written before reports recorded their inputs."""
-    path = Path(run_dir) / "report.json"
+    path = stored(Path(run_dir) / "report.json")
     if not path.is_file():
         return Inputs()
     rec = schema.read_report(path).inputs  # the one reader of report.json, older versions upgraded
@@ -250,7 +250,7 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
         in_run_floor = {"pair": ctrl, "goodput": {s.name: _per_slo(s, complete, cells, ctrl)["paired"]
                                                   for s in slos},
                         "secondary": {m: goodput.paired_relative(latency, m, *ctrl) for m in SECONDARY}}
-    env_path = run_dir / "environment.json"
+    env_path = stored(run_dir / "environment.json")
     env = read_json(env_path, None, "environment record") if env_path.is_file() else {}
     gpu = gpu_slug(env["gpu"]) if isinstance(env.get("gpu"), str) else None
     policy = None
@@ -309,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line of experiments.analyze."""
     ap = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir", type=Path,
-                    help="an experiments run directory (holds run.json, requests.jsonl[.gz])")
+                    help="an experiments run directory (holds run.json, requests.jsonl[.xz])")
     where = ap.add_mutually_exclusive_group()
     where.add_argument("--out", type=Path, default=None, metavar="DIR",
                        help=f"write report.json, report.md and the PNGs here (created; default: "
@@ -371,7 +371,7 @@ def _out_dir(args: argparse.Namespace) -> Path:
                              "pass --in-place to replace it")
         out, flag, hint = args.out, "--out ", ""
     else:
-        out = args.run_dir if args.in_place or not (args.run_dir / "report.json").is_file() \
+        out = args.run_dir if args.in_place or not stored(args.run_dir / "report.json").is_file() \
             else args.run_dir / REANALYSIS
         flag, hint = "--in-place: " if args.in_place else "", "; pass --out DIR to write the report elsewhere"
     existing = next(p for p in (out, *out.parents) if p.exists())
@@ -406,8 +406,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(PROG, str(exc))
     print("\n\n".join((out / "report.md").read_text(encoding="utf-8").split("\n\n")[:2]))  # title, summary
     print(f"status {result['status']}; wrote {out / 'report.md'} and report.json")
-    if out != args.run_dir and (args.run_dir / "report.json").is_file():
-        print(f"report.json {report_change(args.run_dir / 'report.json', out / 'report.json')}")
+    if out != args.run_dir and stored(args.run_dir / "report.json").is_file():
+        print(f"report.json {report_change(stored(args.run_dir / 'report.json'), out / 'report.json')}")
     return 0
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing as mp
 import os
 import platform
@@ -31,8 +30,8 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
-from common.atomicfile import write_atomic
 from common.cliargs import output_problem
+from common.jsonfile import write_json
 from loadgen.fakeserver import FakeServerConfig, serve_forever
 from loadgen.records import LATENESS_TARGET_P99_MS, lateness_ms, ttft_ms
 from loadgen.replay import EVENT_LOOPS, replay_sync
@@ -41,7 +40,7 @@ from loadgen.together import Stream, replay_together_sync
 from traces.trace import TraceRequest, scale_rate
 
 SCHEMA_VERSION = 1
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "bench-cpu.json"
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "bench-cpu.json.xz"
 TARGET_RATE_FRACTION = 0.99
 
 
@@ -259,8 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --streams: one thread and event loop per stream instead of one shared loop")
     p.add_argument("--event-loop", choices=EVENT_LOOPS, default="asyncio", help="client event loop (asyncio)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                   help="result JSON (default loadgen/results/bench-cpu.json, the committed evidence: pass "
-                   "another path to keep it)")
+                   help="result JSON, xz where the name ends in .xz (default "
+                   "loadgen/results/bench-cpu.json.xz: the committed evidence; pass another path to keep it)")
     return p
 
 
@@ -278,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         build_parser().error(problem)
     doc = run_bench(args)
-    write_atomic(args.out, json.dumps(doc, indent=1) + "\n")
+    write_json(args.out, doc, allow_nan=True)  # xz where the name ends in .xz
     r = doc["results"]
     la = r["lateness_ms"]
     print(f"{r['requests']} requests, {r['completed']} completed, {r['failed']} failed; "

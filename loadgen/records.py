@@ -9,7 +9,6 @@ they are undefined (no first token, TPOT of a 1-token reply), never a made-up 0.
 from __future__ import annotations
 
 import errno
-import gzip
 import json
 import math
 import os
@@ -18,7 +17,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any
 
-from common.jsonfile import RepeatedKeys, unique_keys
+from common.jsonfile import RepeatedKeys, open_text, unique_keys
 
 _NS_PER_MS = 1e6
 # The client keeps its schedule when its send lateness p99 is at most this (loadgen.bench's target;
@@ -170,14 +169,9 @@ def record_from_json(d: dict) -> RequestRecord:
                             "itl_us": None if itl is None else tuple(itl)})
 
 
-def _open_text(path: Path, mode: str) -> IO[str]:
-    if path.suffix == ".gz":
-        return gzip.open(path, mode + "t", encoding="utf-8")
-    return path.open(mode, encoding="utf-8")
-
-
 def read_records(path: str | Path) -> list[RequestRecord]:
-    """Records of a .jsonl or .jsonl.gz file, in file order; bad lines raise ValueError("path:line: ...")."""
+    """Records of a .jsonl, .jsonl.xz or .jsonl.gz file, in file order; bad lines raise
+    ValueError("path:line: ...")."""
     records, tail = read_whole_records(path)
     if tail:
         try:
@@ -194,7 +188,7 @@ def read_whole_records(path: str | Path, check: Callable[[RequestRecord], str | 
     `check` names a problem of, raises ValueError("path:line: reason"), or with `bad` given is left
     out and its (line, reason) appended to `bad`."""
     path = Path(path)
-    with _open_text(path, "r") as f:
+    with open_text(path) as f:
         lines = f.read().split("\n")
     tail = lines.pop()
     records = []

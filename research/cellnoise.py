@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from common.cliargs import fail
-from experiments.core.rundir import load_records
+from experiments.core.rundir import RECORD_FILES, load_records
 from experiments.stats import goodput, paired
 
 MEDIAN_FACTOR = math.sqrt(math.pi / 2)  # sd of a sample median / sd of a sample mean, normal data
@@ -114,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m research.cellnoise", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("run_dir", type=Path, help="a run directory with requests.jsonl.gz")
+    ap.add_argument("run_dir", type=Path, help="a run directory with requests.jsonl.xz")
     ap.add_argument("--arms", default="stock,stock-b",
                     help="BASELINE,OTHER: the two arm labels to pair (default stock,stock-b: the run's A/A)")
     ap.add_argument("--metric", choices=METRICS, default="tpot_ms", help="latency metric (default tpot_ms)")
@@ -124,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"--arms {a.arms!r}: expected two labels, BASELINE,OTHER")
     records, source = load_records(a.run_dir)
     if source is None:
-        return fail(ap.prog, f"{a.run_dir}: no requests.jsonl.gz or requests.jsonl")
+        return fail(ap.prog, f"{a.run_dir}: no {', '.join(RECORD_FILES)}")
     frame = goodput.records_frame(records, [])
     absent = [n for n in names if n not in set(frame["arm"])]
     if absent:

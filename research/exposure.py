@@ -165,7 +165,7 @@ def added_per_token(frame: pd.DataFrame) -> list[dict]:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m research.exposure", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("run", type=Path, help="a run directory (run.json and requests.jsonl.gz)")
+    ap.add_argument("run", type=Path, help="a run directory (run.json and requests.jsonl.xz)")
     ap.add_argument("--arm", required=True, help="the treatment arm's label, as the report names it")
     ap.add_argument("--baseline", default=None, help="the baseline arm's label (default: the run's first)")
     a = ap.parse_args(argv)

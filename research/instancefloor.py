@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from common.cliargs import OneLineParser, command_line, fail, positive_float
-from common.jsonfile import ResultFileError, read_json, write_json, write_text
+from common.jsonfile import ResultFileError, read_json, stored, write_json, write_text
 from experiments.core.rundir import load_records, read_run_record
 from experiments.stats import design, goodput, instances
 from experiments.stats.paired import pct
@@ -49,7 +49,7 @@ def _entry(run: str, report: dict, arm: str, fit: dict) -> dict:
 def read_runs(results: Path) -> tuple[list[dict], list[dict]]:
     """The GPU runs' in-run A/A pairs and every arm's paired comparison (one row each)."""
     aa, arms = [], []
-    for path in sorted(results.glob("*/report.json")):
+    for path in sorted({stored(p.parent / "report.json") for p in results.glob("*/report.json*")}):
         report = read_json(path, 1, "report")
         if report.get("device") != "cuda" or instances.measured_own(report.get("over_instances")):
             continue

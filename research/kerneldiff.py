@@ -6,8 +6,8 @@ side is FILE:ARM (an arm of that file's results, e.g. stock-compiled), the figur
 traced steps of that size:
 
     python -m research.kerneldiff \\
-        integration/results/h200-llama8b-pairs-2026-12-05/pair5/raw-steps.json.gz:stock-compiled \\
-        integration/results/h200-llama8b-pairs-2026-12-05/pair6/raw-steps.json.gz:stock-compiled \\
+        integration/results/h200-llama8b-pairs-2026-12-05/pair5/raw-steps.json.xz:stock-compiled \\
+        integration/results/h200-llama8b-pairs-2026-12-05/pair6/raw-steps.json.xz:stock-compiled \\
         --batch-tokens 1
 """
 
@@ -48,7 +48,7 @@ def _side(text: str) -> tuple[Path, str]:
     path, sep, arm = text.rpartition(":")
     if not sep or not path:
         raise argparse.ArgumentTypeError(f"{text!r}: expected FILE:ARM, "
-                                         "e.g. raw-steps.json.gz:stock-compiled")
+                                         "e.g. raw-steps.json.xz:stock-compiled")
     return Path(path), arm
 
 

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m research.kneewindows", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", type=Path,
-                    help="run directories (each with run.json, requests.jsonl.gz)")
+                    help="run directories (each with run.json, requests.jsonl.xz)")
     ap.add_argument("--quantiles", action="append", type=_quantiles,
                     help="a quantile set of request counts to pick windows at; repeat to compare "
                          f"(default: the old quartiles and SEARCH_QUANTILES {knee.SEARCH_QUANTILES})")

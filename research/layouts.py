@@ -97,7 +97,7 @@ def compare(cost: dict, prior: dict, cell_var: float | None) -> list[dict]:
 def run_cell_var(run: Path) -> float:
     """The cell variance of a run's paired TPOT (the report's robust cell sd, `sd_cell_pct`, of its A/A
     comparison where it has one, else of its first), in log units squared."""
-    rep = json.loads((run / "report.json").read_text())
+    rep = read_json(run / "report.json", None, "report")
     paired = rep["paired_latency"]
     aa = [lab for lab, arm in zip(rep["arm_labels"][1:], rep["arms"][1:]) if arm == rep["arms"][0]]
     sd_pct = paired[aa[0] if aa else next(iter(paired))]["tpot_ms"]["sd_cell_pct"]

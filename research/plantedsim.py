@@ -21,7 +21,6 @@ a verdict: the model's host overhead is fitted on the run it explains.
 from __future__ import annotations
 
 import argparse
-import gzip
 import math
 import re
 import sys
@@ -31,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from common.cliargs import OneLineParser, command_line, fail
-from common.jsonfile import ResultFileError, project_relative, read_json, write_json
+from common.jsonfile import ResultFileError, open_text, project_relative, read_json, stored, write_json
 from experiments.analyze import PROJECT_ROOT as ROOT
 from experiments.core.rundir import load_records, read_run_record
 from experiments.stats import planted
@@ -52,16 +51,14 @@ KV_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 
 def logged_kv_tokens(run_dir: Path, run: Mapping, label: str) -> int | None:
     """The KV cache size (tokens) the server of `label` logged (vLLM's 'GPU KV cache size: N tokens'),
-    from its log as run.json names it, or gzipped beside it; None where neither holds that line."""
+    from its log as run.json names it, or compressed beside it; None where none holds that line."""
     name = ((run.get("servers") or {}).get(label) or {}).get("log")
-    for path in ([run_dir / name, run_dir / f"{name}.gz"] if name else []):
-        if path.is_file():
-            with (gzip.open(path, "rt", errors="replace") if path.suffix == ".gz"
-                  else path.open(errors="replace")) as f:
-                found = next((m for m in map(KV_LINE.search, f) if m), None)
-            if found:
-                return int(found.group(1).replace(",", ""))
-    return None
+    path = stored(run_dir / name) if name else None
+    if path is None or not path.is_file():
+        return None
+    with open_text(path, errors="replace") as f:
+        found = next((m for m in map(KV_LINE.search, f) if m), None)
+    return int(found.group(1).replace(",", "")) if found else None
 
 
 def _measured(records: Sequence[RequestRecord]) -> list[RequestRecord]:

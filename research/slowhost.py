@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m research.slowhost", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", type=Path,
-                    help="run directories (each with run.json, requests.jsonl.gz)")
+                    help="run directories (each with run.json, requests.jsonl.xz)")
     args = ap.parse_args(argv)
     for run in args.runs:
         try:

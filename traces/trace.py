@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from common.atomicfile import write_atomic
-from common.jsonfile import RepeatedKeys, unique_keys
+from common.jsonfile import RepeatedKeys, open_bytes, unique_keys
 
 REQUIRED_KEYS = ("timestamp", "input_tokens", "output_tokens")
 OPTIONAL_KEYS = ("hash_ids",)
@@ -114,8 +114,10 @@ def _parse_line(text: str) -> TraceRequest:
 
 
 def read_utf8(path: str | Path, encoding: str = "utf-8") -> str:
-    """A file's text; bytes that are not valid UTF-8 raise TraceError naming their line."""
-    data = Path(path).read_bytes()
+    """A file's text (decompressed where it is kept .xz or .gz: common.jsonfile.open_bytes); bytes that
+    are not valid UTF-8 raise TraceError naming their line."""
+    with open_bytes(path) as f:
+        data = f.read()
     try:
         return data.decode(encoding)
     except UnicodeDecodeError as exc:
@@ -250,9 +252,10 @@ def trace_summary(reqs: Sequence[TraceRequest]) -> dict:
 
 
 def file_sha256(path: str | Path) -> str:
-    """Hex SHA-256 of a file's bytes."""
+    """Hex SHA-256 of a file's bytes, decompressed where it is kept .xz or .gz (a trace committed
+    compressed hashes as the trace it holds)."""
     h = hashlib.sha256()
-    with Path(path).open("rb") as f:
+    with open_bytes(path) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()

@@ -7,20 +7,19 @@ file damaged (missing, a torn last line, a key recorded twice, a finished cell w
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
-import zlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.jsonfile import ResultFileError, read_json
+from common.jsonfile import COMPRESSION_ERRORS, ResultFileError, read_json, stored
 from loadgen.records import RequestRecord, read_records, read_whole_records
 
 RUN_SCHEMA_VERSION = 1  # run.json's format (runner.runrecord writes it, read_run_record checks it)
-RECORD_FILES = ("requests.jsonl.gz", "requests.jsonl")  # what a finished run and a running one write
+# what a finished run writes, what one finished before the records were xz wrote, and a running one
+RECORD_FILES = ("requests.jsonl.xz", "requests.jsonl.gz", "requests.jsonl")
 
 
 PHASES = ("warmup", "burnin", "knee", "measure")  # what a run's records are tagged with, in run order
@@ -30,7 +29,7 @@ REQUIRED_TAGS = ("arm", "window", "load", "phase")  # every record of a run carr
 def read_run_record(run_dir: Path) -> dict:
     """run.json of a run directory; rejects unknown schema versions, missing keys and values of the
     wrong type or range (what the analysis reads), naming the field."""
-    path = run_dir / "run.json"
+    path = stored(run_dir / "run.json")
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no run.json (is {run_dir} an experiments run directory?)")
     run = read_json(path, RUN_SCHEMA_VERSION, "run record")
@@ -135,19 +134,20 @@ def _record_check(run: dict) -> Callable[[RequestRecord], str | None]:
 
 
 def _read_records(path: Path, read=read_records):
-    """read_records (or `read`), with a truncated or corrupt gzip file named and said so (not a bare
-    EOFError)."""
+    """read_records (or `read`), with a truncated or corrupt compressed file named and said so (not a
+    bare EOFError)."""
     try:
         return read(path)
-    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
-        raise ResultFileError(f"{path}: truncated or corrupt gzip file ({exc}): the records after the damage "
-                              "are missing; copy the file again from where the run wrote it") from None
+    except COMPRESSION_ERRORS as exc:
+        raise ResultFileError(f"{path}: truncated or corrupt compressed file ({exc}): the records after the "
+                              "damage are missing; copy the file again from where the run wrote it") from None
     except UnicodeDecodeError as exc:
         raise ResultFileError(f"{path}: not UTF-8 text ({exc.reason}); is it a records file?") from None
 
 
 def load_records(run_dir: Path) -> tuple[list[RequestRecord], str | None]:
-    """Records from requests.jsonl.gz or requests.jsonl (the longer if both exist), and the file used."""
+    """Records from requests.jsonl.xz, .jsonl.gz or .jsonl (the longest if several exist), and the file
+    used."""
     found = [run_dir / name for name in RECORD_FILES if (run_dir / name).is_file()]
     if not found:
         return [], None

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.jsonfile import write_text
+from common.jsonfile import stored, write_text
 from experiments.core.slo import SLO
 from experiments.reporting.report_latency import aa_floor_text
 from experiments.reporting.report_md import render_markdown
@@ -262,6 +262,6 @@ def _clean(x):
 
 def write_report(run_dir: Path, report: dict) -> None:
     """Write report.json and report.md atomically (common.jsonfile), both through the typed report
-    (report.json JSON-safe: NaN written as null)."""
-    write_report_json(run_dir / "report.json", Report.from_json(_clean(report)))
+    (report.json JSON-safe: NaN written as null; compressed where the folder keeps it compressed)."""
+    write_report_json(stored(run_dir / "report.json"), Report.from_json(_clean(report)))
     write_text(run_dir / "report.md", render_markdown(Report.from_json(report)))

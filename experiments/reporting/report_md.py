@@ -25,6 +25,8 @@ from experiments.stats.planted import planted_text
 LATENESS_BOUND_MS = 10.0  # a send later than this no longer replays the trace's arrival process
 UNOBSERVED_SHARE = 0.01  # above this share of a cell's replies without observed token timing, say so
 BATCHED_SHARE = 0.2  # above this share of replies streamed several tokens per chunk, say so
+PLOTS_NOTE = ("Drawn beside this report by the analysis; a committed run leaves them out (docs/DESIGN.md, "
+              "\"The tracked tree\"): `python -m experiments.analyze <this directory>` draws them again.")
 
 
 def notices(r: Report) -> list[str]:
@@ -344,7 +346,7 @@ def render_markdown(r: Report) -> str:
     lines += (arm_lines(r) + instance_lines(r) + knee_lines(r) + _slo_tables(r) + _latency_table(r)
               + section_lines(r.gpu_share) + design_lines(r) + hostreport.slow_host_lines(r)
               + _power_and_attribution(r))
-    lines += ["## Plots", ""] + [f"![{p}]({p})" for p in r.plots or []] + [""]
+    lines += ["## Plots", "", PLOTS_NOTE, ""] + [f"![{p}]({p})" for p in r.plots or []] + [""]
     if cmd and str(cmd[0]).endswith(".py"):
         cmd = ["python", *cmd]
     lines += ["## Reproduce", "", "```",

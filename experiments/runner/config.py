@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+from common.jsonfile import stored
 from experiments.core.slo import SLO
 from integration import arms as arm_defs
 from integration.endpoint import normalize_url
@@ -223,7 +224,7 @@ def _finite_positive(value: float) -> bool:
 def _validate(c: RunConfig) -> None:
     """Raise ConfigError naming the first bad setting."""
     _check(c.device in DEVICES, f"--device must be one of {DEVICES}, got {c.device!r}")
-    _check(Path(c.trace).is_file(), f"--trace {c.trace}: no such file")
+    _check(stored(c.trace).is_file(), f"--trace {c.trace}: no such file")
     _check(2 <= len(c.arms) <= MAX_ARMS, f"--arm/--arms: 2 to {MAX_ARMS} arms, the first the baseline of "
            f"every comparison, got {','.join(c.arms)!r}")
     bad = [a for a in c.arms if not _ARM_NAME_RE.match(a)]

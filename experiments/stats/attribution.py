@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.jsonfile import ResultFileError, project_relative, read_json
+from common.jsonfile import ResultFileError, project_relative, read_json, stored
 from integration import arms
 from integration.proof import profiles
 
@@ -227,7 +227,7 @@ def attribute(run: Mapping, baseline: str, root: Path, gpu: str | None, profile_
         return {**base, "status": "no histogram",
                 "reason": f"run.json has no step-size histogram for arm {baseline!r}: nothing to weight by"}
     result = {**base, "policy_note": policy_note, "histogram": [{"tokens": t, "steps": c} for t, c in points]}
-    if kernel_path is None or not kernel_path.is_file():
+    if kernel_path is None or not stored(kernel_path).is_file():
         result["kernel_estimate"] = {"status": "unavailable",
                                      "reason": f"no kernel results for GPU {gpu} ({kernel_path})"}
     else:
@@ -237,7 +237,7 @@ def attribute(run: Mapping, baseline: str, root: Path, gpu: str | None, profile_
                 run.get("model") or {}, eager, fused if pol is not None else None)
         except (ValueError, KeyError, TypeError) as exc:
             result["kernel_estimate"] = {"status": "error", "reason": str(exc)}
-    if profile_path is None or not profile_path.is_file():
+    if profile_path is None or not stored(profile_path).is_file():
         where = profile_path or f"integration/results/profiles.json for GPU {gpu}"
         return {**result, "status": "no profile available",
                 "reason": f"no profile available at {where}: no measured step time to divide by"}

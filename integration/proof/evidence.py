@@ -287,7 +287,7 @@ def _row(kind: str, n: int, srow: dict, prow: dict, shape: normcalls.NormShape |
 
 def profile_from_raw(raw: dict, mode: str = "compiled") -> dict:
     """The profile of one mode (h200-profile.json for compiled) from the engines' raw results
-    (raw-steps.json.gz written by prove)."""
+    (raw-steps.json.xz written by prove)."""
     res = raw["results"]
     def keyed(name: str) -> dict:
         return {(r.get("kind", "decode"), r["batch_tokens"]): r
@@ -350,7 +350,7 @@ def regreedy(evidence: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: rebuild h200-profile.json from raw-steps.json.gz, or an h200.json's output comparison."""
+    """CLI: rebuild h200-profile.json from raw-steps.json.xz, or an h200.json's output comparison."""
     import argparse
     import json
 
@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(
         prog="python -m integration.proof.evidence", description=main.__doc__)
-    ap.add_argument("--raw", help="raw-steps.json.gz written by python -m integration.proof.prove")
+    ap.add_argument("--raw", help="raw-steps.json.xz written by python -m integration.proof.prove")
     ap.add_argument("--out",
                     help="profile JSON to write from --raw (e.g. integration/results/h200-profile.json)")
     ap.add_argument("--mode", choices=("compiled", "eager"), default="compiled",

@@ -14,7 +14,7 @@ and a t interval over rounds. Prefill steps, which are not one FULL graph, are c
 wall-clock step times (`prefill_rows`). Pure apart from the GPU helpers; rebuild a graph-steps file from a
 run's raw data with
 
-    python -m integration.proof.graphtime --raw OUT/raw-steps.json.gz --out OUT/h200-graph-steps.json
+    python -m integration.proof.graphtime --raw OUT/raw-steps.json.xz --out OUT/h200-graph-steps.json
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ def prefill_rows(results: Mapping[str, dict | None], mode: str = "compiled",
 
 
 def document(raw: Mapping) -> dict:
-    """The graph-steps file of a prove run, from its raw-steps.json.gz content: per decode size each arm
+    """The graph-steps file of a prove run, from its raw-steps.json.xz content: per decode size each arm
     against stock from graph replays, per prefill size from wall-clock steps, and the change per norm
     call from the model's norm calls per forward pass."""
     calls = normcalls.norm_shape(normcalls.recorded_model_dir(raw["model"])).expected()
@@ -212,10 +212,10 @@ def document(raw: Mapping) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: rebuild <gpu>-graph-steps.json from a prove run's raw-steps.json.gz."""
+    """CLI: rebuild <gpu>-graph-steps.json from a prove run's raw-steps.json.xz."""
     ap = argparse.ArgumentParser(
         prog="python -m integration.proof.graphtime", description=main.__doc__)
-    ap.add_argument("--raw", required=True, help="raw-steps.json.gz of python -m integration.proof.prove")
+    ap.add_argument("--raw", required=True, help="raw-steps.json.xz of python -m integration.proof.prove")
     ap.add_argument("--out", required=True, help="graph-steps JSON to write (e.g. OUT/h200-graph-steps.json)")
     a = ap.parse_args(argv)
     refuse_output(ap.prog, "--out", a.out, [a.raw])

@@ -13,7 +13,7 @@ averages over two engines per arm and measures how far two stock engines differ.
 
 Writes OUT/<gpu>.json (e.g. h200.json; evidence: providers, priorities, plugin log lines, kernels seen
 in CUDA-graph replays, greedy agreement, the command), OUT/<gpu>-profile.json (per batch size: step
-time, norm time and calls, stock vs patched, with raw samples), OUT/raw-steps.json.gz (the compiled
+time, norm time and calls, stock vs patched, with raw samples), OUT/raw-steps.json.xz (the compiled
 engines' raw step data, from which `python -m integration.proof.evidence --raw ... --out ...` rebuilds
 the profile) and OUT/logs.tar.gz. Both count norm calls per step by kind (hidden-size and head_dim
 rows, from the model's config.json) against what its layers make (integration.proof.normcalls): 2L+1
@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         raw = {"model": a.model, "ranges": ranges, "command": command, "environment": doc["environment"],
                "policy": policy_source,
                "results": {e.name: results.get(e.name) for e in runs if e.mode in profiled}}
-        write_json(out / "raw-steps.json.gz", raw, allow_nan=True)  # a profiler sample may be NaN
+        write_json(out / "raw-steps.json.xz", raw, allow_nan=True)  # a profiler sample may be NaN
         if a.graph_replays:
             write_json(out / f"{gpu}-graph-steps.json", graphtime.document(raw), allow_nan=True)
         for m in profiled:

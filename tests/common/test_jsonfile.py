@@ -1,26 +1,56 @@
-"""Results files: atomic JSON (plain or gzip by name) read back with one error naming what is wrong."""
+"""Results files: atomic JSON (plain, xz or gzip by name) read back with one error naming what is wrong;
+a file committed compressed is read by its plain name too."""
 
 from __future__ import annotations
 
 import gzip
+import lzma
 import math
 from pathlib import Path
 
 import pytest
 
-from common.jsonfile import ResultFileError, read_json, write_json
+from common.jsonfile import ResultFileError, compress_file, open_text, read_json, stored, write_json
 
 DOC = {"schema_version": 2, "samples": [1.5, 2.5], "name": "x"}
 
 
-@pytest.mark.parametrize("name", ["r.json", "r.json.gz"])
-def test_round_trip_plain_and_gzip(tmp_path: Path, name: str) -> None:
+MAGIC = {".gz": b"\x1f\x8b", ".xz": b"\xfd7zXZ\x00"}
+
+
+@pytest.mark.parametrize("name", ["r.json", "r.json.gz", "r.json.xz"])
+def test_round_trip_plain_gzip_and_xz(tmp_path: Path, name: str) -> None:
     path = tmp_path / name
     write_json(path, DOC)
     assert read_json(path, 2, "result") == DOC
     assert read_json(path, (1, 2), "result") == DOC
-    assert path.read_bytes().startswith(b"\x1f\x8b") == name.endswith(".gz")
+    for suffix, magic in MAGIC.items():
+        assert path.read_bytes().startswith(magic) == name.endswith(suffix)
     assert [p.name for p in tmp_path.iterdir()] == [name]  # no temporary file left behind
+
+
+def test_a_file_committed_compressed_is_read_by_its_plain_name(tmp_path: Path) -> None:
+    write_json(tmp_path / "report.json.xz", DOC)
+    assert stored(tmp_path / "report.json") == tmp_path / "report.json.xz"
+    assert read_json(tmp_path / "report.json", 2, "report") == DOC
+    # a name that a command once gave as .gz finds the file recompressed as .xz
+    assert read_json(tmp_path / "report.json.gz", 2, "report") == DOC
+    write_json(tmp_path / "report.json", {**DOC, "name": "plain"})  # the plain file, where both exist
+    assert read_json(tmp_path / "report.json", 2, "report")["name"] == "plain"
+    with pytest.raises(ResultFileError, match=r"other\.json: no such report file"):
+        read_json(tmp_path / "other.json", 2, "report")
+
+
+def test_compress_file_keeps_every_byte(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    text = "".join(f"line {i}: \u00e9\n" for i in range(500))
+    log.write_text(text, encoding="utf-8")
+    packed = compress_file(log)
+    assert packed == tmp_path / "server.log.xz" and not log.exists()
+    assert lzma.decompress(packed.read_bytes()).decode("utf-8") == text
+    with open_text(stored(log)) as f:
+        assert f.read() == text
+    assert compress_file(log) is None  # nothing left to compress
 
 
 def test_gzip_bytes_do_not_depend_on_when_they_were_written(tmp_path: Path) -> None:
@@ -40,6 +70,10 @@ def test_bad_files_get_one_error_naming_them(tmp_path: Path) -> None:
     plain_named_gz.write_text('{"a": 1}')
     with pytest.raises(ResultFileError, match=r"plain\.json\.gz: cannot read"):
         read_json(plain_named_gz, None, "raw-steps")
+    cut_xz = tmp_path / "cut.json.xz"
+    cut_xz.write_bytes(lzma.compress(b'{"schema_version": 2, "samples": [1, 2]}')[:-12])
+    with pytest.raises(ResultFileError, match=r"cut\.json\.xz: cannot read raw-steps"):
+        read_json(cut_xz, None, "raw-steps")
     half = tmp_path / "half.json"
     half.write_text('{"a": [1,\n 2')
     with pytest.raises(ResultFileError, match=r"half\.json:2: profile is not valid JSON"):

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from common.jsonfile import read_json
 from experiments.analyze import analyze_run, main
 from experiments.core.slo import SLO
 from experiments.stats import intervals as stats
@@ -196,7 +197,7 @@ def test_interleaved_aa_arm_is_the_noise_floor_of_the_same_run(tmp_path):
 
 def test_the_floor_says_which_load_its_noise_comes_from():
     run_dir = Path(__file__).resolve().parents[2] / "experiments" / "results" / "h200-llama8b-twin-aa"
-    r = json.loads((run_dir / "report.json").read_text(encoding="utf-8"))
+    r = read_json(run_dir / "report.json", None, "report")
     per_load = r["noise_floor"]["tpot_by_load"]
     by_load = r["aa_in_run"]["paired_latency"]["tpot_ms"]["by_load"]
     assert set(per_load) == set(by_load) == {"5", "8", "12"}

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from common.jsonfile import read_json, stored
 from experiments.analyze import main, recorded_inputs
 from experiments.reporting import schema
 from experiments.reporting.reportdiff import differing_entries
@@ -18,7 +19,7 @@ from kernels.environment import gpu_slug
 pytestmark = pytest.mark.evidence  # re-derives committed files (make test-fast leaves it out)
 
 RESULTS = Path(__file__).resolve().parents[2] / "experiments" / "results"
-RUNS = sorted(p.parent for p in RESULTS.glob("*/run.json"))
+RUNS = sorted({p.parent for p in RESULTS.glob("*/run.json*")})
 # report.json holds no wall-clock field (no "created"): nothing in it may differ between analyses
 NEW_IN_EACH_ANALYSIS: tuple[str, ...] = ()
 
@@ -39,12 +40,13 @@ def test_the_comparison_tolerates_an_ulp_and_nothing_more() -> None:
 def test_there_are_committed_runs() -> None:
     assert len(RUNS) >= 5, RUNS
     for run_dir in RUNS:
-        assert (run_dir / "requests.jsonl.gz").is_file() and (run_dir / "report.json").is_file(), run_dir
+        assert (run_dir / "requests.jsonl.xz").is_file(), run_dir
+        assert stored(run_dir / "report.json").is_file(), run_dir
 
 
 @pytest.mark.parametrize("run_dir", RUNS, ids=lambda p: p.name)
 def test_reanalysis_reproduces_the_committed_report(run_dir: Path, tmp_path: Path) -> None:
-    committed = json.loads((run_dir / "report.json").read_text(encoding="utf-8"))
+    committed = read_json(run_dir / "report.json", None, "report")
     assert "inputs" in committed, f"{run_dir}/report.json records no analysis inputs"
     assert main([str(run_dir), "--out", str(tmp_path)]) == 0
     fresh = json.loads((tmp_path / "report.json").read_text(encoding="utf-8"))
@@ -54,11 +56,11 @@ def test_reanalysis_reproduces_the_committed_report(run_dir: Path, tmp_path: Pat
 
 @pytest.mark.parametrize("run_dir", [r for r in RUNS if r.name.startswith("h200-")], ids=lambda p: p.name)
 def test_the_gpu_comes_from_the_run_folder_and_the_profile_from_the_report(run_dir: Path) -> None:
-    env = json.loads((run_dir / "environment.json").read_text(encoding="utf-8"))
-    attribution = json.loads((run_dir / "report.json").read_text(encoding="utf-8"))["attribution"]
+    env = read_json(run_dir / "environment.json", None, "environment record")
+    attribution = read_json(run_dir / "report.json", None, "report")["attribution"]
     assert attribution["gpu"] == gpu_slug(env["gpu"]) == "h200"
     inputs = recorded_inputs(run_dir)
-    assert inputs.profile is not None and inputs.profile.is_file()
+    assert inputs.profile is not None and stored(inputs.profile).is_file()
     assert str(inputs.profile).endswith(attribution["profile"])
 
 
@@ -68,12 +70,13 @@ def test_todays_default_profile_does_not_change_a_reanalysis(tmp_path: Path,
     monkeypatch.setattr(profiles, "default_profile", lambda gpu, mode: Path("integration/results/other.json"))
     assert main([str(run_dir), "--out", str(tmp_path / "recorded")]) == 0
     recorded = json.loads((tmp_path / "recorded" / "report.json").read_text(encoding="utf-8"))
-    assert _differing_keys(recorded, json.loads((run_dir / "report.json").read_text(encoding="utf-8"))) == []
+    assert _differing_keys(recorded, read_json(run_dir / "report.json", None, "report")) == []
     # the default is what a run with nothing recorded gets: the control that the patch took effect
     bare = tmp_path / "bare"
     bare.mkdir()
-    for name in ("run.json", "requests.jsonl.gz", "environment.json"):
-        (bare / name).write_bytes((run_dir / name).read_bytes())
+    for name in ("run.json", "requests.jsonl.xz", "environment.json"):
+        kept = stored(run_dir / name)
+        (bare / kept.name).write_bytes(kept.read_bytes())
     assert main([str(bare)]) == 0
     attribution = json.loads((bare / "report.json").read_text())["attribution"]
     assert attribution["profile"] == "integration/results/other.json"

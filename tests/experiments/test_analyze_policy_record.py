@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from common.jsonfile import read_json
 from experiments import analyze
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -17,7 +18,7 @@ RUN = ROOT / "experiments" / "results" / "h200-llama8b-chat"
 
 def test_the_committed_record_is_what_the_report_used() -> None:
     record = json.loads((RUN / "patched-policy.json").read_text())
-    report = json.loads((RUN / "report.json").read_text())
+    report = read_json(RUN / "report.json", None, "report")
     assert report["inputs"]["patched_policy"] == "experiments/results/h200-llama8b-chat/patched-policy.json"
     assert set(analyze.POLICY_RECORD_KEYS) <= set(record)
     assert record["segments"]["rms_norm"] == [[1, 16384, True]]  # kernel v1's table: fused everywhere

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import lzma
 import shutil
 from pathlib import Path
 
@@ -95,16 +96,18 @@ def test_tiers_recorded_in_run_json_are_the_default(tmp_path: Path) -> None:
     assert [s["name"] for s in json.loads((run_dir / "report.json").read_text())["slos"]] == ["tight"]
 
 
-def test_truncated_records_file_is_named(analysed: Path, capsys: pytest.CaptureFixture) -> None:
+@pytest.mark.parametrize("suffix, module", [(".xz", lzma), (".gz", gzip)])
+def test_truncated_records_file_is_named(analysed: Path, capsys: pytest.CaptureFixture, suffix: str,
+                                         module) -> None:
     plain = analysed / "requests.jsonl"
-    packed = gzip.compress(plain.read_bytes())
-    (analysed / "requests.jsonl.gz").write_bytes(packed[: len(packed) // 2])
+    packed = module.compress(plain.read_bytes())
+    cut = analysed / f"requests.jsonl{suffix}"
+    cut.write_bytes(packed[: len(packed) // 2])
     plain.unlink()
     assert main([str(analysed)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
-    gz = analysed / "requests.jsonl.gz"
-    assert err.startswith(f"python -m experiments.analyze: error: {gz}: truncated")
+    assert err.startswith(f"python -m experiments.analyze: error: {cut}: truncated")
     assert "records after the damage are missing" in err
 
 

@@ -1,9 +1,8 @@
 """End to end through the real replayer: records written by loadgen against two fake servers."""
 
 import asyncio
-import gzip
-import shutil
 
+from common.jsonfile import compress_file
 from experiments.analyze import analyze_run
 from experiments.core.slo import SLO
 from loadgen.fakeserver import FakeServerConfig, fake_server
@@ -34,12 +33,10 @@ def test_report_from_replayed_records(tmp_path):
     out = run_dir / "requests.jsonl"
     out.unlink()
     asyncio.run(_replay_all(out, windows=2, loads=(1.0,)))
-    with out.open("rb") as src, gzip.open(run_dir / "requests.jsonl.gz", "wb") as dst:
-        shutil.copyfileobj(src, dst)
-    out.unlink()  # readers accept the compressed file written when a run ends
+    compress_file(out)  # readers accept the compressed file written when a run ends
     r = analyze_run(run_dir, [LOOSE])
     s = r["slos"][0]
-    assert r["records"]["file"] == "requests.jsonl.gz" and r["records"]["total"] == 20
+    assert r["records"]["file"] == "requests.jsonl.xz" and r["records"]["total"] == 20
     assert s["stock"]["attainment"] == 0.0 and s["patched"]["attainment"] == 1.0
     assert s["patched"]["goodput_rps"] == 10 / 0.2  # 10 requests met over 2 windows of 0.1 s
     assert s["delta_goodput_pct"] is None  # stock goodput 0: a relative change is undefined, and said so

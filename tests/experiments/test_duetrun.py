@@ -45,7 +45,7 @@ def test_every_cell_goes_to_both_arms_at_once_on_the_placement_servers(
     assert sched == duet.placements(("stock", "patched"), (0, 1), 4, seed=3)
     assert run["duet"]["schedule"]["balance"] == {"stock": {"0": 2, "1": 2}, "patched": {"0": 2, "1": 2}}
     assert all(e["done"] == ["stock", "patched"] for e in run["schedule"])
-    records = read_records(run_dir / "requests.jsonl.gz")
+    records = read_records(run_dir / "requests.jsonl.xz")
     measured = [r for r in records if r.tags["phase"] == "measure"]
     for r in measured:  # every record names the GPU its placement gave its arm
         assert r.tags["gpu"] == sched[r.tags["window"]].gpu_of(r.tags["arm"])

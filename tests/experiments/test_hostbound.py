@@ -3,16 +3,16 @@ warning at the top of report.md where a served step is more than about a quarter
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from common.jsonfile import read_json
 from experiments.reporting import hostbound
 from experiments.reporting.report_md import render_markdown
 from experiments.reporting.schema import GpuShare, Report
 from tests.experiments.test_gpushare import THREE, frame, reply
 
-BASE = json.loads((Path(__file__).resolve().parents[2] / "experiments" / "results" / "h200-llama1b-ab" /
-                   "report.json").read_text(encoding="utf-8"))
+BASE = read_json(Path(__file__).resolve().parents[2] / "experiments" / "results" / "h200-llama1b-ab" /
+                 "report.json", None, "report")
 GPU_RUN = {"device": "cuda", "model": {"name": "llama-3.2-1b", "eager": False},
            "arm_labels": ["stock", "patched"]}
 DOC = ("graph-steps.json", {"sizes": [{"batch_tokens": 1, "baseline_median_us": 1000.0},

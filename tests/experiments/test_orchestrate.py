@@ -101,7 +101,7 @@ def test_complete_run_records_every_replay(cfg: RunConfig, fakes: dict[str, Vllm
     assert burnin == [(0, 4.0, ["patched", "stock"])]
     assert [r["phase"] for r in run["replays"]] == ["burnin"] * 2 + ["measure"] * 8
     assert all(r["gpu"] is None and r["wall_s"] > 0 for r in run["replays"])  # no GPU here
-    records = read_records(cfg.results_dir / "run" / "requests.jsonl.gz")
+    records = read_records(cfg.results_dir / "run" / "requests.jsonl.xz")
     phases = Counter(r.tags["phase"] for r in records)
     assert phases == {"warmup": 2 * 2, "burnin": 2 * 4, "measure": 2 * 2 * (4 + 4)}
     assert {r.tags["load"] for r in records if r.tags["phase"] == "warmup"} == {4.0}  # the highest load
@@ -235,7 +235,7 @@ def test_knee_search_chooses_the_loads_measured(cfg: RunConfig, fakes: dict[str,
     assert [(b["window"], b["load"]) for b in run["burnin"]] == [(0, 2.8)]
     report = json.loads((cfg.results_dir / "run" / "report.json").read_text())
     assert report["burnin"] and all(b["tpot_p50_ms_vs_measured_pct"] is not None for b in report["burnin"])
-    records = read_records(cfg.results_dir / "run" / "requests.jsonl.gz")
+    records = read_records(cfg.results_dir / "run" / "requests.jsonl.xz")
     assert {r.tags["arm"] for r in records if r.tags["phase"] == "knee"} == {"stock"}
     counts = [w["requests"] for w in run["windows"]]
     searched = {r.tags["window"] for r in records if r.tags["phase"] == "knee"}
@@ -293,7 +293,7 @@ def test_knee_search_stops_where_the_client_sends_late_and_says_so(tmp_path: Pat
     k = _run(run_dir)["knee"]
     assert k["factors"] == [1.0] and k["stopped"] == {"reason": "client", "factor": 1.0}
     assert k["lateness_target_ms"] == LATENESS_TARGET_P99_MS and k["loads"] is None
-    searched = [r for r in read_records(run_dir / "requests.jsonl.gz") if r.tags["phase"] == "knee"]
+    searched = [r for r in read_records(run_dir / "requests.jsonl.xz") if r.tags["phase"] == "knee"]
     per_window = [[lateness_ms(r) for r in searched if r.tags["window"] == w] for w in (0, 1)]
     assert k["lateness"] == [{"factor": 1.0, **knee.lateness_figures(per_window)}]
     assert k["lateness"][0]["median_replay_p99_ms"] > LATENESS_TARGET_P99_MS
@@ -338,7 +338,7 @@ def test_instances_restart_every_arm_between_blocks(cfg: RunConfig, tmp_path: Pa
         assert entries[0]["pid"] != entries[1]["pid"]
     assert all("port" in d for d in inst["differences"].values())  # a fresh port each start
     assert [b["done"] for b in run["burnin"]] and len(run["burnin"]) == 2  # each instance burnt in
-    records = read_records(run_dir / "requests.jsonl.gz")
+    records = read_records(run_dir / "requests.jsonl.xz")
     assert {r.tags["instance"] for r in records} == {0, 1}
     assert all(r.tags["instance"] == r.tags["window"] for r in records if r.tags["phase"] == "measure")
     unmeasured = Counter((r.tags["phase"], r.tags["instance"]) for r in records
@@ -360,7 +360,7 @@ def test_one_instance_leaves_records_and_run_json_as_they_were(cfg: RunConfig,
                                                                 fakes: dict[str, VllmServer]) -> None:
     run_dir = run_experiment(cfg, servers=fakes, analyze=False)
     assert "instances" not in _run(run_dir) and "instance_design" not in _run(run_dir)
-    assert all("instance" not in r.tags for r in read_records(run_dir / "requests.jsonl.gz"))
+    assert all("instance" not in r.tags for r in read_records(run_dir / "requests.jsonl.xz"))
 
 
 @pytest.mark.parametrize(("change", "n", "message"), [

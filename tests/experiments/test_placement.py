@@ -149,7 +149,7 @@ def test_one_at_a_time_instances_start_every_arm_afresh_in_every_block(
     assert sorted(events) == ["patched", "patched", "stock", "stock"]  # none carried into the next block
     assert run["instances"]["windows"] == [[0], [1]]
     blocks = {e["window"]: e["block"] for e in run["schedule"]}
-    measured = [r for r in read_records(run_dir / "requests.jsonl.gz") if r.tags["phase"] == "measure"]
+    measured = [r for r in read_records(run_dir / "requests.jsonl.xz") if r.tags["phase"] == "measure"]
     assert measured and all(r.tags["instance"] == blocks[r.tags["window"]] for r in measured)
     assert {lab: [e["index"] for e in v] for lab, v in run["instances"]["arms"].items()} == {
         "stock": [0, 1], "patched": [0, 1]}

@@ -1,13 +1,13 @@
-import json
 from pathlib import Path
 
 import pytest
 
+from common.jsonfile import read_json
 from experiments.reporting.report import aa_reason, verdict
 from experiments.reporting.schema import Report
 
-BASE = json.loads((Path(__file__).resolve().parents[2] / "experiments" / "results" / "h200-llama1b-ab" /
-                   "report.json").read_text(encoding="utf-8"))
+BASE = read_json(Path(__file__).resolve().parents[2] / "experiments" / "results" / "h200-llama1b-ab" /
+                 "report.json", None, "report")
 
 
 def typed(**entries) -> Report:

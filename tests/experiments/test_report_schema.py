@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from common.jsonfile import ResultFileError
+from common.jsonfile import ResultFileError, open_text, read_json, stored
 from experiments.reporting import schema
 from experiments.reporting.schema import AA, Report, read_report, write_report_json
 
 RESULTS = Path(__file__).resolve().parents[2] / "experiments" / "results"
-REPORTS = sorted(RESULTS.glob("*/report.json"))
+REPORTS = sorted({stored(p.parent / "report.json") for p in RESULTS.glob("*/report.json*")})
 
 
 @pytest.mark.parametrize("path", REPORTS, ids=lambda p: p.parent.name)
@@ -21,13 +21,14 @@ def test_every_committed_report_round_trips_to_the_same_bytes(path: Path, tmp_pa
     r = read_report(path)
     assert isinstance(r.aa, AA) and r.baseline == r.comparison[0] and r.schema_version == 1
     write_report_json(tmp_path / "report.json", r)
-    assert (tmp_path / "report.json").read_bytes() == path.read_bytes()
+    with open_text(path) as committed:  # a committed report may be kept .xz
+        assert (tmp_path / "report.json").read_text(encoding="utf-8") == committed.read()
 
 
 def test_an_older_version_is_upgraded_once_when_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A version-0 report (the committed confirm3 report without its prompts entry, as a report written
     before it would be) reads as today's, through the one upgrade of its version."""
-    committed = json.loads((RESULTS / "h200-llama8b-confirm3" / "report.json").read_text(encoding="utf-8"))
+    committed = read_json(RESULTS / "h200-llama8b-confirm3" / "report.json", None, "report")
     old = {k: v for k, v in committed.items() if k != "prompts"} | {"schema_version": 0}
     (tmp_path / "report.json").write_text(json.dumps(old), encoding="utf-8")
     calls = []
@@ -47,7 +48,7 @@ def test_an_older_version_is_upgraded_once_when_read(tmp_path: Path, monkeypatch
 
 def test_what_the_schema_does_not_know_is_refused(tmp_path: Path) -> None:
     """The negative controls: an unknown entry, a newer version and an old version without an upgrade."""
-    doc = json.loads((RESULTS / "cpu-tiny-aa" / "report.json").read_text(encoding="utf-8"))
+    doc = read_json(RESULTS / "cpu-tiny-aa" / "report.json", None, "report")
     with pytest.raises(ResultFileError, match="does not know: verdicts"):
         Report.from_json({**doc, "verdicts": []})
     for version, message in ((2, "knows up to 1"), (0, "no upgrade from schema_version 0")):
@@ -58,7 +59,7 @@ def test_what_the_schema_does_not_know_is_refused(tmp_path: Path) -> None:
 
 
 def test_unset_optional_entries_are_left_out_and_set_ones_kept() -> None:
-    doc = json.loads((RESULTS / "cpu-tiny-aa" / "report.json").read_text(encoding="utf-8"))
+    doc = read_json(RESULTS / "cpu-tiny-aa" / "report.json", None, "report")
     assert "layout" not in Report.from_json(doc).to_json()  # a turns run has no layout entry
     duet = Report.from_json({**doc, "layout": {"name": "duet"}}).to_json()
     assert list(duet)[-4:] == ["layout", "inputs", "plots", "gpu_share"]

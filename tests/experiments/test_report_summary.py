@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
+from common.jsonfile import read_json
 from experiments.analyze import analyze_run
 from experiments.core.slo import SLO
 from experiments.reporting.plots import forest, forest_rows
@@ -73,7 +73,7 @@ def test_the_title_then_the_table_open_the_report(report, run_dir):
 
 
 def test_the_planted_line_gives_its_interval_against_its_prediction(report):
-    committed = json.loads((RESULTS / "h200-llama8b-confirm3" / "report.json").read_text(encoding="utf-8"))
+    committed = read_json(RESULTS / "h200-llama8b-confirm3" / "report.json", None, "report")
     p = committed["planted"][0]
     (label, row), = ((k, v) for k, v in _rows(summary_lines(_with(report, planted=[p]))).items()
                      if k.startswith("planted"))

@@ -51,7 +51,7 @@ def test_sets_swap_within_every_instance_and_tag_each_record_with_its_instance(
     assert run["instances"]["windows"] == [[0, 1], [2, 3]]
     burnins = [(b["window"], sorted(b["done"])) for b in run["burnin"]]  # every fresh server burnt in once
     assert burnins == [(0, ["patched", "stock"]), (1, ["stock-b"])] * 2
-    records = read_records(run_dir / "requests.jsonl.gz")
+    records = read_records(run_dir / "requests.jsonl.xz")
     measured = [r for r in records if r.tags["phase"] == "measure"]
     assert {(r.tags["window"], r.tags["arm"]) for r in measured} == {(w, lab) for w, s in sets.items()
                                                                       for lab in s}

@@ -3,7 +3,6 @@ calibration in heavy-tailed and measured A/A noise, and where experiments.stats.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +10,7 @@ import pytest
 import statsmodels.api as sm
 from scipy import stats as sps
 
+from common.jsonfile import read_json
 from experiments.stats import goodput, paired, robust, runframe
 from experiments.stats.comparisons import cell_orders
 
@@ -79,7 +79,7 @@ def test_aa_from_the_measured_cells_of_an_h200_run_excludes_zero_about_five_perc
     """The stock-b vs stock cells of the committed H200 run, centred on their fit and given 1,000
     seeded random signs (an A/A null with the run's own heavy tails): 54 of 1,000 intervals (5.4%)
     excluded 0, at a median half-width of 0.19%."""
-    run = json.loads((TWIN_AA / "run.json").read_text(encoding="utf-8"))
+    run = read_json(TWIN_AA / "run.json", None, "run record")
     df = runframe.load_run(TWIN_AA).rename(columns={"succeeded": "ok"})
     measured, _ = goodput.split_phases(df)
     cells = paired.cell_medians(paired.request_pairs(measured, "stock", "stock-b", "tpot_ms"))

@@ -36,7 +36,7 @@ def test_a_cpu_duet_replays_both_arms_at_once_balanced_and_reports_it(
     assert len({v["port"] for v in servers.values()}) == 4
     sched = duet.from_record(run["duet"]["schedule"])
     assert run["duet"]["schedule"]["balance"] == {"stock": {"0": 1, "1": 1}, "patched": {"0": 1, "1": 1}}
-    measured = [r for r in read_records(run_dir / "requests.jsonl.gz") if r.tags["phase"] == "measure"]
+    measured = [r for r in read_records(run_dir / "requests.jsonl.xz") if r.tags["phase"] == "measure"]
     assert {(r.tags["arm"], r.tags["gpu"]) for r in measured} == {
         (a, g) for a in ("stock", "patched") for g in (0, 1)}  # every arm served on both slots
     assert all(r.tags["gpu"] == sched[r.tags["window"]].gpu_of(r.tags["arm"]) for r in measured)

@@ -62,7 +62,7 @@ def test_short_default_run_completes_with_identical_requests_per_arm(
     assert run["mode_note"].startswith("A/A run")
     assert all(e["done"] == e["order"] for e in run["schedule"])
     assert not (run_dir / "requests.jsonl").exists()
-    records = read_records(run_dir / "requests.jsonl.gz")
+    records = read_records(run_dir / "requests.jsonl.xz")
     measured = [r for r in records if r.tags["phase"] == "measure"]
     assert sum(r.tags["phase"] == "warmup" for r in records) == 2 * run["warmup"]["requests"]
     per_arm = {label: sorted((r.tags["window"], r.tags["load"], r.index, r.input_tokens, r.output_tokens)
@@ -114,7 +114,7 @@ def test_a_knee_search_on_real_servers_records_every_factor_and_why_it_stopped(
     run, k = _run(run_dir), _run(run_dir)["knee"]
     assert run["status"] == "complete"
     assert k["factors"] == knee.possible_factors([1.0, 2.0], 8.0)[:len(k["factors"])]
-    searched = [r for r in read_records(run_dir / "requests.jsonl.gz") if r.tags["phase"] == "knee"]
+    searched = [r for r in read_records(run_dir / "requests.jsonl.xz") if r.tags["phase"] == "knee"]
     slos = load_slo_file(DEFAULT_SLO_FILE)
     for j, (f, late) in enumerate(zip(k["factors"], k["lateness"], strict=True)):
         at = [r for r in searched if r.tags["load"] == f]
@@ -150,6 +150,6 @@ def test_server_that_dies_mid_run_stops_it_as_partial_with_a_report(
     assert f"server {killed[0]} died" in run["stopped_reason"] and "window 1" in run["stopped_reason"]
     assert "server-" in run["stopped_reason"]  # the log tail is quoted
     assert [e["done"] for e in run["schedule"]] == [run["schedule"][0]["order"], []]
-    assert (run_dir / "requests.jsonl.gz").is_file()
+    assert (run_dir / "requests.jsonl.xz").is_file()
     report_md = (run_dir / "report.md").read_text()
     assert "partial" in report_md

@@ -76,7 +76,7 @@ def test_ctrl_c_again_while_the_servers_stop_kills_them_all_and_the_run_ends_who
     run = json.loads((run_dir / "run.json").read_text())
     assert run["status"] == "partial" and run["stopped_reason"].startswith("interrupted")
     assert any(w.startswith("SIGINT while the run was closing") for w in run["warnings"])
-    assert (run_dir / "requests.jsonl.gz").is_file() and not (run_dir / "requests.jsonl").exists()
+    assert (run_dir / "requests.jsonl.xz").is_file() and not (run_dir / "requests.jsonl").exists()
     assert "python -m experiments.analyze" in run["analysis_error"] and not (run_dir / "report.md").exists()
 
 
@@ -98,7 +98,7 @@ def test_a_full_disk_under_a_run_ends_in_one_line_with_the_records_whole(
     assert code == 1 and len(errors) == 1 and "Traceback" not in err, err
     assert "No space left on device" in errors[0] and "requests.jsonl" in errors[0]
     assert f"python -m experiments.analyze {run_dir} --in-place" in errors[0]
-    assert "requests.jsonl.gz" not in left and records and not torn  # no empty .gz; whole lines kept
+    assert "requests.jsonl.xz" not in left and records and not torn  # no empty .xz; whole lines kept
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

@@ -30,7 +30,7 @@ def test_two_instances_per_arm_on_real_servers(tmp_path: Path, capsys: pytest.Ca
         assert len({e["pid"] for e in entries}) == 2
         assert all(e["kv_cache_tokens"] and e["engine_init_s"] for e in entries)  # read from the log
         assert "kv_cache_tokens" not in run["instances"]["differences"][label]  # the same explicit size
-    records = read_records(run_dir / "requests.jsonl.gz")
+    records = read_records(run_dir / "requests.jsonl.xz")
     measured = {(r.tags["instance"], r.tags["window"]) for r in records if r.tags["phase"] == "measure"}
     assert measured == {(0, 0), (1, 1)}
     assert {r.tags["instance"] for r in records if r.tags["phase"] in ("warmup", "burnin")} == {0, 1}

@@ -29,7 +29,7 @@ def test_a_real_model_is_replayed_with_text_prompts_of_the_traces_lengths(tmp_pa
     assert run["prompts"]["kind"] == "text" and run["prompts"]["weights"] is True
     for server in run["servers"].values():
         assert "dummy" not in server["cmd"] and "--skip-tokenizer-init" not in server["cmd"]
-    records = read_records(run_dir / "requests.jsonl.gz")
+    records = read_records(run_dir / "requests.jsonl.xz")
     assert records and all(r.prompt_tokens == r.input_tokens for r in records)
     assert run["prompt_tokens"] == {"checked": len(records), "mismatched": 0, "examples": [], "per_arm": {
         lab: {"checked": sum(r.tags["arm"] == lab for r in records), "mismatched": 0}

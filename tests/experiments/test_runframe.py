@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import pytest
 
 import experiments
+from common.jsonfile import read_json
 from loadgen.records import read_records, succeeded, tpot_ms, tpot_unobserved, ttft_ms
 
 RUN = Path(__file__).resolve().parents[2] / "experiments" / "results" / "cpu-tiny-aa"
@@ -16,8 +16,8 @@ RUN = Path(__file__).resolve().parents[2] / "experiments" / "results" / "cpu-tin
 
 def test_one_row_per_record_with_arm_window_load_phase_and_metrics() -> None:
     df = experiments.load_run(RUN)
-    records = read_records(RUN / "requests.jsonl.gz")
-    run = json.loads((RUN / "run.json").read_text())
+    records = read_records(RUN / "requests.jsonl.xz")
+    run = read_json(RUN / "run.json", None, "run record")
     assert len(df) == len(records)
     assert set(df["arm"]) == set(run["arm_labels"])
     assert dict(zip(df["arm"], df["arm_name"])) == dict(zip(run["arm_labels"], run["arms"]))

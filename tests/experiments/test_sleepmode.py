@@ -209,7 +209,7 @@ def test_only_the_replayed_arm_s_server_is_awake(cfg: RunConfig, tmp_path: Path,
         assert s["woken"] == arm and s["wake_s"] > 0 and arm not in s["slept"] and len(s["slept"]) <= 1
     replays = run["replays"]  # burn-in and measured: the first wakes its arm, then each change of arm
     assert len(switches) - 3 == 1 + sum(a["arm"] != b["arm"] for a, b in zip(replays, replays[1:]))
-    records = read_records(run_dir / "requests.jsonl.gz")
+    records = read_records(run_dir / "requests.jsonl.xz")
     assert all(succeeded(r) for r in records)  # none was sent to a sleeping server (it answers 503)
     assert {frozenset(r.tags) for r in records} == {frozenset({"arm", "window", "load", "phase"}),
                                                    frozenset({"arm", "window", "load", "phase", "burnin"})}
@@ -231,7 +231,7 @@ def test_a_failed_wake_stops_the_run_with_one_record_per_replayed_request(
     done = {(e["window"], e["load"], lab) for e in run["schedule"] for lab in e["done"]}
     assert done and len(done) < 2 * 2 * 3
     counts = Counter((r.tags["window"], r.tags["load"], r.tags["arm"])
-                     for r in read_records(run_dir / "requests.jsonl.gz") if r.tags["phase"] == "measure")
+                     for r in read_records(run_dir / "requests.jsonl.xz") if r.tags["phase"] == "measure")
     requests = {w["id"]: w["requests"] for w in run["windows"]}
     assert counts == {key: requests[key[0]] for key in done}  # every replayed request once, nothing more
     assert (run_dir / "report.md").is_file()

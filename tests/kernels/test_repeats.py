@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
 
 import pytest
 
+from common.jsonfile import read_json
+
 RESULTS = Path(__file__).resolve().parents[2] / "kernels/results"
 REPEATS = RESULTS / "h200-repeats-2026-12-05"
 
 
 def _bench(path: Path) -> dict[tuple, dict]:
-    return {(r["op"], r["dtype"], r["rows"], r["hidden"]): r for r in json.loads(path.read_text())["bench"]}
+    return {(r["op"], r["dtype"], r["rows"], r["hidden"]): r
+            for r in read_json(path, None, "kernel results")["bench"]}
 
 
 def test_repeats_agree_with_the_full_run_as_the_readme_says() -> None:
@@ -36,10 +38,10 @@ def test_repeats_agree_with_the_full_run_as_the_readme_says() -> None:
 
 
 def test_the_geomean_target_repeats() -> None:
-    part = json.loads((REPEATS / "h200-h2048-8192.json").read_text())["targets"]
-    whole = json.loads((RESULTS / "h200.json").read_text())["targets"]
+    part = read_json(REPEATS / "h200-h2048-8192.json", None, "kernel results")["targets"]
+    whole = read_json(RESULTS / "h200.json", None, "kernel results")["targets"]
     key = "geomean_speedup_bf16_rows_1_8192_hidden_2048_4096_8192"
     assert round(part[key]["vs_best_stock"], 3) == 1.291 and round(whole[key]["vs_best_stock"], 3) == 1.292
-    assert all(json.loads((REPEATS / n).read_text())["validation"]["passed"]
+    assert all(read_json(REPEATS / n, None, "kernel results")["validation"]["passed"]
                for n in ("h200-h4096.json", "h200-h2048-8192.json"))
     assert not math.isnan(part[key]["vs_vllm_c"])

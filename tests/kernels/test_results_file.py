@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 
 import pytest
 
+from common.jsonfile import read_json
 from kernels import policy, report
 from kernels.bench import HEAD_ROWS, HEAD_WIDTH, HIDDEN, OPS, ROWS
 from kernels.suite import SCHEMA_VERSION
@@ -19,7 +19,7 @@ RESULTS = Path(__file__).resolve().parents[2] / "kernels" / "results" / "h200.js
 
 @pytest.fixture(scope="module")
 def results() -> dict:
-    return json.loads(RESULTS.read_text())
+    return read_json(RESULTS, None, "kernel results")
 
 
 @pytest.fixture(scope="module")

@@ -3,11 +3,11 @@ code path as the H200): what its README says follows from the results file and t
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
+from common.jsonfile import read_json
 from kernels import policy, report, shapes
 from kernels.cases import GUARD, full_cases
 from kernels.shapes import ITEMSIZE
@@ -21,7 +21,7 @@ SOURCE = "kernels/results/h100-staged/h100-80gb-hbm3.json"
 
 @pytest.fixture(scope="module")
 def results() -> dict:
-    return json.loads((RUN / "h100-80gb-hbm3.json").read_text())
+    return read_json(RUN / "h100-80gb-hbm3.json", None, "kernel results")
 
 
 def _not_applicable(cases: list) -> int:

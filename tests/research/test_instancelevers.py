@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from common.jsonfile import read_json
 from research import instancelevers
 
 RESULTS = Path(__file__).resolve().parents[2] / "experiments" / "results"
@@ -65,7 +66,7 @@ def test_runs_that_cannot_answer_are_refused(run: str, message: str, tmp_path: P
 def test_the_committed_table_is_rederived(tmp_path: Path) -> None:
     out = tmp_path / "instance-levers.json"
     assert instancelevers.main([*LEVERS, "--out", str(out)]) == 0
-    new, old = json.loads(out.read_text()), json.loads(COMMITTED.read_text())
+    new, old = json.loads(out.read_text()), read_json(COMMITTED, None, "instance levers")
     assert new.pop("command") != old.pop("command")  # names the output path
     assert json.dumps(new, sort_keys=True) == json.dumps(old, sort_keys=True)
     verdicts = [lev["verdict"] for lev in old["levers"]]

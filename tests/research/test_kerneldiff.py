@@ -15,16 +15,16 @@ def test_the_slower_gemm_falls_on_stock_in_one_pair_and_on_patched_in_the_other(
     us = {}
     for pair in ("pair5", "pair6"):
         for arm in ("stock-compiled", "patched-compiled"):
-            us[pair, arm] = kerneldiff.step_kernels(PAIRS / pair / "raw-steps.json.gz", arm, 1)[GEMM][1]
+            us[pair, arm] = kerneldiff.step_kernels(PAIRS / pair / "raw-steps.json.xz", arm, 1)[GEMM][1]
     assert round(us["pair5", "stock-compiled"]) == 1935 and round(us["pair5", "patched-compiled"]) == 1880
     assert round(us["pair6", "stock-compiled"]) == 1884 and round(us["pair6", "patched-compiled"]) == 1932
-    rows = kerneldiff.diff(kerneldiff.step_kernels(PAIRS / "pair5/raw-steps.json.gz", "stock-compiled", 1),
-                           kerneldiff.step_kernels(PAIRS / "pair5/raw-steps.json.gz", "patched-compiled", 1))
+    rows = kerneldiff.diff(kerneldiff.step_kernels(PAIRS / "pair5/raw-steps.json.xz", "stock-compiled", 1),
+                           kerneldiff.step_kernels(PAIRS / "pair5/raw-steps.json.xz", "patched-compiled", 1))
     assert rows[0]["kernel"] == "rmsnorm_kernel" and rows[0]["calls_b"] == 65 and rows[0]["calls_a"] == 0
 
 
 def test_cli_names_a_missing_arm_size_or_file(tmp_path: Path, capsys) -> None:
-    f = str(PAIRS / "pair6/raw-steps.json.gz")
+    f = str(PAIRS / "pair6/raw-steps.json.xz")
     assert kerneldiff.main([f + ":stock-compiled", f + ":patched-compiled", "--top", "3"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("1 tokens: kernel time per step") and len(out.splitlines()) == 4

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -46,8 +45,8 @@ def test_a_committed_document_re_derives_from_its_run(path: Path, tmp_path: Path
 
 
 def test_every_planted_run_with_a_report_has_a_document() -> None:
-    runs = {p.parent.name for p in (ROOT / "experiments" / "results").glob("h200-*/report.json")
-            if any(e.get("norm_calls_per_step") for e in json.loads(p.read_text()).get("planted") or [])}
+    runs = {p.parent.name for p in (ROOT / "experiments" / "results").glob("h200-*/report.json*")
+            if any(e.get("norm_calls_per_step") for e in read_json(p, None, "report").get("planted") or [])}
     assert runs and runs <= {p.stem for p in DOCS}
 
 
@@ -73,5 +72,5 @@ def test_the_kv_cache_size_comes_from_the_reference_servers_log(tmp_path: Path) 
     assert plantedsim.logged_kv_tokens(tmp_path, run, "stock") is None  # no log kept
     assert plantedsim.logged_kv_tokens(tmp_path, {}, "patched") is None  # no servers recorded
     committed = ROOT / "experiments" / "results" / "h200-llama8b-confirm3"  # gzipped beside the name
-    assert plantedsim.logged_kv_tokens(committed, json.loads((committed / "run.json").read_text()),
+    assert plantedsim.logged_kv_tokens(committed, read_json(committed / "run.json", None, "run record"),
                                        "patched") == 81920

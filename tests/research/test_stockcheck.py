@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from common.jsonfile import read_json
 from integration.proof.profiles import PROJECT_ROOT
 from research import stockcheck
 
@@ -16,7 +17,7 @@ RESULTS = PROJECT_ROOT / "kernels/results/h200.json"
 
 @pytest.mark.evidence
 def test_the_committed_check_re_derives_from_its_results_and_profiles() -> None:
-    results = json.loads(RESULTS.read_text())
+    results = read_json(RESULTS, None, "kernel results")
     committed = results["in_vllm_check"]
     profiles = committed["command"].split()[5:]
     sizes = [e for p in profiles for e in stockcheck.check(results, PROJECT_ROOT / p)]
@@ -28,7 +29,7 @@ def test_the_committed_check_re_derives_from_its_results_and_profiles() -> None:
 @pytest.mark.evidence
 def test_the_warm_l2_check_re_derives_and_passes_where_the_readme_says() -> None:
     warm = PROJECT_ROOT / "kernels/results/h200-warm-l2-2026-12-05/h200-warm-l2.json"
-    results = json.loads(warm.read_text())
+    results = read_json(warm, None, "kernel results")
     committed = results["in_vllm_check"]
     assert committed["l2_mode"] == "warm"
     sizes = [e for p in committed["command"].split()[5:] for e in stockcheck.check(results, PROJECT_ROOT / p)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import lzma
 import math
 from pathlib import Path
 
@@ -166,6 +167,15 @@ def test_summarize_edge_cases() -> None:
 def test_file_sha256(tmp_path: Path) -> None:
     path = _write(tmp_path, GOOD)
     assert file_sha256(path) == hashlib.sha256(GOOD.encode()).hexdigest()
+
+
+def test_a_trace_kept_xz_reads_and_hashes_by_its_plain_name(tmp_path: Path) -> None:
+    text = '{"timestamp": 0.0, "input_tokens": 3, "output_tokens": 2}\n' \
+           '{"timestamp": 1.5, "input_tokens": 7, "output_tokens": 1}\n'
+    (tmp_path / "t.jsonl.xz").write_bytes(lzma.compress(text.encode()))
+    reqs = load_trace(tmp_path / "t.jsonl")
+    assert [(r.timestamp, r.input_tokens, r.output_tokens) for r in reqs] == [(0.0, 3, 2), (1.5, 7, 1)]
+    assert file_sha256(tmp_path / "t.jsonl") == hashlib.sha256(text.encode()).hexdigest()
 
 
 def test_invalid_utf8_names_its_line(tmp_path: Path) -> None:

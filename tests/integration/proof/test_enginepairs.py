@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
+from common.jsonfile import read_json
 from integration.proof import enginepairs
 
 RESULTS = Path(__file__).resolve().parents[3] / "integration" / "results"
@@ -78,7 +79,7 @@ def test_cli_writes_the_document_with_its_command(tmp_path: Path, capsys: pytest
 
 def test_committed_h200_pooling_rederives_from_its_files() -> None:
     path = RESULTS / "h200-llama8b-engine-pairs.json"
-    committed = json.loads(path.read_text())
+    committed = read_json(path, None, "engine pairs")
     root = RESULTS.parents[1]
     again = enginepairs.build([root / f["path"] for f in committed["files"]], committed["arm"])
     assert again["sizes"] == committed["sizes"]

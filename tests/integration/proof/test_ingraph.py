@@ -94,9 +94,7 @@ def test_cli_writes_the_table_and_names_a_bad_profile(tmp_path: Path, capsys: py
 
 
 def test_committed_profile_rebuilds_with_step_level_verdicts() -> None:
-    raw_path = RESULTS / "h200-raw-steps.json.gz"
-    if not raw_path.exists():
-        pytest.skip(f"{raw_path} not committed")
+    raw_path = RESULTS / "h200-raw-steps.json.xz"
     prof = evidence.profile_from_raw(read_json(raw_path, None, "raw-steps"))
     for row in prof["steps"]:
         s, p = row["samples"]["stock"]["norm_us"], row["samples"]["patched"]["norm_us"]

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from common.jsonfile import ResultFileError
+from common.jsonfile import ResultFileError, read_json
 from integration import calibrate
 from integration.proof import profiles
 
 
 def test_committed_h200_profile_is_read_as_written() -> None:
     path = profiles.PROJECT_ROOT / profiles.default_profile("h200", "compiled")
-    raw = json.loads(path.read_text())["steps"]
+    raw = read_json(path, None, "step profile")["steps"]
     rows = profiles.load_profile(path)
     assert [r["batch_tokens"] for r in rows] == sorted(float(s["batch_tokens"]) for s in raw)
     for row, step in zip(rows, sorted(raw, key=lambda s: s["batch_tokens"])):
