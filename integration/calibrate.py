@@ -32,7 +32,7 @@ from importlib import metadata
 from pathlib import Path
 
 from common.cliargs import OneLineParser, command_line, fail
-from common.jsonfile import ResultFileError, read_json, write_json
+from common.jsonfile import ResultFileError, read_json, stored, write_json
 from integration.launcher import MODELS_DIR
 from integration.proof.normcalls import norm_shape
 from kernels.shapes import CONFIG_DTYPES
@@ -142,7 +142,7 @@ def reusable(record_file: Path, key: Mapping) -> tuple[bool, str]:
     if diff:
         return False, f"the key changed: {', '.join(diff)}"
     missing = [out for step in old.get("steps") or [] for out in step.get("outputs") or []
-               if not (ROOT / out).is_file()]
+               if not stored(ROOT / out).is_file()]  # an output committed .xz is there
     if missing:
         return False, f"outputs missing: {', '.join(missing)}"
     return True, f"{_relative(record_file)} has this key and all its outputs"

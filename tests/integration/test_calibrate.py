@@ -43,6 +43,12 @@ def test_a_changed_key_recalibrates_and_names_the_part(tmp_path: Path, field: st
     assert not ok and why == f"the key changed: {named}"
 
 
+def test_an_output_committed_compressed_is_there(tmp_path: Path) -> None:
+    write_json(tmp_path / "h100.json.xz", {"schema_version": 2})  # a benchmark committed .xz
+    ok, why = calibrate.reusable(_record(tmp_path, KEY, [str(tmp_path / "h100.json")]), KEY)
+    assert ok, why
+
+
 def test_a_missing_output_or_record_recalibrates(tmp_path: Path) -> None:
     ok, why = calibrate.reusable(_record(tmp_path, KEY, [str(tmp_path / "gone.json")]), KEY)
     assert not ok and "outputs missing" in why and "gone.json" in why
