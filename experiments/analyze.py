@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
+import runtime_tables
 from common.cliargs import OneLineParser, add_debug_flag, fail, same_file
 from common.jsonfile import ResultFileError, project_relative, read_json, stored
 from experiments.core.rundir import check_records, read_run_record
@@ -35,7 +36,7 @@ from kernels.environment import gpu_slug
 PROG = "python -m experiments.analyze"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # the external server-instance variance of each GPU and model (python -m research.instancefloor)
-INSTANCE_FLOOR = PROJECT_ROOT / "experiments" / "results" / "instance-floor.json"
+INSTANCE_PRIOR = runtime_tables.path("instance-prior.json")
 SECONDARY = ("tpot_p50_ms", "ttft_p90_ms")  # per-window latency summaries, beside the paired ratios
 REANALYSIS = "reanalysis"  # the folder inside a run directory a re-analysis writes into by default
 
@@ -118,7 +119,7 @@ def _policy_record(path: Path) -> dict:
 def _over_instances(complete: pd.DataFrame, run: dict, env: dict, pair: list[str], paired_lat: dict,
                     planted_lines: list[dict] | None) -> dict | None:
     """Paired TPOT with the server-instance variance: over the run's own instances where each arm ran on
-    several, else with the external estimate for its GPU and model (INSTANCE_FLOOR); None without one."""
+    several, else with the external estimate for its GPU and model (INSTANCE_PRIOR); None without one."""
     if complete["instance"].nunique() > 1:  # every arm against the baseline, a planted arm its reference
         refs = {p["arm"]: p["reference"] for p in planted_lines or []}
         rows = instances.run_rows(complete.rename(columns={"ok": "succeeded"}),
@@ -128,7 +129,7 @@ def _over_instances(complete: pd.DataFrame, run: dict, env: dict, pair: list[str
                 "rows": rows}
     model = (run.get("model") or {}).get("name")
     try:
-        floors = read_json(INSTANCE_FLOOR, 1, "instance floor")["instance"]
+        floors = read_json(INSTANCE_PRIOR, 1, "instance floor")["instance"]
     except (ResultFileError, KeyError):
         return None
     key = instances.floor_key(env.get("gpu"), model)
@@ -136,7 +137,7 @@ def _over_instances(complete: pd.DataFrame, run: dict, env: dict, pair: list[str
     if not rows:
         return None
     f = floors[key]
-    return {"source": f"external: {f['pairs']} in-run A/A pairs of {key} ({_shown(INSTANCE_FLOOR)}), "
+    return {"source": f"external: {f['pairs']} in-run A/A pairs of {key} ({_shown(INSTANCE_PRIOR)}), "
                       "the server-instance variance added to each one-pair interval",
             "instance_sd_pct": f["instance_sd_pct"], "df": f["df"], "rows": rows}
 
@@ -213,7 +214,7 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
     attribution's defaults for the run's GPU;
     ``planted_steps`` is a graph-steps file (integration.proof.graphtime) with a planted arm's step
     time inside vLLM, which the planted control's prediction then uses (default for a run with a
-    planted arm: the GPU's and model's committed one, integration/results/profiles.json);
+    planted arm: the GPU's and model's committed one, in the index runtime_tables/profiles.json);
     ``graph_steps`` a graph-steps file of the fused kernel at every size, whose decode step savings
     the attribution then uses; ``gpu_steps`` one whose stock decode steps are the host-bound guard's GPU
     time (default: the GPU's and model's committed one). Records that fail their integrity checks raise
@@ -336,22 +337,24 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the step profile of the attribution (default: the one recorded in report.json, "
                          "else the committed profile of the GPU named in environment.json)")
     ap.add_argument("--kernel-results", type=Path, default=None, metavar="RESULTS_JSON",
-                    help="the kernel results of the attribution (default: as recorded, else "
-                         "kernels/results/<gpu>.json)")
+                    help="the kernel results of the attribution (default: as recorded, else the "
+                         "benchmark the GPU's isolated table runtime_tables/policy-<gpu>.json was built "
+                         "from)")
     ap.add_argument("--planted-steps", type=Path, default=None, metavar="GRAPH_STEPS_JSON",
-                    help="a graph-steps file of integration.proof.prove --planted (e.g. integration/results/"
-                         "h200-llama8b-graph/h200-graph-steps.json): the planted control's prediction uses "
-                         "the planted arm's step time measured there (default: as recorded, else the "
-                         "GPU's and model's committed one in integration/results/profiles.json)")
+                    help="a graph-steps file of integration.proof.prove --planted (e.g. OUT/h200-graph-"
+                         "steps.json): the planted control's prediction uses the planted arm's step time "
+                         "measured there (default: as recorded, else the GPU's and model's committed one "
+                         "in the index runtime_tables/profiles.json)")
     ap.add_argument("--graph-steps", type=Path, default=None, metavar="GRAPH_STEPS_JSON",
                     help="a graph-steps file of integration.proof.prove with the fused kernel at every size "
-                         "(e.g. integration/results/h200-llama8b-graph/h200-graph-steps.json): at the decode "
+                         "(e.g. OUT/h200-graph-steps.json): at the decode "
                          "sizes it timed, the attribution counts the step time saved there instead of the "
                          "profile's norm time (default: as recorded, else none)")
     ap.add_argument("--gpu-steps", type=Path, default=None, metavar="GRAPH_STEPS_JSON",
                     help="a graph-steps file: its stock engine's CUDA-graph decode steps are the GPU time "
                          "of a served step in the report's host-bound guard (default: as recorded, else the "
-                         "GPU's and model's in integration/results/profiles.json or its calibration record)")
+                         "GPU's and model's in the index runtime_tables/profiles.json or its calibration "
+                         "record)")
     ap.add_argument("--accept-damaged", action="store_true",
                     help="analyse records that fail their integrity checks (no records file, a torn last "
                          "line, a field of the wrong type or range, a repeated request, a finished cell with "

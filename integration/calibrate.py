@@ -1,7 +1,7 @@
 """Calibrate the kit for the GPU it finds and a model shape, in one command: validation, the isolated
 benchmark, the in-vLLM step timing, the in-graph policy table and the planted control's cost.
 
-    python -m integration.calibrate [--model integration/models/llama-3.1-8b] [--dtype bfloat16]
+    python -m integration.calibrate [--model integration/models/llama-3.1-8b] [--dtype bfloat16] [--out DIR]
 
 Each step is one of the kit's own commands, run in its own process (the same command a user could
 run by hand; docs/DESIGN.md, "A new GPU"):
@@ -13,8 +13,12 @@ run by hand; docs/DESIGN.md, "A new GPU"):
 3. `integration.proof.ingraph`: the in-graph policy table from those timings;
 4. `integration.proof.plantedcost`: what the planted control's delay adds per norm call.
 
-The record `kernels/results/calibration-<gpu>.json` holds the key (GPU name and memory, driver, torch,
+What the kit reads at run time goes to the runtime_tables package (runtime_tables/README.md): the
+isolated and the in-graph policy tables, the planted cost and the record
+`runtime_tables/calibration-<gpu>.json`, which holds the key (GPU name and memory, driver, torch,
 vLLM, CuPy, the kernel source's hash, the model shape), each step's command, wall time and outputs.
+The evidence (the benchmark, the in-vLLM timings) goes to `--out` (default:
+`<gpu>-<model>-calibration/` in the current folder).
 A second call with the same key and every output present reuses it; a changed key recalibrates and
 says which part changed. `--dry-run` prints the steps and the estimate and runs nothing. A GPU's files
 hold one model shape at a time: calibrating another shape rewrites them (the key says which).
@@ -31,6 +35,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+import runtime_tables
 from common.cliargs import OneLineParser, command_line, fail
 from common.jsonfile import ResultFileError, read_json, stored, write_json
 from integration.launcher import MODELS_DIR
@@ -40,8 +45,6 @@ from kernels.shapes import CONFIG_DTYPES
 PROG = "python -m integration.calibrate"
 SCHEMA_VERSION = 1
 ROOT = Path(__file__).resolve().parents[1]
-KERNEL_RESULTS = Path("kernels/results")  # project-relative: the steps run in ROOT, records stay portable
-PROOF_RESULTS = Path("integration/results")
 KERNEL_SOURCES = ("rmsnorm.cu", "rmsnorm_common.cuh", "rmsnorm_staged.cu")
 DECODE_SIZES = "1,4,16,32,64,128,256"
 PREFILL_SIZES = "512,2048,8192"
@@ -60,8 +63,8 @@ class Step:
 
 
 def record_path(gpu: str) -> Path:
-    """Where a GPU's calibration record is committed."""
-    return ROOT / KERNEL_RESULTS / f"calibration-{gpu}.json"
+    """Where a GPU's calibration record is kept (the runtime_tables package)."""
+    return runtime_tables.path(f"calibration-{gpu}.json")
 
 
 def graph_steps_file(gpu: str, model: str) -> Path | None:
@@ -148,16 +151,19 @@ def reusable(record_file: Path, key: Mapping) -> tuple[bool, str]:
     return True, f"{_relative(record_file)} has this key and all its outputs"
 
 
-def steps(gpu: str, model: Path, dtype: str, widths: Sequence[int]) -> list[Step]:
-    """The calibration's commands for this GPU and model shape."""
-    out_dir = PROOF_RESULTS / f"{gpu}-calibration"
-    suite = KERNEL_RESULTS / f"{gpu}.json"
-    table = KERNEL_RESULTS / f"policy-{gpu}-in-graph.json"
+def steps(gpu: str, model: Path, dtype: str, widths: Sequence[int], out_dir: Path) -> list[Step]:
+    """The calibration's commands for this GPU and model shape, the evidence written to `out_dir`
+    (project-relative where it lies in the project: the steps run there) and the tables to the
+    tables package."""
+    out_dir = Path(_relative(out_dir))
+    suite = out_dir / f"{gpu}.json"
+    table, planted = (Path(_relative(runtime_tables.path(n))) for n in (f"policy-{gpu}-in-graph.json",
+                                                                 f"{gpu}-planted-cost.json"))
     w = ",".join(map(str, widths))
     hidden = str(max(widths))
     return [
         Step("validate and benchmark", ("kernels.suite", "--out", str(suite), "--policy-out",
-                                        str(KERNEL_RESULTS / f"policy-{gpu}.json"), "--hidden", w,
+                                        _relative(runtime_tables.path(f"policy-{gpu}.json")), "--hidden", w,
                                         "--reduced-validation"), (suite,), 150.0),
         Step("time steps inside vLLM", ("integration.proof.prove", "--out", str(out_dir), "--model",
                                         str(model), "--dtype", dtype, "--all-fused", "--modes",
@@ -169,8 +175,7 @@ def steps(gpu: str, model: Path, dtype: str, widths: Sequence[int]) -> list[Step
                                        str(out_dir / f"{gpu}-graph-steps.json"), "--model", str(model),
                                        "--dtype", dtype, "--out", str(table)), (table,), 5.0),
         Step("planted control's cost", ("integration.proof.plantedcost", "--ns", PLANTED_NS, "--hidden",
-                                        hidden, "--out", str(PROOF_RESULTS / f"{gpu}-planted-cost.json")),
-             (PROOF_RESULTS / f"{gpu}-planted-cost.json",), 30.0),
+                                        hidden, "--out", str(planted)), (planted,), 30.0),
     ]
 
 
@@ -218,6 +223,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="print the key, the steps and the estimate; run nothing")
     ap.add_argument("--log-dir", type=Path, default=None,
                     help="folder for the steps' logs (default: a temp folder)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="folder for the evidence: the kernel benchmark and the in-vLLM step timings "
+                         "(default: <gpu>-<model>-calibration/ in the current folder); the tables go to "
+                         "the runtime_tables package")
     a = ap.parse_args(argv)
     if a.dtype not in CONFIG_DTYPES:
         return fail(PROG, f"--dtype {a.dtype!r} is not one of {sorted(CONFIG_DTYPES)}")
@@ -236,7 +245,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     key = {**machine_key(), "kernel_source_sha256": kernel_source_hash(), "model": model}
     gpu = gpu_slug(key["gpu"])
-    todo = steps(gpu, a.model, a.dtype, model["norm_widths"])
+    out_dir = (a.out or Path(f"{gpu}-{model['name']}-calibration")).resolve()
+    todo = steps(gpu, a.model, a.dtype, model["norm_widths"], out_dir)
     ok, why = reusable(record_path(gpu), key)
     if ok and not a.force:
         print(f"{PROG}: reusing the calibration for {gpu}: {why}", file=sys.stderr)

@@ -35,9 +35,9 @@ GPU_ENV = "RMSNORM_FUSED_GPU"  # whose tables to use, e.g. h200 (default: the GP
 # results: under torch.compile stock is Inductor's kernel inside vLLM's graph; in eager mode vLLM's
 # CUDA kernel, where the host cost of each call counts too.
 TABLES = {"compiled": "policy-{gpu}-in-graph.json", "eager": "policy-{gpu}-in-vllm-eager.json"}
-MAKE_TABLES = ("python -m kernels.suite --out kernels/results/{gpu}.json, then "
+MAKE_TABLES = ("python -m kernels.suite --out OUT/{gpu}.json, then "
                "python -m integration.proof.prove --all-fused and python -m integration.proof.ingraph "
-               "(integration/README.md, 'Policy')")
+               "--out runtime_tables/policy-{gpu}-in-graph.json (integration/README.md, 'Policy')")
 logger = logging.getLogger("vllm.plugins.rmsnorm_fused")
 
 
@@ -62,7 +62,7 @@ def current_gpu() -> str | None:
 
 def policy_path(mode: str, gpu: str | None = None, env: Mapping[str, str] | None = None) -> Path | None:
     """The table a mode uses: $RMSNORM_FUSED_POLICY(_COMPILED) of `env` (default: this process's),
-    else the in-vLLM table of this GPU (TABLES) in kernels/results; None when this GPU has none."""
+    else the in-vLLM table of this GPU (TABLES) in the runtime_tables package; None when this GPU has none."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
     env = os.environ if env is None else env
@@ -73,9 +73,9 @@ def policy_path(mode: str, gpu: str | None = None, env: Mapping[str, str] | None
     gpu = gpu or current_gpu()
     if gpu is None:
         return None
-    from kernels.policy import RESULTS_DIR
+    import runtime_tables
 
-    candidate = RESULTS_DIR / TABLES[mode].format(gpu=gpu)
+    candidate = runtime_tables.path(TABLES[mode].format(gpu=gpu))
     return candidate if candidate.is_file() else None
 
 
@@ -107,7 +107,7 @@ def policy(mode: str = "compiled") -> Any:
         logger.warning("rmsnorm_fused: no CUDA GPU, so no %s policy table; cupy_fused declines every call "
                        "(stock)", mode)
         return Policy({}, source=f"none: no CUDA GPU ({mode}): every call declined (stock)")
-    logger.warning("rmsnorm_fused: no %s policy table for GPU %s in kernels/results; cupy_fused declines "
+    logger.warning("rmsnorm_fused: no %s policy table for GPU %s in runtime_tables/; cupy_fused declines "
                    "every call (stock). To make one: %s", mode, gpu, MAKE_TABLES.format(gpu=gpu))
     return Policy({}, source=f"none for {gpu} ({mode}): every call declined (stock)")
 

@@ -4,12 +4,12 @@ On the GPU machine (ncu on PATH), two ncu runs of the same worker (kernels.count
 flushed before every profiled kernel (`--cache-control all`, "cold") and not flushed after a warm-up
 call ("warm"), both `--clock-control none`:
 
-    python -m kernels.counters --out-dir kernels/results [--rows 1,32,2048,16384] [--hidden 4096,8193]
+    python -m kernels.counters --out-dir OUT [--rows 1,32,2048,16384] [--hidden 4096,8193]
 
 writes counters-<gpu>.json (the exact ncu commands, their CSV lines as ncu printed them, the plan)
 and counters-<gpu>.md (every measurement), and the two ncu logs. Anywhere, from a results file:
 
-    python -m kernels.counters --from kernels/results/counters-h200.json [--readme kernels/README.md]
+    python -m kernels.counters --from OUT/counters-h200.json [--readme kernels/README.md]
 
 prints the table (kernels.ncu says what the bytes model and the columns are) and rewrites the README's.
 """
@@ -130,10 +130,11 @@ def document_table(doc: dict, name: str) -> str:
     return "\n".join(head) + "\n" + ncu.full_table(rows)
 
 
-def readme_section(doc: dict, name: str) -> str:
-    """The README's table: row passes by load sectors, (DRAM read / model cold / warm)."""
+def readme_section(doc: dict, source: str) -> str:
+    """The README's table: row passes by load sectors, (DRAM read / model cold / warm), from the
+    results file `source` (as the command named it)."""
     env = doc["environment"].get("cold") or doc["environment"]["warm"]
-    return (f"Generated from kernels/results/{name} ({doc['gpu']}, driver {env['driver']}, "
+    return (f"Generated from {source} ({doc['gpu']}, driver {env['driver']}, "
             f"{doc['created_utc'][:10]}): per arm, row passes by global load sectors "
             f"(DRAM bytes read over the one-pass model, L2 cold / warm).\n\n"
             + ncu.short_table(ncu.derive(doc)))
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             doc = read_json(args.source, SCHEMA_VERSION, "counters results")
             print(document_table(doc, Path(args.source).name))
             if args.readme:
-                update_readme(Path(args.readme), readme_section(doc, Path(args.source).name))
+                update_readme(Path(args.readme), readme_section(doc, args.source))
         except (ResultFileError, ncu.CounterError, ValueError) as exc:
             return fail(prog, str(exc))
         return 0

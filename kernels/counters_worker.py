@@ -14,7 +14,9 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from kernels.policy import RESULTS_DIR, load_policy
+import runtime_tables
+from common.jsonfile import read_json, stored
+from kernels.policy import load_policy
 
 EPS = 1e-6
 VLLM_SO_ENV = "COUNTERS_VLLM_SO"  # path of vLLM's _C_stable_libtorch.abi3.so where vllm is not importable
@@ -25,8 +27,13 @@ _ADD = ("_ZN4vllm25fused_add_rms_norm_kernelIN3c108BFloat16ELi{w}ELb1EEENSt9enab
         "EPS4_lS7_PKS4_fii")
 ADD_KERNEL = {8: _ADD.format(w=8, cond="aagtT0_Li0Esr4vllm12_typeConvertIT_EE6exists"),
               0: _ADD.format(w=0, cond="ooeqT0_Li0Entsr4vllm12_typeConvertIT_EE6exists")}
-POLICY_FILE = RESULTS_DIR / "policy-h200.json"
-BENCH_FILE = RESULTS_DIR / "h200.json"
+POLICY_FILE = runtime_tables.path("policy-h200.json")
+ROOT = Path(__file__).resolve().parents[1]  # the project, which a table's source is relative to
+
+
+def bench_file() -> Path:
+    """The benchmark POLICY_FILE was built from (its `source`, relative to the project)."""
+    return ROOT / read_json(POLICY_FILE, None, "policy table")["source"]
 
 
 def fused_variant(op: str, rows: int, hidden: int, policy, bench_rows: list[dict]) -> tuple[str | None, str]:  # noqa: ANN001
@@ -213,9 +220,10 @@ def main(manifest: str, rows: list[int], hidden: list[int], arms: list[str]) -> 
     """Plan, run, write the manifest (JSON) kernels.counters reads back."""
     import json
 
-    bench_rows = json.loads(BENCH_FILE.read_text())["bench"] if BENCH_FILE.exists() else []
+    bench = bench_file()
+    bench_rows = read_json(bench, None, "kernel results")["bench"] if stored(bench).is_file() else []
     measurements = plan(rows, hidden, arms, load_policy(POLICY_FILE), bench_rows)
     result = run(measurements, lambda s: print(s, file=sys.stderr, flush=True))
-    result.update(policy_file=POLICY_FILE.name, bench_file=BENCH_FILE.name if bench_rows else None)
+    result.update(policy_file=POLICY_FILE.name, bench_file=bench.name if bench_rows else None)
     Path(manifest).write_text(json.dumps(result, indent=1))
     return 0

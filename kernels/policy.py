@@ -5,9 +5,10 @@ median beats the best stock arm's median by more than the run-to-run spread (gap
 rounds' medians of each arm, added) and at least MIN_MARGIN. Lookups are a dict access and a
 bisect: cheap, deterministic, and free of CUDA calls (usable while a CUDA graph is captured).
 
-    python -m kernels.policy --from kernels/results/<gpu>.json [--out FILE]
+    python -m kernels.policy --from OUT/<gpu>.json [--out FILE]
 
-writes kernels/results/policy-<gpu>.json by default (named by the results file it was built from).
+writes runtime_tables/policy-<gpu>.json by default (named by the results file it was built from), the table
+integration.proof.ingraph and kernels.counters read.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import runtime_tables
 from common.cliargs import fail, output_problem
 from common.jsonfile import ResultFileError, read_json, write_json
 from kernels.checks import DTYPE_NAMES
@@ -27,7 +29,6 @@ from kernels.checks import unsupported_reason as _input_reason
 
 SCHEMA_VERSION = 1
 MIN_MARGIN = 0.03  # below 3% a win is within what clocks and buffer placement move between runs
-RESULTS_DIR = Path(__file__).with_name("results")  # where results files and their tables are committed
 STOCK = "stock"
 
 
@@ -129,9 +130,9 @@ def _parse_key(key: str, source: str) -> tuple[str, str, int]:
 
 
 def default_out(source: str | Path) -> Path:
-    """The table built from results file `<gpu>.json`: policy-<gpu>.json beside it."""
-    source = Path(source)
-    return source.with_name(f"policy-{source.stem}.json")
+    """The table built from results file `<gpu>.json` (or .json.xz): runtime_tables/policy-<gpu>.json."""
+    name = Path(source).name.removesuffix(".xz").removesuffix(".gz")
+    return runtime_tables.path(f"policy-{name.removesuffix('.json')}.json")
 
 
 def load_policy(path: str | Path) -> Policy:
@@ -183,9 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m kernels.policy", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--from", dest="source", required=True,
-                    help="benchmark results JSON (kernels/results/h200.json)")
-    ap.add_argument("--out", help="policy table to write (default: policy-<name>.json beside the --from "
-                    "file, e.g. kernels/results/policy-h200.json from kernels/results/h200.json)")
+                    help="benchmark results JSON of kernels.suite (e.g. OUT/h200.json)")
+    ap.add_argument("--out", help="policy table to write (default: runtime_tables/policy-<name>.json, e.g. "
+                    "runtime_tables/policy-h200.json from OUT/h200.json)")
     ap.add_argument("--stock-arms", help="comma-separated stock arms to beat, e.g. 'inductor' for a server "
                     "under torch.compile (default: the best of every arm measured)")
     args = ap.parse_args(argv)

@@ -1,6 +1,6 @@
 """Targets and the README results table, computed from a results file's raw samples.
 
-    python -m kernels.report --from kernels/results/h200.json [--readme kernels/README.md]
+    python -m kernels.report --from RESULTS/h200.json [--readme kernels/README.md]
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def render(results: dict, source: str = "kernels/results/h200.json") -> str:
+def render(results: dict, source: str) -> str:
     """The generated README section of results file `source`: targets, the grid table and the
     launch-shape study."""
     t = targets(results)
@@ -197,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m kernels.report", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--from", dest="source", required=True, help="results JSON (kernels/results/h200.json)")
+    ap.add_argument("--from", dest="source", required=True,
+                    help="results JSON of kernels.suite (e.g. OUT/h200.json)")
     ap.add_argument("--readme", help="README whose marked results section is replaced")
     args = ap.parse_args(argv)
     try:

@@ -180,7 +180,7 @@ def auto_shape(rows: int, hidden: int, vec: int, sms: int = 132) -> LaunchShape:
     """Launch shape chosen from the shape alone, where no measured choice (policy table) names one.
 
     One vector per thread (a row spread over up to 1024 threads), as the first H200 run measured
-    best (kernels/results/h200-first-run.json.xz: t256r1 at 8192 x 2048 bf16 22.1 us against 26.0 us
+    best (its benchmark h200-first-run.json.xz: t256r1 at 8192 x 2048 bf16 22.1 us against 26.0 us
     for 4 vectors per thread and 36.7 us for 8; at 512 rows 3.12 vs 3.30 us). Narrow rows share a
     block (128 threads) unless that leaves fewer blocks than multiprocessors. `rows` only sets rows
     per block. Never programmatic dependent launch: a caller that did not ask for it may write the

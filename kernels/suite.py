@@ -1,10 +1,10 @@
-"""The one command that produces kernels/results/h200.json on a GPU machine.
+"""The one command that validates and benchmarks the kernel on a GPU machine (e.g. OUT/h200.json).
 
 Validation (full suite), both negative controls, compute-sanitizer memcheck, racecheck and initcheck
 over the reduced suite (run beside validation, finished before any timing), the benchmark grid with every
 stock arm, the policy table, and the targets.
 
-    python -m kernels.suite --out kernels/results/h200.json --policy-out kernels/results/policy-h200.json
+    python -m kernels.suite --out OUT/h200.json --policy-out runtime_tables/policy-h200.json
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from common.cliargs import command_line, refuse_output
-from common.jsonfile import write_json
+from common.jsonfile import project_relative, write_json
 from kernels import bench, launch, policy, report, stock, validate
 from kernels.cases import full_cases, negative_control_cases, reduced_cases
 from kernels.environment import clocks, describe, gpu_missing, width_list
@@ -27,6 +27,8 @@ from kernels.environment import clocks, describe, gpu_missing, width_list
 SCHEMA_VERSION = 2  # 2: launch-shape candidates per row, faithful Inductor arm, issue-10 targets, initcheck
 SANITIZER_TOOLS = ("memcheck", "racecheck", "initcheck")
 _SUMMARY = re.compile(r"(ERROR SUMMARY|RACECHECK SUMMARY): (\d+) (error|hazard)")
+
+ROOT = Path(__file__).resolve().parents[1]  # the project: a source recorded relative to it
 
 
 def start_sanitizer(tool: str, log_dir: Path, kernel_filter: bool = True) -> tuple[subprocess.Popen, Path]:
@@ -122,8 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m kernels.suite", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, help="results JSON to write (kernels/results/h200.json)")
-    ap.add_argument("--policy-out", help="policy table to write (default: policy-h200.json beside --out)")
+    ap.add_argument("--out", required=True, help="results JSON to write (e.g. OUT/h200.json)")
+    ap.add_argument("--policy-out", help="policy table to write (default: runtime_tables/policy-<gpu>.json, "
+                    "named by --out)")
     ap.add_argument("--log-dir", help="folder for sanitizer logs (default: beside --out)")
     ap.add_argument("--quick", action="store_true",
                     help="reduced validation and a few bench shapes (smoke test)")
@@ -172,10 +175,10 @@ def main(argv: list[str] | None = None) -> int:
                       "bench": measured["bench"], "inductor_graphs": measured["inductor_graphs"],
                       "seconds": round(time.perf_counter() - t0, 1)})
     write_json(out, results, allow_nan=True, indent=None)
-    pol_path = Path(args.policy_out) if args.policy_out else out.with_name("policy-" + out.name)
+    pol_path = Path(args.policy_out) if args.policy_out else policy.default_out(out)
     print(json.dumps(results["targets"], indent=1))
     try:
-        write_json(pol_path, policy.table_document(results, "kernels/results/" + out.name), allow_nan=True)
+        write_json(pol_path, policy.table_document(results, project_relative(out, ROOT)), allow_nan=True)
     except ValueError as exc:
         print(f"suite: wrote {out}, no policy table: {exc}", file=sys.stderr)
         return 1

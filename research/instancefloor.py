@@ -1,6 +1,6 @@
 """The server-instance floor under the committed served intervals, from the committed in-run A/A pairs.
 
-    python -m research.instancefloor --out experiments/results/instance-floor.json
+    python -m research.instancefloor --out runtime_tables/instance-prior.json
 
 The committed GPU runs of one server per arm give intervals over the cells of that one pair of
 servers (a run of several instances per arm measures its instance variance itself, and is left out).

@@ -18,7 +18,7 @@ compared window:
   replays per window, each paying a sleep and a wake).
 
 The start and switch seconds come from `research.startcost` on the GPU; the variance components from
-the committed prior (experiments/results/instance-floor.json: instance variance between servers,
+the committed prior (runtime_tables/instance-prior.json: instance variance between servers,
 cell and request variance), the cell variance replaced by a run's own A/A or A/B cells with `--run`.
 For each layout, experiments.stats.design gives the cheapest instances x windows reaching +-0.5% and
 +-0.25% over instance pairs, and its GPU minutes.
@@ -34,10 +34,11 @@ import statistics
 import sys
 from pathlib import Path
 
+import runtime_tables
 from common.jsonfile import read_json, write_json
 from experiments.stats import design
 
-PRIOR = Path("experiments/results/instance-floor.json")
+PRIOR = runtime_tables.path("instance-prior.json")
 TARGETS = (0.5, 0.25)
 
 

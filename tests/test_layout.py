@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-KIT = ("common", "kernels", "integration", "traces", "loadgen", "experiments", "research")
+KIT = ("common", "runtime_tables", "kernels", "integration", "traces", "loadgen", "experiments", "research")
 # room -> kit modules it may import (a prefix admits its submodules). experiments' own rooms are layered:
 # core < stats < reporting < analyze < runner (each may import those before it, never those after).
 _EXP_BELOW = {
@@ -20,13 +20,14 @@ _EXP_BELOW = {
     "experiments.run": ("experiments.runner",),
     "experiments": ("experiments.stats.runframe",),  # the package's lazy load_run
 }
-_EXP_OUTSIDE = ("traces", "loadgen", "common", "kernels.environment", "integration.arms",
+_EXP_OUTSIDE = ("traces", "loadgen", "common", "runtime_tables", "kernels.environment", "integration.arms",
                 "integration.launcher", "integration.endpoint", "integration.proof.profiles",
                 "integration.proof.normcalls", "integration.proof.plantedcost")
 ALLOWED = {
     "common": ("common",),
-    "kernels": ("kernels", "common"),
-    "integration": ("integration", "kernels", "common"),
+    "runtime_tables": ("runtime_tables",),  # data read through importlib.resources; every room may read it
+    "kernels": ("kernels", "common", "runtime_tables"),
+    "integration": ("integration", "kernels", "common", "runtime_tables"),
     "traces": ("traces", "common"),
     "loadgen": ("loadgen", "traces", "common"),
     **{room: (room, *below, *_EXP_OUTSIDE) for room, below in _EXP_BELOW.items()},

@@ -25,8 +25,9 @@ def _reason(run: Mapping, gpu: str | None, steps: tuple[str, Mapping] | None) ->
     if model.get("eager"):
         return "an eager engine: the calibration times CUDA-graph steps, which this engine does not run"
     if steps is None:
-        return (f"no CUDA-graph step times of {model.get('name')} on {gpu} (neither integration/results/"
-                "profiles.json nor the GPU's calibration record names them): the GPU's share is not known")
+        return (f"no CUDA-graph step times of {model.get('name')} on {gpu} (neither the index "
+                "runtime_tables/profiles.json nor the GPU's calibration record names them): the GPU's "
+                "share is not known")
     return None
 
 

@@ -236,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     ix.add_argument("--precision", type=positive_float, metavar="PCT",
                     help="choose instances x windows (at --window-s) whose interval over instances has this "
                          "half-width in %%, at the least GPU time, from the committed prior "
-                         "(experiments/results/instance-floor.json); printed before any server starts; "
+                         "(runtime_tables/instance-prior.json); printed before any server starts; "
                          "--instances and --windows given still win")
     ix.add_argument("--budget-min", type=positive_float, metavar="MIN",
                     help="the same, the narrowest interval this many GPU minutes buy")

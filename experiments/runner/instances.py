@@ -10,7 +10,7 @@ GPU's state then, the KV cache and engine start-up its log reported, and under "
 was not the same between an arm's instances. `--instances 1` (the default) changes nothing.
 
 `--precision PCT` or `--budget-min MIN` choose instances x windows by experiments.stats.design from
-the committed prior (experiments/results/instance-floor.json: its variance components and costs,
+the committed prior (runtime_tables/instance-prior.json: its variance components and costs,
 the costs rescaled to this run's servers and loads: a start costs what the prior's run took per
 server from its start to its first replay, warm-up included, burn-in not; with resident sets, the
 start waves of the sets, the arms that replay a window and the windows each compared pair shares)
@@ -28,6 +28,7 @@ from pathlib import Path
 
 from scipy import stats as sps
 
+import runtime_tables
 from common.jsonfile import read_json
 from experiments.core.schedule import Segment, Step, set_segments, split_blocks
 from experiments.core.schedule import segments as block_segments
@@ -39,7 +40,7 @@ from experiments.runner.servers import Server
 from experiments.stats import comparisons, design
 from experiments.stats.paired import pct
 
-PRIOR = Path(__file__).resolve().parents[1] / "results" / "instance-floor.json"
+PRIOR = runtime_tables.path("instance-prior.json")
 GPU_INSTANCES = 3  # a GPU run the kit starts, without --instances: the fewest that give an interval over
 # instance pairs with 2 df (two instances give one; experiments.stats.instances)
 _KV_RE = re.compile(r"KV cache size: ([\d,]+) tokens")

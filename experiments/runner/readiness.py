@@ -213,7 +213,7 @@ def check_tables(cfg: RunConfig, gpu: str | None) -> None:
         table = arm_defs.policy_table(arm, cfg.eager, gpu)
         if table is None:
             raise ConfigError(
-                f"--arm {arm.name}: no {mode} policy table for GPU {gpu} (kernels/results/"
+                f"--arm {arm.name}: no {mode} policy table for GPU {gpu} (runtime_tables/"
                 f"{arm_defs.TABLES[mode].format(gpu=gpu)}), {stock}; {fix}")
         if (rec := _empty_table(cfg, arm, gpu)) is not None:
             raise ConfigError(

@@ -5,8 +5,9 @@ Inputs:
   from vLLM's ``vllm:iteration_tokens_total``; per-bucket counts, bucket = upper bound of tokens),
 - the in-model step profile of the run's GPU and mode (``integration.proof.profiles``: found by
   ``default_profile``, read by ``load_profile``),
-- the kernel benchmark of the run's GPU, ``kernels/results/<gpu>.json`` (docs/DESIGN.md format):
-  per-shape medians of the fused kernel and of the stock kernels,
+- the kernel benchmark of the run's GPU, the one its isolated table ``runtime_tables/policy-<gpu>.json`` was
+  built from (``default_kernel_results``; docs/DESIGN.md format): per-shape medians of the fused
+  kernel and of the stock kernels,
 - the policy the patched arm dispatched by (run.json "patched_policy": row ranges per op), so a
   step size the policy left to stock saves nothing; a run.json without it (older runs) is read as
   fused at every size, and the result says so,
@@ -27,12 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
+import runtime_tables
 from common.jsonfile import ResultFileError, project_relative, read_json, stored
 from integration import arms
 from integration.proof import profiles
 
 POLICY_OP = "fused_add_rms_norm"  # 64 of the 65 norm calls of a Llama step: its answer stands for the step
-# kernels/results/<gpu>.json (kernels.suite): version 2 added launch-shape candidates, the faithful
+# the kernel results of kernels.suite: version 2 added launch-shape candidates, the faithful
 # Inductor arm and the targets; what is read here (op, dtype, rows, hidden, median_us, stock, policy)
 # is in both
 KERNEL_SCHEMA_VERSIONS = (1, 2)
@@ -167,6 +169,16 @@ def predict_from_kernels(points: list[tuple[float, int]], bench: list[dict], mod
             "stock_kernel": "vllm_c" if eager else "inductor"}
 
 
+def default_kernel_results(gpu: str, root: Path) -> Path | None:
+    """The benchmark the GPU's isolated table (runtime_tables/policy-<gpu>.json) was built from: its `source`,
+    relative to `root`; None where the GPU has no such table."""
+    try:
+        source = read_json(runtime_tables.path(f"policy-{gpu}.json"), None, "policy table").get("source")
+    except ResultFileError:
+        return None
+    return root / source if isinstance(source, str) else None
+
+
 def _kernel_bench(path: Path, shown: str) -> list[dict]:
     """The "bench" rows of a kernel results file (ResultFileError naming the file as `shown`
     otherwise, so a report's reason does not depend on where the checkout lies)."""
@@ -206,7 +218,7 @@ def attribute(run: Mapping, baseline: str, root: Path, gpu: str | None, profile_
         found = profiles.default_profile(gpu, "eager" if eager else "compiled")
         profile_path = root / found if found else None
     if kernel_path is None and gpu is not None:
-        kernel_path = root / "kernels" / "results" / f"{gpu}.json"
+        kernel_path = default_kernel_results(gpu, root)
     base = {"upper_bound": True, "gpu": gpu,
             "profile": project_relative(profile_path, root) if profile_path else None,
             "kernel_results": project_relative(kernel_path, root) if kernel_path else None,
@@ -228,8 +240,9 @@ def attribute(run: Mapping, baseline: str, root: Path, gpu: str | None, profile_
                 "reason": f"run.json has no step-size histogram for arm {baseline!r}: nothing to weight by"}
     result = {**base, "policy_note": policy_note, "histogram": [{"tokens": t, "steps": c} for t, c in points]}
     if kernel_path is None or not stored(kernel_path).is_file():
+        where = kernel_path or f"no runtime_tables/policy-{gpu}.json names them"
         result["kernel_estimate"] = {"status": "unavailable",
-                                     "reason": f"no kernel results for GPU {gpu} ({kernel_path})"}
+                                     "reason": f"no kernel results for GPU {gpu} ({where})"}
     else:
         try:
             result["kernel_estimate"] = predict_from_kernels(
@@ -238,7 +251,7 @@ def attribute(run: Mapping, baseline: str, root: Path, gpu: str | None, profile_
         except (ValueError, KeyError, TypeError) as exc:
             result["kernel_estimate"] = {"status": "error", "reason": str(exc)}
     if profile_path is None or not stored(profile_path).is_file():
-        where = profile_path or f"integration/results/profiles.json for GPU {gpu}"
+        where = profile_path or f"{project_relative(profiles.INDEX, root)} for GPU {gpu}"
         return {**result, "status": "no profile available",
                 "reason": f"no profile available at {where}: no measured step time to divide by"}
     try:

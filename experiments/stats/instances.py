@@ -240,7 +240,8 @@ def measured_own(over_instances: Mapping | None) -> bool:
 
 
 def floor_key(gpu: str | None, model: str | None) -> str:
-    """How instance-floor.json names an external estimate: the GPU's name and the model's."""
+    """How the instance prior (runtime_tables/instance-prior.json) names an external estimate: the GPU's name
+    and the model's."""
     return f"{gpu} {model}"
 
 
@@ -248,7 +249,7 @@ def restated(paired_latency: Mapping, planted: Sequence[Mapping], baseline: str,
              metric: str = "tpot_ms") -> list[dict]:
     """Each paired comparison of `metric` of a one-pair run (every treatment against the baseline, and
     the planted control against its reference) with the external instance variance `floor` (an entry
-    of experiments/results/instance-floor.json) added: the interval over instances, beside the
+    of runtime_tables/instance-prior.json) added: the interval over instances, beside the
     within-pair one it came from. Empty without a floor."""
     if not floor or floor.get("instance_var") is None:
         return []

@@ -11,8 +11,7 @@ A file of a run with replicas (prove --replicas 2) counts as one pair whose esti
 its engines; `--arm stock-b` on such files gives the engine-to-engine difference of stock itself.
 
     python -m integration.proof.enginepairs --arm patched \\
-        integration/results/h200-llama8b-graph-twin/h200-graph-steps.json ... \\
-        --out integration/results/h200-llama8b-engine-pairs.json
+        RUN1/h200-graph-steps.json RUN2/h200-graph-steps.json ... --out engine-pairs.json
 """
 
 from __future__ import annotations

@@ -361,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m integration.proof.evidence", description=main.__doc__)
     ap.add_argument("--raw", help="raw-steps.json.xz written by python -m integration.proof.prove")
     ap.add_argument("--out",
-                    help="profile JSON to write from --raw (e.g. integration/results/h200-profile.json)")
+                    help="profile JSON to write from --raw (e.g. OUT/h200-profile.json)")
     ap.add_argument("--mode", choices=("compiled", "eager"), default="compiled",
                     help="which pair of engines of --raw to profile (default compiled)")
     ap.add_argument("--evidence", help="an h200.json whose greedy comparison to recompute in place")

@@ -1,13 +1,13 @@
 """Shape policies from timings inside vLLM: fused only where it beat the stock norm in the real model.
 
     python -m integration.proof.ingraph --profile OUT/h200-profile.json \\
-        --out kernels/results/policy-h200-in-graph.json
+        --out runtime_tables/policy-h200-in-graph.json
     python -m integration.proof.ingraph --profile OUT/h200-profile-eager.json \\
-        --out kernels/results/policy-h200-in-vllm-eager.json
+        --out runtime_tables/policy-h200-in-vllm-eager.json
 
     python -m integration.proof.ingraph --profile OUT/h200-profile.json \\
-        --graph-steps OUT/h200-graph-steps.json --launch-policy kernels/results/policy-h200.json \\
-        --out kernels/results/policy-h200-in-graph.json
+        --graph-steps OUT/h200-graph-steps.json --launch-policy runtime_tables/policy-h200.json \\
+        --out runtime_tables/policy-h200-in-graph.json
 
 The input is a step profile of `python -m integration.proof.prove` (decode and prefill steps, stock and
 patched engines of one mode; `--all-fused` makes the patched engine run the fused kernel at every
@@ -142,7 +142,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", required=True, help="h200-profile.json of an --all-fused prove run")
     p.add_argument("--out", required=True,
-                   help="policy table to write (e.g. kernels/results/policy-h200-in-graph.json)")
+                   help="policy table to write (e.g. runtime_tables/policy-h200-in-graph.json)")
     p.add_argument("--model", default=str(MODELS_DIR / "llama-3.1-8b"),
                    help="model directory the profile ran (its hidden size keys the table)")
     p.add_argument("--dtype", default="bfloat16", help="model dtype the profile ran (default bfloat16)")

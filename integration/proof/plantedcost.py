@@ -7,7 +7,7 @@ builds, replayed many times, interleaved. The added time per call is the differe
 medians, with every raw sample kept. What a whole step in vLLM gains is measured by
 integration.proof.prove --planted (graph-steps), which the prediction prefers.
 
-    python -m integration.proof.plantedcost --ns 200,500,1000 --out integration/results/h200-planted-cost.json
+    python -m integration.proof.plantedcost --ns 200,500,1000 --out runtime_tables/h200-planted-cost.json
 
 experiments/ reads the result through `added_us_per_call(gpu, ns)` (versioned), to predict what a
 planted arm should change where no step measurement exists.
@@ -21,17 +21,18 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import runtime_tables
 from common.cliargs import refuse_output
 from common.jsonfile import ResultFileError, read_json, write_json
 
 SCHEMA_VERSION = 2  # 1 measured a separate spin kernel after each stock norm (no longer the arm)
-RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
+TABLES_DIR = runtime_tables.DIR  # where a GPU's measurement is read from (the runtime_tables package)
 CALLS = 65  # norm calls per decode step of the 8B Llama shape (2 x 32 layers + the final norm)
 
 
 def result_path(gpu: str) -> Path:
-    """Where the measurement for a GPU (short name, e.g. h200) is committed."""
-    return RESULTS_DIR / f"{gpu}-planted-cost.json"
+    """Where the measurement for a GPU (short name, e.g. h200) is kept."""
+    return TABLES_DIR / f"{gpu}-planted-cost.json"
 
 
 def added_us_per_call(gpu: str | None, ns: int, path: Path | None = None) -> float | None:

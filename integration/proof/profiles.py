@@ -3,23 +3,23 @@
 A profile holds, per decode or prefill step of `batch_tokens` tokens, the stock step time and the
 norm kernels' GPU time per step in the stock and the patched engine. experiments/ reads profiles
 only through `load_profile` and finds the committed ones through `default_profile`, which looks
-them up in integration/results/profiles.json by GPU and mode (data, not code: a new GPU's profiles
-are added there); `default_graph_steps` finds a GPU's and model's CUDA-graph step times there or in
-the GPU's calibration record.
+them up in the index runtime_tables/profiles.json by GPU and mode (data, not code: a new GPU's profiles
+are added there; it names the prove runs' files, project-relative); `default_graph_steps` finds a
+GPU's and model's CUDA-graph step times there or in the GPU's calibration record.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import runtime_tables
 from common.jsonfile import ResultFileError, read_json
 from integration import calibrate
 
 SCHEMA_VERSION = 1  # written by integration.proof.evidence.profile_from_raw
-RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
-# {"schema_version", "profiles": {gpu: {mode: path}}}, paths from the project root
-INDEX = RESULTS_DIR / "profiles.json"
-PROJECT_ROOT = RESULTS_DIR.parents[1]
+# {"schema_version", "profiles": {gpu: {mode: path}}, ...}, paths from the project root
+INDEX = runtime_tables.path("profiles.json")
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_profile(path: str | Path) -> list[dict]:

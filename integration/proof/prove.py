@@ -99,7 +99,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=500.0, help="overall deadline in seconds (default 500)")
     p.add_argument("--policy", default=None,
                    help="policy table for both modes (default: this GPU's in-vLLM tables, "
-                        "kernels/results/policy-<gpu>-in-graph.json and policy-<gpu>-in-vllm-eager.json)")
+                        "runtime_tables/policy-<gpu>-in-graph.json and policy-<gpu>-in-vllm-eager.json)")
     p.add_argument("--dry-run", action="store_true",
                    help="check the model config and policy, print the plan, start no engine")
     p.add_argument("--all-fused", nargs="?", const="all", choices=("all", "hidden"), default=None,

@@ -25,7 +25,7 @@ def test_the_committed_record_is_what_the_report_used() -> None:
 
 
 def test_a_policy_table_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    table = ROOT / "kernels" / "results" / "policy-h200-in-graph.json"  # a table, not a record
+    table = ROOT / "runtime_tables" / "policy-h200-in-graph.json"  # a table, not a record
     assert analyze.main([str(RUN), "--patched-policy", str(table), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "a patched policy record needs" in err[0] and "segments" in err[0]

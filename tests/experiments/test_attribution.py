@@ -138,7 +138,10 @@ def test_profile_of_another_schema_version_is_refused(files):
 def test_default_inputs_follow_the_runs_gpu(tmp_path):
     a = attribution.attribute(run_json(), "stock", tmp_path, "gpu-without-results")
     assert a["status"] == "no profile available" and "gpu-without-results" in a["reason"]
-    assert a["kernel_results"].endswith("gpu-without-results.json")
+    assert a["kernel_results"] is None  # no isolated table names a benchmark of this GPU
+    assert "runtime_tables/policy-gpu-without-results.json" in a["kernel_estimate"]["reason"]
+    h200 = attribution.attribute(run_json(), "stock", tmp_path, "h200")  # its table's source, under root
+    assert h200["kernel_results"] == "kernels/results/h200.json"
 
 
 def test_graph_timed_decode_sizes_replace_the_profiles_norm_time(files):

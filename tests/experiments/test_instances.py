@@ -13,7 +13,7 @@ from scipy import stats as sps
 from experiments.stats import design, instances
 from experiments.stats.intervals import t_interval
 
-# the committed H200 8B runs' components (experiments/results/instance-floor.json), log units
+# the committed H200 8B runs' components (runtime_tables/instance-prior.json), log units
 INSTANCE_SD, CELL_SD = 0.00165, 0.0084
 SETS = 1000
 PAIRS, WINDOWS, LOADS = 4, 24, 3

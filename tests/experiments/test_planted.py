@@ -37,7 +37,7 @@ def test_prediction_counts_the_measured_launch_not_only_the_delay(tmp_path: Path
     run = _planted_run()
     latency = [{"arm": "stock", "load": 1.0, "tpot_p50_ms": 1.0}]
     paired = {"planted:500ns": {"tpot_ms": {"estimate_pct": 1.0, "ci95_pct": [0.5, 1.5]}}}
-    monkeypatch.setattr(plantedcost, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(plantedcost, "TABLES_DIR", tmp_path)
     (alone,) = planted_lines(run, latency, paired, {"gpu": "testgpu"})  # no measurement: 0.5 us x 5 calls
     assert alone["predicted_pct"] == pytest.approx(0.25) and alone["per_call_source"] == "the delay alone"
     assert alone["prediction_inside"] is False and alone["reference"] == "stock"
@@ -77,7 +77,7 @@ def test_decode_steps_weigh_by_their_requests_over_the_decode_time(tmp_path: Pat
     run["step_histograms"] = {"stock": {"1.0": hist}}
     latency = [{"arm": "stock", "load": 1.0, "tpot_p50_ms": 1.0}]
     paired = {"planted:500ns": {"tpot_ms": {"estimate_pct": 0.9, "ci95_pct": [0.5, 1.5]}}}
-    monkeypatch.setattr(plantedcost, "RESULTS_DIR", tmp_path)  # no plain-graph measurement
+    monkeypatch.setattr(plantedcost, "TABLES_DIR", tmp_path)  # no plain-graph measurement
     graph = {"sizes": [{"batch_tokens": 1, "arms": {"planted:500ns": {"change_per_norm_call_us": 2.0},
                                                     "planted:1us": {"change_per_norm_call_us": 9.0}}},
                        {"batch_tokens": 16, "arms": {"planted:500ns": {"change_per_norm_call_us": 1.0}}}],
@@ -121,7 +121,7 @@ def test_the_planted_arm_is_compared_with_its_twin_by_the_delay_alone(
                                                     "planted:500ns": {"change_per_norm_call_us": c}}}
                        for n, c in ((1, 1.5), (64, 0.5))],
              "prefill": [{"batch_tokens": 512, "arms": {"planted:500ns": {"change_per_norm_call_us": 99.0}}}]}
-    monkeypatch.setattr(plantedcost, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(plantedcost, "TABLES_DIR", tmp_path)
     (p,) = planted_lines(run, latency, paired, {"gpu": "testgpu"}, ("g.json", graph), twin,
                          decode={("patched", 2.0): (250.0, 100)})
     # per call planted - patched: 2.0 us at 1 token, 1.0 at 64; fused only at 1-32 tokens, so the

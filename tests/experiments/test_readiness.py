@@ -15,7 +15,7 @@ from experiments.runner.config import DEVICE_DEFAULTS, GIB, ConfigError, RunConf
 from integration import choice
 from tests.experiments.test_config import TRACE
 
-NEW_GPU = "a100-sxm4-40gb"  # no table in kernels/results
+NEW_GPU = "a100-sxm4-40gb"  # no table in runtime_tables/
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +56,7 @@ def test_a_policy_arm_without_a_table_is_refused_naming_the_commands() -> None:
 
 
 def test_a_table_that_fuses_nothing_of_the_model_is_refused() -> None:
-    with pytest.raises(ConfigError, match=r"^--arm patched: kernels/results/policy-h200-in-graph.json fuses "
+    with pytest.raises(ConfigError, match=r"^--arm patched: runtime_tables/policy-h200-in-graph.json fuses "
                                           r"no call of llama-3.2-1b \(hidden 2048, bf16\)"):
         readiness.check_tables(cuda_cfg(model="llama-3.2-1b"), "h200")
 
@@ -64,7 +64,7 @@ def test_a_table_that_fuses_nothing_of_the_model_is_refused() -> None:
 def test_each_arm_says_what_it_runs() -> None:
     h200 = readiness.describe_arms(cuda_cfg(), "h200")
     assert h200[0].startswith("stock: vLLM as shipped") and h200[3].startswith("stock-b: vLLM as shipped")
-    assert h200[1].startswith("patched: kernels/results/policy-h200-in-graph.json (hidden 4096, bf16)")
+    assert h200[1].startswith("patched: runtime_tables/policy-h200-in-graph.json (hidden 4096, bf16)")
     assert "rms_norm fused at rows " in h200[1] and h200[1].endswith("; stock elsewhere")
     assert h200[2].endswith("stock elsewhere; plus 3000 ns inside every fused call")
     new = readiness.describe_arms(cuda_cfg(allow_no_table=True), NEW_GPU)
@@ -230,7 +230,7 @@ def test_named_arms_on_a_table_that_fuses_nothing_are_refused_naming_fuse_all(on
     flags = ["--trace", str(TRACE), "--results-dir", str(tmp_path), "--arms", "stock,patched"]
     assert run_cli.main([*flags, "--dry-run"]) == 2
     err = capsys.readouterr().err
-    assert "--arm patched: kernels/results/policy-h100-80gb-hbm3-in-graph.json fuses no call" in err
+    assert "--arm patched: runtime_tables/policy-h100-80gb-hbm3-in-graph.json fuses no call" in err
     assert "pass --fuse-all to fuse every call instead" in err and not any(tmp_path.iterdir())
     assert run_cli.main([*flags, "--fuse-all", "--dry-run"]) == 0
     assert json.loads(capsys.readouterr().out)["arms_run"][1] == "patched: policy all: every call fused"

@@ -37,8 +37,8 @@ def _cfg(**kw) -> SimpleNamespace:
 def test_cuda_ab_run_records_the_table_and_its_row_ranges() -> None:
     rec = patched_policy(_cfg())
     assert rec["mode"] == "compiled" and (rec["dtype"], rec["hidden"]) == ("bf16", 4096)
-    assert str(choice.policy("compiled").source).endswith("kernels/results/policy-h200-in-graph.json")
-    assert rec["table"] == "kernels/results/policy-h200-in-graph.json"  # relative to the project
+    assert str(choice.policy("compiled").source).endswith("runtime_tables/policy-h200-in-graph.json")
+    assert rec["table"] == "runtime_tables/policy-h200-in-graph.json"  # relative to the project
     for op in choice.OPS:
         segs = rec["segments"][op]
         assert segs[0][0] == 1 and segs[-1][1] == 16384

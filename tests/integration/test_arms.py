@@ -50,7 +50,7 @@ def test_only_the_policy_arms_get_its_compile_ranges(monkeypatch: pytest.MonkeyP
     from integration import choice
     from kernels.policy import load_policy
 
-    pol = load_policy(MODELS_DIR.parents[1] / "kernels" / "results" / "policy-h200-in-graph.json")
+    pol = load_policy(MODELS_DIR.parents[1] / "runtime_tables" / "policy-h200-in-graph.json")
     monkeypatch.setattr(choice, "policy", lambda mode="compiled": pol)
     choice.choose.cache_clear()
     try:
@@ -145,9 +145,9 @@ def test_a_missing_arm_file_is_one_clear_error(tmp_path) -> None:
 def test_policy_record_names_a_table_of_the_project_relative_to_it(tmp_path: Path) -> None:
     from integration import choice
 
-    inside = Path(__file__).resolve().parents[2] / "kernels" / "results" / "policy-h200-in-graph.json"
+    inside = Path(__file__).resolve().parents[2] / "runtime_tables" / "policy-h200-in-graph.json"
     rec = choice.policy_record("bf16", 4096, table=inside)
-    assert rec["table"] == "kernels/results/policy-h200-in-graph.json"
+    assert rec["table"] == "runtime_tables/policy-h200-in-graph.json"
     assert rec["segments"]["rms_norm"][0][:2] == [1, 32]
     outside = tmp_path / "table.json"
     outside.write_bytes(inside.read_bytes())

@@ -67,13 +67,17 @@ def test_the_source_hash_follows_the_kernel_source() -> None:
     assert calibrate.kernel_source_hash() == calibrate.kernel_source_hash()
 
 
-def test_the_steps_write_the_files_the_plugin_and_the_planted_control_read() -> None:
-    steps = calibrate.steps("h100-80gb-hbm3", MODELS_DIR / "qwen3-8b", "bfloat16", [128, 4096])
+def test_the_steps_write_the_files_the_plugin_and_the_planted_control_read(tmp_path: Path) -> None:
+    steps = calibrate.steps("h100-80gb-hbm3", MODELS_DIR / "qwen3-8b", "bfloat16", [128, 4096],
+                            tmp_path / "evidence")
     assert [s.args[0] for s in steps] == ["kernels.suite", "integration.proof.prove",
                                           "integration.proof.ingraph", "integration.proof.plantedcost"]
     outputs = {str(p) for s in steps for p in s.outputs}
-    assert "kernels/results/policy-h100-80gb-hbm3-in-graph.json" in outputs  # integration.choice.TABLES
-    assert "integration/results/h100-80gb-hbm3-planted-cost.json" in outputs  # plantedcost.result_path
+    assert "runtime_tables/policy-h100-80gb-hbm3-in-graph.json" in outputs  # integration.choice.TABLES
+    assert "runtime_tables/h100-80gb-hbm3-planted-cost.json" in outputs  # plantedcost.result_path
+    assert str(tmp_path / "evidence" / "h100-80gb-hbm3.json") in outputs  # the benchmark: evidence
+    policy_out = steps[0].args[steps[0].args.index("--policy-out") + 1]
+    assert policy_out == "runtime_tables/policy-h100-80gb-hbm3.json"
     assert steps[0].args[steps[0].args.index("--hidden") + 1] == "128,4096"
 
 
@@ -89,7 +93,7 @@ def test_without_a_gpu_it_says_so_in_one_line(capsys: pytest.CaptureFixture[str]
 
 
 def test_the_estimate_is_the_last_calibrations_measured_time(tmp_path: Path) -> None:
-    steps = calibrate.steps("h100", MODELS_DIR / "llama-3.1-8b", "bfloat16", [4096])
+    steps = calibrate.steps("h100", MODELS_DIR / "llama-3.1-8b", "bfloat16", [4096], tmp_path)
     path = tmp_path / "calibration-h100.json"
     write_json(path, {"schema_version": calibrate.SCHEMA_VERSION, "key": KEY,
                       "steps": [{"name": steps[1].name, "command": "c", "seconds": 123.4, "outputs": []}]})

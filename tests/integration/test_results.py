@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from common.jsonfile import read_json
+from common.jsonfile import read_json, stored
 
 pytestmark = pytest.mark.evidence  # re-derives committed files (make test-fast leaves it out)
 
@@ -42,6 +42,7 @@ def test_evidence_names_the_provider_and_the_graph_replays() -> None:
 
 
 KERNEL_RESULTS = RESULTS.parents[1] / "kernels" / "results"
+TABLES = RESULTS.parents[1] / "tables"  # the tables the code reads (runtime_tables/README.md)
 
 
 @pytest.mark.parametrize("profile, table", [
@@ -52,7 +53,8 @@ def test_shipped_in_vllm_tables_rebuild_from_their_committed_profiles(profile: s
     from integration.proof import ingraph
 
     prof = _load(profile)
-    shipped = read_json(KERNEL_RESULTS / table, None, table)
+    shipped = read_json(stored(TABLES / table) if (TABLES / table).exists() else KERNEL_RESULTS / table,
+                        None, table)
     rebuilt = ingraph.document(prof, "bf16", 4096, source=shipped["source"])
     assert rebuilt["table"] == shipped["table"] and rebuilt["mode"] == prof["mode"] == shipped["mode"]
 
@@ -64,14 +66,14 @@ def test_shipped_compiled_table_rebuilds_from_the_graph_timed_run_and_was_verifi
     from kernels.policy import load_policy
 
     run = RESULTS / "h200-llama8b-graph"
-    shipped = json.loads((KERNEL_RESULTS / "policy-h200-in-graph.json").read_text())
+    shipped = json.loads((TABLES / "policy-h200-in-graph.json").read_text())
     rebuilt = ingraph.document(_load("h200-llama8b-graph/h200-profile.json"), "bf16", 4096,
                                source=shipped["source"],
                                graph=_load("h200-llama8b-graph/h200-graph-steps.json"),
-                               launch=load_policy(KERNEL_RESULTS / "policy-h200.json"))
+                               launch=load_policy(TABLES / "policy-h200.json"))
     assert rebuilt["table"] == shipped["table"]
     assert str(run.relative_to(RESULTS.parents[1])) in shipped["source"]
-    a = load_policy(KERNEL_RESULTS / "policy-h200-in-graph.json")
+    a = load_policy(TABLES / "policy-h200-in-graph.json")
     b = load_policy(RESULTS / "h200-llama8b-graph-policy" / "policy-used.json")
     for op in ("rms_norm", "fused_add_rms_norm"):
         assert all(a.choose(op, "bf16", n, 4096) == b.choose(op, "bf16", n, 4096) for n in range(1, 17000))
@@ -119,7 +121,7 @@ def test_the_pdl_off_table_is_the_shipped_one_without_pdl() -> None:
     shipped table only in launching each fused call without PDL: same sizes fused, same launch shape."""
     from kernels.policy import load_policy
 
-    shipped = load_policy(KERNEL_RESULTS / "policy-h200-in-graph.json")
+    shipped = load_policy(TABLES / "policy-h200-in-graph.json")
     nopdl = load_policy(KERNEL_RESULTS / "policy-h200-in-graph-nopdl.json")
     for op in ("rms_norm", "fused_add_rms_norm"):
         for n in range(1, 17000):

@@ -109,7 +109,7 @@ def test_tables_name_every_measurement() -> None:
     full = counters.document_table(doc, "counters-h200.json")
     assert "ncu --cache-control all" in full
     assert "| fused (this kit) | rms_norm | 4096 | 1 | t256r1p | 1 | 512 |" in full
-    short = counters.readme_section(doc, "counters-h200.json")
+    short = counters.readme_section(doc, "kernels/results/counters-h200.json")
     assert "| rms_norm | 4096 | 1 | 1.00 (1.00 / 1.00) | 2.00 (1.00 / 1.00) |" in short
 
 
@@ -187,7 +187,7 @@ def test_committed_file_rederives_the_readme_table(path: Path) -> None:
     block = readme.split(counters.BEGIN, 1)[1].split(counters.END, 1)[0].strip()
     if path.name not in block:
         pytest.skip(f"the README's table is made from another file than {path.name}")
-    assert counters.readme_section(doc, path.name).strip() == block
+    assert counters.readme_section(doc, f"kernels/results/{path.name}").strip() == block
     md = path.with_suffix(".md")
     assert md.read_text().strip() == counters.document_table(doc, path.name).strip()
     for mode, run in doc["runs"].items():
@@ -206,4 +206,4 @@ def test_committed_file_rederives_the_readme_table(path: Path) -> None:
         if fields[0] == str(victim["id"]):
             fields[col] = str(int(victim["metrics"][ncu.LD] * 2))
             lines[i] = ",".join(f'"{f}"' for f in fields)
-    assert counters.readme_section(tampered, path.name).strip() != block
+    assert counters.readme_section(tampered, f"kernels/results/{path.name}").strip() != block

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import runtime_tables
 from kernels.policy import (
-    RESULTS_DIR,
     Policy,
     build_table,
     decide,
@@ -74,12 +74,12 @@ def test_load_policy_rejects_bad_files(tmp_path: Path) -> None:
 
 
 def test_shipped_table_loads_and_the_readme_counts_it() -> None:
-    p = load_policy(RESULTS_DIR / "policy-h200.json")  # the committed H200 table
+    p = load_policy(runtime_tables.path("policy-h200.json"))  # the committed H200 table
     assert p.choose("rms_norm", "bf16", 1, 2048).startswith("fused:")
-    table = json.loads((RESULTS_DIR / "policy-h200.json").read_text())["table"]
+    table = json.loads(runtime_tables.path("policy-h200.json").read_text())["table"]
     fused = sum(1 for entries in table.values() for _, choice in entries if choice != "stock")
     total = sum(len(entries) for entries in table.values())
-    readme = " ".join((RESULTS_DIR.parent / "README.md").read_text().split())
+    readme = " ".join((Path(__file__).resolve().parents[2] / "kernels" / "README.md").read_text().split())
     assert f"{fused} of {total} shapes go to the fused kernel" in readme
 
 
@@ -119,13 +119,17 @@ def test_decision_against_chosen_stock_arms() -> None:
     assert choice == "fused:t512r1" and ev["best_stock"] == "inductor"
 
 
-def test_cli_names_the_table_by_the_results_file(tmp_path: Path) -> None:
+def test_cli_names_the_table_by_the_results_file_in_the_tables(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runtime_tables, "DIR", tmp_path / "tables")  # the package's folder, here a temp one
+    (tmp_path / "runtime_tables").mkdir()
     rows = [_row(64, [1.0] * 4, {"vllm_c": [2.0] * 4})]
     source = tmp_path / "b200.json"
     source.write_text(json.dumps({"bench": rows}))
     assert policy_main(["--from", str(source)]) == 0
-    assert load_policy(tmp_path / "policy-b200.json").choose("rms_norm", "bf16", 64, 4096) == "fused:t512r1"
-    assert default_out("kernels/results/h200.json") == Path("kernels/results/policy-h200.json")
+    table = tmp_path / "runtime_tables" / "policy-b200.json"
+    assert load_policy(table).choose("rms_norm", "bf16", 64, 4096) == "fused:t512r1"
+    assert default_out("OUT/h200.json.xz") == default_out("h200.json") == table.with_name("policy-h200.json")
 
 
 def test_no_table_from_results_whose_validation_failed(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -64,8 +64,9 @@ def test_staged_study_compares_the_best_of_each_family() -> None:
                                  staged]})
     assert st["shapes"] == 2 and st["staged_fastest"] == ["rms_norm bf16 8192x4096"]
     assert st["ratio_min"] == pytest.approx(9.0 / 12.0) and st["ratio_max"] == pytest.approx(100.0 / 80.0)
-    assert "were the fastest candidate at 1" in render({"bench": [staged]})
-    assert staged_study({"bench": [plain]}) == {} and "Staged builds" not in render({"bench": [plain]})
+    assert "were the fastest candidate at 1" in render({"bench": [staged]}, "OUT/h200.json")
+    assert staged_study({"bench": [plain]}) == {}
+    assert "Staged builds" not in render({"bench": [plain]}, "OUT/h200.json")
 
 
 def test_the_section_names_its_source_and_a_missing_vllm_arm() -> None:

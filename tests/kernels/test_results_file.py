@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import runtime_tables
 from common.jsonfile import read_json
 from kernels import policy, report
 from kernels.bench import HEAD_ROWS, HEAD_WIDTH, HIDDEN, OPS, ROWS
@@ -70,7 +71,7 @@ def test_row_variant_is_the_fastest_candidate(v2: dict) -> None:
 
 def test_policy_rows_follow_from_the_samples(results: dict) -> None:
     table = policy.build_table(results["bench"])
-    shipped = policy.load_policy(policy.RESULTS_DIR / "policy-h200.json")
+    shipped = policy.load_policy(runtime_tables.path("policy-h200.json"))
     assert shipped.table == table
     for row in results["bench"]:
         assert row["policy"] == shipped.choose(row["op"], row["dtype"], row["rows"], row["hidden"])

@@ -11,7 +11,7 @@ import pytest
 
 from research import instancefloor
 
-COMMITTED = Path(__file__).resolve().parents[2] / "experiments" / "results" / "instance-floor.json"
+COMMITTED = Path(__file__).resolve().parents[2] / "runtime_tables" / "instance-prior.json"
 
 
 def _row(run: str, arm: str, est: float, se_pct: float, df: int = 60, model: str = "m") -> dict:
@@ -35,7 +35,7 @@ def test_the_floor_is_the_moments_estimate_per_model() -> None:
 
 @pytest.mark.evidence
 def test_the_committed_floor_is_rederived(tmp_path: Path) -> None:
-    out = tmp_path / "instance-floor.json"
+    out = tmp_path / "instance-prior.json"
     assert instancefloor.main(["--out", str(out)]) == 0
     new, old = json.loads(out.read_text()), json.loads(COMMITTED.read_text())
     assert new.pop("command") != old.pop("command")  # names the output path
@@ -44,8 +44,8 @@ def test_the_committed_floor_is_rederived(tmp_path: Path) -> None:
     floor = old["instance"]["NVIDIA H200 llama-3.1-8b"]
     assert (floor["pairs"], round(floor["sd_estimates_pct"], 2)) == (9, 0.27)
     assert math.isclose(floor["instance_sd_pct"], 0.1645, rel_tol=1e-3)
-    assert (tmp_path / "instance-floor.md").read_text() == COMMITTED.with_suffix(".md").read_text() \
-        .replace("experiments/results/instance-floor.json", str(out))
+    assert (tmp_path / "instance-prior.md").read_text() == COMMITTED.with_suffix(".md").read_text() \
+        .replace("runtime_tables/instance-prior.json", str(out))
     assert instancefloor.main(["--out", str(out), "--budget-min", "60"]) == 0
     plan = json.loads(out.read_text())["plan"]
     assert plan["gpu_minutes"] <= 60 < plan["gpu_minutes"] + 2 * plan["costs"]["start_min"]

@@ -24,7 +24,7 @@ def test_a_layout_pays_its_waves_replays_and_switches() -> None:
 
 
 def test_cheaper_starts_reach_a_target_in_fewer_gpu_minutes() -> None:
-    prior = read_json(Path("experiments/results/instance-floor.json"), 1, "instance floor")
+    prior = read_json(layouts.PRIOR, 1, "instance prior")
     rows = {(r["layout"], r["target_pct"]): r for r in layouts.compare(COST, prior, None)}
     assert rows[("all", 0.5)]["gpu_minutes"] < rows[("pairs", 0.5)]["gpu_minutes"]
     assert rows[("all", 0.5)]["half_width_pct"] <= 0.5

@@ -15,7 +15,7 @@ def _write(path: Path, delays: list) -> None:
 
 
 def test_added_cost_is_found_by_gpu_and_delay(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(plantedcost, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(plantedcost, "TABLES_DIR", tmp_path)
     _write(tmp_path / "testgpu-planted-cost.json", [{"ns": 200, "added_us_per_call": 1.41},
                                                     {"ns": 500, "added_us_per_call": 1.72}])
     assert plantedcost.added_us_per_call("testgpu", 500) == pytest.approx(1.72)
