@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import runtime_tables
 from common.jsonfile import read_json, stored
 
 pytestmark = pytest.mark.evidence  # re-derives committed files (make test-fast leaves it out)
@@ -42,7 +43,7 @@ def test_evidence_names_the_provider_and_the_graph_replays() -> None:
 
 
 KERNEL_RESULTS = RESULTS.parents[1] / "kernels" / "results"
-TABLES = RESULTS.parents[1] / "tables"  # the tables the code reads (runtime_tables/README.md)
+TABLES = runtime_tables.DIR  # the tables the code reads (runtime_tables/README.md)
 
 
 @pytest.mark.parametrize("profile, table", [

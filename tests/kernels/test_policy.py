@@ -121,7 +121,7 @@ def test_decision_against_chosen_stock_arms() -> None:
 
 def test_cli_names_the_table_by_the_results_file_in_the_tables(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runtime_tables, "DIR", tmp_path / "tables")  # the package's folder, here a temp one
+    monkeypatch.setattr(runtime_tables, "DIR", tmp_path / "runtime_tables")  # the package folder, in tmp
     (tmp_path / "runtime_tables").mkdir()
     rows = [_row(64, [1.0] * 4, {"vllm_c": [2.0] * 4})]
     source = tmp_path / "b200.json"
