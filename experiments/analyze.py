@@ -313,52 +313,39 @@ def build_parser() -> argparse.ArgumentParser:
                     help="an experiments run directory (holds run.json, requests.jsonl[.xz])")
     where = ap.add_mutually_exclusive_group()
     where.add_argument("--out", type=Path, default=None, metavar="DIR",
-                       help=f"write report.json, report.md and the PNGs here (created; default: "
-                            f"RUN_DIR/{REANALYSIS}/ when RUN_DIR already holds a report.json, else RUN_DIR)")
+                       help=f"write the report here (default: RUN_DIR/{REANALYSIS}/ beside a report, "
+                            f"else RUN_DIR)")
     where.add_argument("--in-place", action="store_true",
                        help="overwrite RUN_DIR's own report files (default: write beside them)")
     tiers = ap.add_mutually_exclusive_group()
     tiers.add_argument("--slo", action="append", default=[], metavar="NAME:TTFT_MS:TPOT_MS[:E2E_MS]",
                        help="an SLO tier to evaluate (repeatable); replaces the recorded tiers")
     tiers.add_argument("--slo-file", type=Path, default=None,
-                       help=f"TOML file of [[slo]] tiers (default: the tiers recorded in report.json, else "
-                            f"run.json's, else {DEFAULT_SLO_FILE.name}: interactive, chat, relaxed)")
+                       help=f"TOML file of [[slo]] tiers (default: as recorded, else "
+                            f"{DEFAULT_SLO_FILE.name})")
     ap.add_argument("--aa-report", type=Path, default=None, metavar="REPORT_JSON",
-                    help="report.json of an A/A run: its per-window spread is the noise floor drawn and "
-                         "reported (default: the one recorded in report.json); refused for a run with its "
-                         "own floor (an interleaved A/A arm, or an A/A run)")
+                    help="report.json of an A/A run, its spread the noise floor (default: as recorded)")
     ap.add_argument("--patched-policy", type=Path, default=None, metavar="RECORD_JSON",
-                    help="what the patched arm dispatched, for a run.json that does not record it (runs "
-                         "before patched_policy was recorded): a record in run.json's patched_policy format "
-                         "(table, model shape, fused row ranges; the three such committed runs keep theirs "
-                         "as patched-policy.json); the attribution counts the kernel's saving only where "
-                         "it fused (default: the one recorded in report.json)")
+                    help="what the patched arm dispatched, for a run.json without it (default: as "
+                         "recorded)")
     ap.add_argument("--profile", type=Path, default=None, metavar="PROFILE_JSON",
-                    help="the step profile of the attribution (default: the one recorded in report.json, "
-                         "else the committed profile of the GPU named in environment.json)")
+                    help="the attribution's step profile (default: as recorded, else the GPU's committed "
+                         "one)")
     ap.add_argument("--kernel-results", type=Path, default=None, metavar="RESULTS_JSON",
-                    help="the kernel results of the attribution (default: as recorded, else the "
-                         "benchmark the GPU's isolated table runtime_tables/policy-<gpu>.json was built "
-                         "from)")
+                    help="the attribution's kernel results (default: as recorded, else those the GPU's "
+                         "isolated table was built from)")
     ap.add_argument("--planted-steps", type=Path, default=None, metavar="GRAPH_STEPS_JSON",
-                    help="a graph-steps file of integration.proof.prove --planted (e.g. OUT/h200-graph-"
-                         "steps.json): the planted control's prediction uses the planted arm's step time "
-                         "measured there (default: as recorded, else the GPU's and model's committed one "
-                         "in the index runtime_tables/profiles.json)")
+                    help="graph-steps file of prove --planted, for the planted prediction (default: as "
+                         "recorded, else runtime_tables/profiles.json)")
     ap.add_argument("--graph-steps", type=Path, default=None, metavar="GRAPH_STEPS_JSON",
-                    help="a graph-steps file of integration.proof.prove with the fused kernel at every size "
-                         "(e.g. OUT/h200-graph-steps.json): at the decode "
-                         "sizes it timed, the attribution counts the step time saved there instead of the "
-                         "profile's norm time (default: as recorded, else none)")
+                    help="graph-steps file of prove with the fused kernel at every size (default: as "
+                         "recorded, else none)")
     ap.add_argument("--gpu-steps", type=Path, default=None, metavar="GRAPH_STEPS_JSON",
-                    help="a graph-steps file: its stock engine's CUDA-graph decode steps are the GPU time "
-                         "of a served step in the report's host-bound guard (default: as recorded, else the "
-                         "GPU's and model's in the index runtime_tables/profiles.json or its calibration "
-                         "record)")
+                    help="graph-steps file whose stock decode steps are the host-bound guard's GPU time "
+                         "(default: as recorded)")
     ap.add_argument("--accept-damaged", action="store_true",
-                    help="analyse records that fail their integrity checks (no records file, a torn last "
-                         "line, a field of the wrong type or range, a repeated request, a finished cell with "
-                         "the wrong count) instead of refusing them; the report is titled damaged")
+                    help="analyse records that fail their integrity checks instead of refusing them "
+                         "(report titled damaged)")
     add_debug_flag(ap)
     return ap
 

@@ -220,9 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hidden", type=width_list,
                     help="comma list: only these hidden sizes (a partial grid)")
     ap.add_argument("--l2", choices=L2_MODES, default="cold",
-                    help="cold (default, what the suite and its policy use): rotating buffers past 1.5x "
-                         "L2; warm: one buffer set, each call's input in L2 as after a GEMM inside a "
-                         "model (for python -m research.stockcheck --results FILE)")
+                    help="cold (default; the suite's): inputs rotated past 1.5x L2; warm: one input set "
+                         "in L2, as after a GEMM")
     args = ap.parse_args(argv)
     refuse_output(ap.prog, "--out", args.out)
     if gpu_missing(ap.prog):

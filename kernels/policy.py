@@ -185,10 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--from", dest="source", required=True,
                     help="benchmark results JSON of kernels.suite (e.g. OUT/h200.json)")
-    ap.add_argument("--out", help="policy table to write (default: runtime_tables/policy-<name>.json, e.g. "
-                    "runtime_tables/policy-h200.json from OUT/h200.json)")
-    ap.add_argument("--stock-arms", help="comma-separated stock arms to beat, e.g. 'inductor' for a server "
-                    "under torch.compile (default: the best of every arm measured)")
+    ap.add_argument("--out", help="policy table to write (default: runtime_tables/policy-<name>.json)")
+    ap.add_argument("--stock-arms", help="comma-separated stock arms to beat, e.g. inductor (default: "
+                                         "the best arm measured)")
     args = ap.parse_args(argv)
     try:
         results = read_json(args.source, None, "kernel results")

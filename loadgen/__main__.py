@@ -81,18 +81,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--connect-timeout", type=positive_float, default=30.0,
                    help="seconds to open a connection (30)")
     p.add_argument("--probe-timeout", type=positive_float, default=30.0,
-                   help="seconds the server has to answer GET /v1/models, connection included, before "
-                        "the replay is given up and every request recorded as not sent (30)")
+                   help="seconds the server has to answer GET /v1/models before nothing is sent (30)")
     p.add_argument("--max-connections", type=positive_int, default=None,
                    help="cap on open connections (default: unlimited, so the client never queues)")
     p.add_argument("--dead-after", type=non_negative_int, default=DEAD_AFTER,
-                   help=f"stop after this many requests in a row cannot connect: the server is "
-                        f"unreachable, the rest are recorded as not sent; 0 never stops ({DEAD_AFTER})")
+                   help=f"stop after this many failed connections in a row, the rest not sent; 0 never "
+                        f"({DEAD_AFTER})")
     p.add_argument("--seed", type=non_negative_int, default=0,
                    help="prompt seed; same seed = same prompts (0)")
     p.add_argument("--vocab-size", type=_vocab_size, default=32000,
-                   help=f"prompt ids are drawn below this; must not exceed the model's vocabulary, and at "
-                        f"most {MAX_VOCAB_SIZE:,}, as vLLM's token ids are int32 (32000)")
+                   help=f"prompt ids are drawn below this, at most the model's vocabulary and "
+                        f"{MAX_VOCAB_SIZE:,} (32000)")
     p.add_argument("--tag", type=_tag, action="append", default=[], metavar="KEY=VALUE",
                    help="label copied into every record's tags (repeatable)")
     p.add_argument("--event-loop", choices=EVENT_LOOPS, default="asyncio", help="event loop (asyncio)")

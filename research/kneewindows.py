@@ -72,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("runs", nargs="+", type=Path,
                     help="run directories (each with run.json, requests.jsonl.xz)")
     ap.add_argument("--quantiles", action="append", type=_quantiles,
-                    help="a quantile set of request counts to pick windows at; repeat to compare "
-                         f"(default: the old quartiles and SEARCH_QUANTILES {knee.SEARCH_QUANTILES})")
+                    help="quantiles of request count to pick windows at; repeat to compare (default: "
+                         "quartiles and the search's)")
     ap.add_argument("--slo", default="interactive",
                     help="SLO tier whose attainment is compared (default interactive)")
     args = ap.parse_args(argv)

@@ -276,11 +276,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("run", type=Path, help="a run directory with run.json, its records and report.json")
     ap.add_argument("--arm", required=True, help="the planted arm's label, as the report names it")
     ap.add_argument("--step-times", type=Path, default=ROOT / STEP_TIMES,
-                    help=f"graph-steps file with decode and prefill forward times of the run's model on its "
-                         f"GPU (default: {STEP_TIMES}, Llama 3.1 8B on the H200)")
+                    help=f"graph-steps file of the run's model on its GPU (default: {STEP_TIMES})")
     ap.add_argument("--kv-tokens", type=int, default=None,
-                    help="KV cache size in tokens (default: the 'GPU KV cache size' the reference arm's "
-                         "server logged, where the run keeps its log; else unlimited)")
+                    help="KV cache size in tokens (default: what the reference server logged, else "
+                         "unlimited)")
     ap.add_argument("--out", type=Path, default=None, help="also write the document (JSON) here")
     a = ap.parse_args(argv)
     if a.kv_tokens is not None and a.kv_tokens < 1:

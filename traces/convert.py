@@ -102,9 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--format",
         required=True,
         choices=sorted(FORMATS),
-        help="input format: azure (CSV TIMESTAMP,ContextTokens,GeneratedTokens), mooncake (JSONL, "
-        "timestamp in ms, input_length, output_length, hash_ids), burstgpt (CSV Timestamp, "
-        "Request tokens, Response tokens; failed rows are dropped and counted)",
+        help="input format: azure (CSV), mooncake (JSONL), burstgpt (CSV; failed rows dropped and "
+             "counted)",
     )
     p.add_argument("input", type=Path, help="the source trace file")
     p.add_argument("output", type=Path,
@@ -112,15 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--sort",
         action="store_true",
-        help="order rows stably by time when the source is not in time order (default: fail at the "
-        "first out-of-order line); the number of moved rows is printed",
+        help="sort rows stably by time (default: fail at the first out-of-order line)",
     )
     p.add_argument(
         "--report",
         type=Path,
         default=None,
-        help="also write the conversion report (counts, every dropped line number, sha256) as JSON here; "
-        "its folder must exist (checked before anything is written)",
+        help="also write the conversion report (counts, dropped lines, sha256) as JSON here",
     )
     add_debug_flag(p)
     return p

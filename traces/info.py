@@ -92,8 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--duration",
         type=positive_float,
         default=None,
-        help="window length in seconds of the original trace; keeps start <= t < start + duration "
-        "and rebases the window start to 0 (default: to the end of the trace)",
+        help="window length in trace seconds from --start, rebased to 0 (default: to the end of the "
+             "trace)",
     )
     p.add_argument(
         "--speedup",

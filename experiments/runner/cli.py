@@ -48,7 +48,6 @@ from experiments.runner.flagtypes import (
     knee_list,
     loads_list,
 )
-from experiments.stats import knee
 from loadgen.records import LATENESS_TARGET_P99_MS
 from traces.trace import TraceError
 
@@ -96,187 +95,142 @@ def with_aa_arm(arms: tuple[str, ...], aa: str | None, one_at_a_time: bool,
 def _defaults(key: str) -> str:
     cpu, cuda = DEVICE_DEFAULTS["cpu"][key], DEVICE_DEFAULTS["cuda"][key]
     show = lambda v: ",".join(f"{x:g}" for x in v) if isinstance(v, tuple) else v  # noqa: E731
-    sized = " or what fits the GPU's memory" if key in SIZED else ""
+    sized = " or what fits" if key in SIZED else ""
     return f"default: {show(cpu)} on CPU, {show(cuda)}{sized} on CUDA"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = OneLineParser(prog="python experiments/run.py", description=__doc__.split("\n\n")[0])
+    """The flags of run.py, one group each; experiments/README.md, "Flags", explains each at length."""
+    ap = OneLineParser(prog="python experiments/run.py", usage="%(prog)s --trace TRACE [options]",
+                       description=__doc__.split("\n\n")[0],
+                       epilog="Each flag at length: experiments/README.md, section Flags.")
     ap.add_argument("--trace", type=Path, required=True, help="JSONL request trace (traces/*.jsonl format)")
-    ap.add_argument("--name",
-                    help="run directory name under --results-dir (default: <timestamp>-<device>-<model>, "
-                         "with -2, -3, ... where a run started in the same second has it)")
-    ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR,
-                    help=f"where run directories are created (default: {RESULTS_DIR})")
+    ap.add_argument("--name", help="run folder (default: <timestamp>-<device>-<model>)")
+    ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR, metavar="DIR",
+                    help=f"where runs are written (default: experiments/{RESULTS_DIR.name})")
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                    help="auto (default): cuda when torch sees a CUDA GPU, else cpu "
-                         "(the embedded tiny-model run)")
+                    help="auto (default): cuda where torch sees a GPU, else cpu")
+    _arm_flags(ap)
+    _layout_flags(ap)
+    _load_flags(ap)
+    _instance_flags(ap)
+    placement.add_arguments(ap)
+    _server_flags(ap)
+    _output_flags(ap)
+    return ap
+
+
+def _arm_flags(ap: argparse.ArgumentParser) -> None:
     a = ap.add_argument_group("arms (what differs between the servers)")
     a.add_argument("--arm", action="append", metavar="NAME",
-                   help="one arm (repeatable, in order); the first is the baseline every other arm is "
-                        "compared with, request by request. Built in: stock (vLLM as shipped), patched "
-                        "(the kit's fused RMSNorm), plugin-idle (its plugin loaded, every call declined), "
-                        "vllm_c (vLLM's own CUDA norm kernels), planted:<N>us or planted:<N>ns (positive "
-                        "control: the patched arm with N of delay inside every fused norm call, compared "
-                        "with patched; on CPU stock plus a host wait at every call); more in "
-                        "--arms-file (default: stock then patched, on CUDA then planted:3us)")
+                   help="one arm (repeatable; the first is the baseline): stock, patched, plugin-idle, "
+                        "vllm_c, planted:<N>us, ...")
     a.add_argument("--arms", type=arms_list, metavar="A,B[,...]",
-                   help="the same as repeated --arm, comma-separated (stock,stock is a plain A/A run, "
-                        "labels stock-a/stock-b)")
-    a.add_argument("--arms-file", type=Path, metavar="FILE.toml",
-                   help="TOML file of [[arm]] tables (name, description, plugins, provider, server_args, "
-                        "env; format: integration/arms.toml) adding arms that --arm can name; run.json "
-                        "records every arm's whole definition")
+                   help="the same, comma-separated (stock,stock: an A/A run)")
+    a.add_argument("--arms-file", type=Path, metavar="FILE",
+                   help="TOML file of [[arm]] tables adding arms (format: integration/arms.toml)")
     a.add_argument("--allow-no-table", action="store_true",
-                   help="run arms that dispatch by the GPU's policy table (patched, planted) on a GPU "
-                        "that has none: they are stock there, so the run is an explicit A/A (the plan says "
-                        "so per arm); refused otherwise, naming the commands that make the table")
+                   help="run patched/planted arms on a GPU without a policy table (they are stock there)")
     a.add_argument("--fuse-all", action="store_true",
-                   help="the patched arm and its planted twin fuse every norm call instead of following the "
-                        "GPU's policy table (what the kernel's isolated win would deploy). Chosen by itself, "
-                        "and said, when the arms are the default ones and the GPU's table fuses no call of "
-                        "the run's model (the calibration found the kernel faster inside vLLM at no size)")
+                   help="patched and planted fuse every norm call instead of following the policy table")
     a.add_argument("--no-calibrate", action="store_true",
-                   help="never calibrate: on a GPU without a policy table, refuse the patched arm before any "
-                        "server starts and name the command that makes the table (default: run "
-                        "python -m integration.calibrate first, saying so)")
+                   help="never calibrate a GPU without a policy table: refuse the patched arm instead")
     a.add_argument("--allow-arm-differences", action="store_true",
-                   help="let an arm set flags every arm of a run must share (model, dtype, KV-cache size, "
-                        "compile mode, ...: integration/arms.py SHARED_FLAGS); refused otherwise. The "
-                        "report names every arm's difference from the first either way")
+                   help="let an arm set flags every arm must share (integration/arms.py SHARED_FLAGS)")
     a.add_argument("--endpoint", action="append", type=endpoint, metavar="NAME=URL",
-                   help="measure a server the user started, as the arm NAME (repeatable, in order, one per "
-                        "arm, instead of --arm): the kit starts and stops none, waits up to 60 s for "
-                        "/v1/models, records what /v1/models and /metrics say of each server, and the "
-                        "report says that the arms' identity is what the user declared. --model must "
-                        "still name the model directory the servers serve (its tokenizer or vocabulary "
-                        "makes the prompts); no --aa, no --one-at-a-time")
-    ap.add_argument("--aa", choices=AA_CHOICES, default=None,
-                    help="interleaved: add a second server of the first arm (label <arm>-b) replayed in "
-                         "the same "
-                         "randomised order as the other arms, so the A/A noise floor comes from the same "
-                         "run, design, clocks and time (one server more, resident with the others, "
-                         "counted in the GPU's memory); none: no A/A arm. Default: interleaved for "
-                         "resident servers, none with --one-at-a-time, --endpoint or when the arms are "
-                         "already A/A")
+                   help="measure a server the user started as arm NAME (repeatable, instead of --arm)")
+    a.add_argument("--aa", choices=AA_CHOICES, default=None,
+                   help="interleaved: a second server of the first arm (<arm>-b) as the A/A floor; none: "
+                        "no A/A arm")
+
+
+def _layout_flags(ap: argparse.ArgumentParser) -> None:
     d = ap.add_argument_group("layout (how the arms share the GPUs)")
     d.add_argument("--layout", choices=LAYOUTS, default="turns",
-                   help="turns (default): every server on one GPU, the arms replay each cell in turn, in a "
-                        "randomised balanced order; duet: every arm on a GPU of its own, each window "
-                        "replayed to all arms at once, the arms swapped across the GPUs by a seeded "
-                        "Latin-square crossover (one resident server per arm and GPU, each with "
-                        "--gpu-memory-utilization of its GPU and the same KV cache), the GPU a covariate "
-                        "of the analysis; resident servers the kit starts only (no --one-at-a-time, "
-                        "--endpoint or --knee); --aa defaults to none (an A/A duet is --arms stock,stock)")
+                   help="turns (default): arms take turns on one GPU; duet: one GPU per arm, replayed at "
+                        "once")
     d.add_argument("--resident", type=positive_int, metavar="K",
-                   help="at most K >= 2 servers on the GPU at once, the arms in sets taking turns in every "
-                        "instance (default: all, or what fits)")
+                   help="at most K >= 2 servers on the GPU at once (default: all, or what fits)")
     d.add_argument("--sleep-mode", action="store_true",
-                   help="every arm's server on the GPU, only the replayed one awake (vLLM's sleep mode): "
-                        "for arms that do not fit awake at once")
+                   help="every arm's server on the GPU, only the replayed one awake (vLLM sleep mode)")
     d.add_argument("--gpus", type=gpu_list, metavar="I,J[,...]",
-                   help="duet: the CUDA device indices, one per arm (each server gets "
-                        "CUDA_VISIBLE_DEVICES of its GPU); default: the first as many as there are arms. "
-                        "On CPU they name server slots (CUDA_VISIBLE_DEVICES set but meaningless)")
+                   help="duet: CUDA device indices, one per arm (default: the first as many as arms)")
+
+
+def _load_flags(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("windows and load")
-    g.add_argument("--windows", type=int,
-                   help=f"number of consecutive trace windows ({_defaults('windows')})")
-    g.add_argument("--window-s", type=float,
+    g.add_argument("--windows", type=int, metavar="N",
+                   help=f"consecutive trace windows ({_defaults('windows')})")
+    g.add_argument("--window-s", type=float, metavar="S",
                    help=f"window length in trace seconds ({_defaults('window_s')})")
-    g.add_argument("--start-s", type=float,
-                   help="trace time where the first window starts (default: --warmup-s, after the "
-                        "warm-up stretch)")
-    g.add_argument("--warmup-s", type=float,
-                   help=f"trace seconds replayed to each freshly started server first, phase 'warmup', "
-                        f"excluded from the analysis; 0 for none ({_defaults('warmup_s')})")
-    g.add_argument("--loads", type=loads_list,
-                   help=f"speed-up factors over the trace's own rate; every (window, load) is replayed "
-                        f"against both arms ({_defaults('loads')})")
+    g.add_argument("--start-s", type=float, metavar="S",
+                   help="trace time of the first window (default: --warmup-s)")
+    g.add_argument("--warmup-s", type=float, metavar="S",
+                   help=f"trace seconds of warm-up per fresh server, not analysed ({_defaults('warmup_s')})")
+    g.add_argument("--loads", type=loads_list, metavar="F,G[,...]",
+                   help=f"speed-up factors over the trace's rate ({_defaults('loads')})")
     g.add_argument("--knee", type=knee_list, metavar="FACTORS",
-                   help="search these increasing speed-up factors on the baseline arm first (at each, "
-                        "the measured windows at the 0.1-0.9 quantiles of request count (five), pooled; "
-                        "phase 'knee', not compared; it stops once every SLO tier is below 90%% attainment, "
-                        "and past the last factor goes on at 1.5x it while every tier is still met, up to "
-                        "--knee-max; it stops early where the client sent a factor's replays late, see "
-                        "--knee-lateness-ms), then measure at two loads bracketing the strictest tier's "
-                        "90%% knee, plus a latency-sensitive load (the lowest factor, or half the knee if "
-                        "that is lower), instead of --loads (kept when no knee is found); 'none': no "
-                        "search, measure at --loads (default: 5,8 on CUDA, none on CPU)")
+                   help="search these factors for the strictest tier's 90%% knee, measure around it "
+                        "(default: 5,8 on CUDA, none on CPU)")
     g.add_argument("--knee-max", type=positive_float, metavar="FACTOR",
-                   help=f"the knee search's highest factor; the KV cache is sized for {knee.BRACKET:g}x it, "
-                        f"the highest load a knee found there can measure (default: {KNEE_MAX:g})")
+                   help=f"the knee search's highest factor (default: {KNEE_MAX:g})")
     g.add_argument("--knee-lateness-ms", type=positive_float, metavar="MS",
-                   help="the knee search stops at a factor whose replays the client sent late, the median "
-                        "replay's send lateness p99 above this: there the client, not the server, is the "
-                        f"limit, and the report says so (default: {LATENESS_TARGET_P99_MS:g}, loadgen's "
-                        "target)")
-    g.add_argument("--max-input-tokens", type=clip,
-                   help=f"clip every request's prompt to this many tokens; 'none' for no clip "
-                        f"({_defaults('max_input_tokens')})")
-    g.add_argument("--max-output-tokens", type=clip,
-                   help=f"clip every request's output to this many tokens; 'none' for no clip "
-                        f"({_defaults('max_output_tokens')})")
+                   help=f"stop the knee search where the client sent late, p99 above MS "
+                        f"(default: {LATENESS_TARGET_P99_MS:g})")
+    g.add_argument("--max-input-tokens", type=clip, metavar="N",
+                   help=f"clip prompts to N tokens; 'none': no clip ({_defaults('max_input_tokens')})")
+    g.add_argument("--max-output-tokens", type=clip, metavar="N",
+                   help=f"clip outputs to N tokens; 'none': no clip ({_defaults('max_output_tokens')})")
     g.add_argument("--one-at-a-time", action="store_true",
-                   help="run one server at a time (when the arms do not fit together): windows in --blocks "
-                        "blocks, each block run on every arm in turn (random balanced order), restarting "
-                        "servers")
-    g.add_argument("--blocks", type=int, default=2,
+                   help="one server at a time, restarted per block (--blocks)")
+    g.add_argument("--blocks", type=int, default=2, metavar="N",
                    help="blocks of windows with --one-at-a-time (default: 2)")
-    g.add_argument("--seed", type=int, default=0,
-                   help="seed of the prompts (the same for every arm) and of the randomised arm order "
-                        "(default: 0)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the prompts and the arm order (default: 0)")
+
+
+def _instance_flags(ap: argparse.ArgumentParser) -> None:
     i = ap.add_argument_group("server instances (experiments/runner/instances.py)")
     i.add_argument("--instances", type=positive_int, metavar="N",
-                   help="run every arm on N server instances: the windows in N equal blocks, every server "
-                        "restarted (warm-up and burn-in again) before each block but the first; records "
-                        "carry the instance, run.json 'instances' each start (default: 3 on a GPU run of "
-                        "resident servers the kit starts, for intervals over instance pairs; else 1); with "
-                        "--one-at-a-time, --blocks N: every arm's server is new in each block")
+                   help="N server instances per arm (default: 3 on a GPU, else 1)")
     ix = i.add_mutually_exclusive_group()
     ix.add_argument("--precision", type=positive_float, metavar="PCT",
-                    help="choose instances x windows (at --window-s) whose interval over instances has this "
-                         "half-width in %%, at the least GPU time, from the committed prior "
-                         "(runtime_tables/instance-prior.json); printed before any server starts; "
-                         "--instances and --windows given still win")
+                    help="choose instances x windows for an interval of this half-width in %%")
     ix.add_argument("--budget-min", type=positive_float, metavar="MIN",
                     help="the same, the narrowest interval this many GPU minutes buy")
-    placement.add_arguments(ap)
+
+
+def _server_flags(ap: argparse.ArgumentParser) -> None:
     s = ap.add_argument_group("servers (identical for every arm the kit starts)")
-    s.add_argument("--model", help=f"model name under integration/models, a directory with config.json only "
-                                   f"(random weights, token-id prompts), or a Hugging Face-format directory "
-                                   f"with weights and a tokenizer (weights loaded; prompts are text whose "
-                                   f"token count under that tokenizer is the trace's, checked against the "
-                                   f"server's usage) ({_defaults('model')})")
+    s.add_argument("--model",
+                   help=f"name under integration/models or a model directory ({_defaults('model')})")
     s.add_argument("--dtype", help=f"model dtype ({_defaults('dtype')})")
     s.add_argument("--eager", action=argparse.BooleanOptionalAction, default=None,
-                   help=f"--eager: no torch.compile/CUDA graphs; --no-eager: compiled ({_defaults('eager')})")
-    s.add_argument("--gpu-memory-utilization", type=float,
-                   help=f"fraction of GPU memory for each server ({_defaults('gpu_memory_utilization')})")
-    s.add_argument("--kv-cache-memory-bytes", type=byte_size,
-                   help=f"explicit KV-cache size of each server, bytes or 20GiB/512MiB; the same for both "
-                        f"arms so neither sizes its cache from what the other left "
-                        f"({_defaults('kv_cache_memory_bytes')})")
-    s.add_argument("--max-model-len", type=int, help=f"vLLM --max-model-len ({_defaults('max_model_len')})")
-    s.add_argument("--max-num-seqs", type=int, help="vLLM --max-num-seqs (default: vLLM's)")
+                   help=f"no torch.compile/CUDA graphs ({_defaults('eager')})")
+    s.add_argument("--gpu-memory-utilization", type=float, metavar="F",
+                   help=f"fraction of GPU memory per server ({_defaults('gpu_memory_utilization')})")
+    s.add_argument("--kv-cache-memory-bytes", type=byte_size, metavar="BYTES",
+                   help=f"KV-cache size of every server, e.g. 20GiB ({_defaults('kv_cache_memory_bytes')})")
+    s.add_argument("--max-model-len", type=int, metavar="N",
+                   help=f"vLLM --max-model-len ({_defaults('max_model_len')})")
+    s.add_argument("--max-num-seqs", type=int, metavar="N", help="vLLM --max-num-seqs (default: vLLM's)")
     s.add_argument("--server-arg", action="append", default=[], metavar="ARG",
-                   help="extra vLLM server argument, given to every arm (repeatable, e.g. "
-                        "--server-arg=--tensor-parallel-size=2); refused where vLLM could read it as a flag "
-                        "the run sets itself (model, dtype, seed, KV cache, context length, compile mode, "
-                        "the arms' kernels, --host, --port: integration/launcher.py RUN_FLAGS), prefixes "
-                        "and aliases included")
-    s.add_argument("--request-timeout-s", type=float, default=600.0,
+                   help="extra vLLM argument for every arm (repeatable), e.g. "
+                        "--server-arg=--tensor-parallel-size=2")
+    s.add_argument("--request-timeout-s", type=float, default=600.0, metavar="S",
                    help="limit on one request, send to end (default: 600)")
-    s.add_argument("--server-timeout-s", type=float, default=900.0,
+    s.add_argument("--server-timeout-s", type=float, default=900.0, metavar="S",
                    help="limit on a server's start-up (default: 900)")
+
+
+def _output_flags(ap: argparse.ArgumentParser) -> None:
     o = ap.add_argument_group("SLOs and output")
     x = o.add_mutually_exclusive_group()
-    x.add_argument("--slo", action="append", metavar="NAME:TTFT_MS:TPOT_MS[:E2E_MS]",
-                   help="an SLO tier for the report (repeatable); replaces the default tiers")
-    x.add_argument("--slo-file", type=Path, help=f"TOML file of [[slo]] tiers (default: {DEFAULT_SLO_FILE})")
-    o.add_argument("--dry-run", action="store_true",
-                   help="check flags and trace, print the plan (windows, requests, schedule) and exit")
+    x.add_argument("--slo", action="append", metavar="NAME:TTFT:TPOT[:E2E]",
+                   help="an SLO tier in ms (repeatable); replaces the default tiers")
+    x.add_argument("--slo-file", type=Path, metavar="FILE",
+                   help=f"TOML file of [[slo]] tiers (default: experiments/{DEFAULT_SLO_FILE.name})")
+    o.add_argument("--dry-run", action="store_true", help="check flags and trace, print the plan and exit")
     o.add_argument("--no-progress", action="store_true", help="no progress bars (log lines only)")
-    return ap
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:

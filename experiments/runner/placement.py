@@ -30,15 +30,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     """The placement flags (their own group of `--help`)."""
     p = ap.add_argument_group("server placement (experiments/runner/placement.py)")
     p.add_argument("--pin-cpus", action="store_true",
-                   help="give every server the kit starts cores of its own (it and the processes it "
-                        "spawns), and the kit's own process the rest: cores // (servers + 1) each, the "
-                        "kit keeping what is left; run.json 'placement' records the sets (default: off, "
-                        "every process may run on every core)")
+                   help="own cores for every server, the rest for the kit (default: off)")
     p.add_argument("--start-order", choices=START_ORDERS, default="waves",
-                   help="waves (default): the servers start in the same order at every instance, the "
-                        "first of each compile cache first; rotate: that order rotated by one at every "
-                        "instance, so a different server starts and allocates first each time (resident "
-                        "servers on --instances 2 or more)")
+                   help="waves (default): the same start order at every instance; rotate: rotated by one")
 
 
 @dataclass(frozen=True)

@@ -149,8 +149,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--graph-steps", default=None,
                    help="h200-graph-steps.json of the same run: decode sizes judged by graph-replay timing")
     p.add_argument("--launch-policy", default=None,
-                   help="the policy table the patched arm ran: fused entries keep its launch shapes "
-                        "(default fused:auto, the kernel's own choice, as --all-fused runs it)")
+                   help="the policy table the patched arm ran, whose launch shapes fused entries keep "
+                        "(default: fused:auto)")
     return p.parse_args(argv)
 
 

@@ -64,8 +64,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-sizes", default="1,8,32,128,256",
                    help="decode batch sizes to profile (default 1,8,32,128,256)")
     p.add_argument("--prefill-sizes", default="",
-                   help="prompt lengths whose one-request prefill step is profiled too (comma list, "
-                        "each <= 16384; e.g. 512,1024,2048,4096,8192,16384); default none")
+                   help="prompt lengths (comma list, each <= 16384) whose one-request prefill is "
+                        "profiled too; default none")
     p.add_argument("--timed-steps", type=int, default=20,
                    help="steps timed per batch or prefill size (default 20)")
     p.add_argument("--traced-steps", type=int, default=4,
@@ -73,40 +73,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--modes", default="compiled,eager",
                    help="which modes to run: compiled, eager or both (comma list; default compiled,eager)")
     p.add_argument("--profile-modes", default="compiled",
-                   help="modes whose stock and patched engines profile the batch and prefill sizes "
-                        "(comma list; default compiled; eager writes OUT/<gpu>-profile-eager.json)")
+                   help="modes (comma list) whose engines profile the batch and prefill sizes (default "
+                        "compiled)")
     p.add_argument("--weights", choices=("scaled", "dummy"), default="scaled",
                    help="scaled: seeded std-0.02 redraw of the dummy weights (default); dummy: vLLM's own")
     p.add_argument("--max-rows", type=int, default=16384,
                    help="scan the policy up to this many rows for compile-range ends (default 16384)")
     p.add_argument("--rounds", type=int, default=2,
-                   help="profiling rounds; the arms' order reverses every round (default 2). Rounds "
-                        "after the second only replay CUDA graphs (--graph-replays)")
+                   help="profiling rounds, the arms' order reversed every round (default 2; later ones "
+                        "replay graphs only)")
     p.add_argument("--graph-replays", type=int, default=0,
-                   help="time this many CUDA-graph replays of each decode size per round and arm "
-                        "(integration.proof.graphtime; writes OUT/<gpu>-graph-steps.json); default 0")
+                   help="CUDA-graph replays timed per decode size, round and arm "
+                        "(OUT/<gpu>-graph-steps.json); default 0")
     p.add_argument("--shared-ranges", action="store_true",
-                   help="give every compiled engine the patched policy's compile ranges (what runs "
-                        "before this flag did); default: stock and planted keep vLLM's single range, "
-                        "as users run it")
+                   help="give every compiled engine the patched policy's compile ranges (default: "
+                        "patched only)")
     p.add_argument("--planted", default=None, metavar="planted:<N>ns",
                    help="also profile this positive-control arm, compiled, in the same turns")
     p.add_argument("--replicas", type=int, default=1,
-                   help="engines per compiled arm (default 1). With 2, stock-b and patched-b (and a "
-                        "planted arm's -b) join the turns, interleaved (stock, patched, stock-b, "
-                        "patched-b): engine-to-engine differences average out within one run, and "
-                        "stock-b vs stock measures them (python -m integration.proof.enginepairs)")
+                   help="engines per compiled arm (default 1); with 2, stock-b and patched-b join the "
+                        "turns (enginepairs)")
     p.add_argument("--timeout", type=float, default=500.0, help="overall deadline in seconds (default 500)")
     p.add_argument("--policy", default=None,
-                   help="policy table for both modes (default: this GPU's in-vLLM tables, "
-                        "runtime_tables/policy-<gpu>-in-graph.json and policy-<gpu>-in-vllm-eager.json)")
+                   help="policy table for both modes (default: this GPU's in-vLLM tables in "
+                        "runtime_tables/)")
     p.add_argument("--dry-run", action="store_true",
                    help="check the model config and policy, print the plan, start no engine")
     p.add_argument("--all-fused", nargs="?", const="all", choices=("all", "hidden"), default=None,
-                   help="use a table that sends every call of this model's shape to the fused kernel "
-                        "(its own launch shape): proves the integration where the shipped policy is stock; "
-                        "`--all-fused hidden` leaves a Qwen3's q/k head norms to stock (Inductor folds "
-                        "them into the kernels around them)")
+                   help="fuse every call of the model's shape (`hidden`: leave a Qwen3's q/k head norms "
+                        "to stock)")
     return p.parse_args(argv)
 
 

@@ -54,19 +54,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-sizes", default="1,8,32,128,256",
                    help="decode batch sizes to profile after --turn-file appears (comma list)")
     p.add_argument("--prefill-sizes", default="",
-                   help="prompt lengths whose prefill step (one request, all its tokens in one step, "
-                        "no graph above the capture sizes) is profiled after the decode sizes (comma list)")
+                   help="prompt lengths (comma list) whose one-request prefill step is profiled after "
+                        "the decode sizes")
     p.add_argument("--max-num-batched-tokens", type=int, default=16384,
                    help="vLLM's token budget per step; also the top of the default compile range")
     p.add_argument("--timed-steps", type=int, default=20, help="decode steps timed per batch size")
     p.add_argument("--traced-steps", type=int, default=4, help="decode steps kernel-traced per batch size")
     p.add_argument("--turn-file", default=None,
-                   help="wait for <this>1, <this>2, ... before each round of the per-batch profile "
-                        "(none: skip that profile); writes <out>/<label>-<mode>.done<round> after each")
+                   help="wait for <this>1, <this>2, ... before each profile round, write "
+                        "<out>/<label>-<mode>.done<round>")
     p.add_argument("--rounds", type=int, default=2, help="rounds of the per-batch profile (default 2)")
     p.add_argument("--profile-rounds", type=int, default=2,
-                   help="the first this many rounds also time steps by wall clock, kernel-trace them and "
-                        "run the prefill sizes; later rounds only replay graphs (default 2)")
+                   help="rounds that also time steps by wall clock and kernel-trace them (default 2; "
+                        "later: graphs only)")
     p.add_argument("--graph-replays", type=int, default=0,
                    help="CUDA-graph replays timed per decode size and round (0: none; default 0)")
     p.add_argument("--turn-timeout", type=float, default=400.0, help="seconds to wait for --turn-file")
@@ -75,8 +75,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--weights", choices=("scaled", "dummy"), default="scaled",
                    help="scaled: redraw vLLM's dummy weights at std 0.02 (seeded); dummy: keep them")
     p.add_argument("--compile-ranges", default="",
-                   help="compile range endpoints (comma list) for compiled mode (prove gives them to "
-                        "the patched arm only, unless --shared-ranges)")
+                   help="compile range endpoints (comma list) for compiled mode")
     return p.parse_args(argv)
 
 
