@@ -24,7 +24,15 @@ from common.cliargs import (
 )
 from loadgen.prompts import MAX_VOCAB_SIZE, check_vocab_size
 from loadgen.records import RequestRecord, read_records
-from loadgen.replay import DEAD_AFTER, EVENT_LOOPS, ReplayStopped, ServerNotReady, base_url, replay_sync
+from loadgen.replay import (
+    DEAD_AFTER,
+    EVENT_LOOPS,
+    ReplayOptions,
+    ReplayStopped,
+    ServerNotReady,
+    base_url,
+    replay_sync,
+)
 from loadgen.summary import format_summary, summarize_records
 from traces.trace import TraceError, clip_tokens, load_trace, scale_rate, time_window
 
@@ -163,11 +171,11 @@ def _run(args: argparse.Namespace) -> int:
     records: list[RequestRecord]
     earlier = _on_disk(args.out)  # --append keeps older runs
     try:
-        records = replay_sync(
-            args.url, reqs, out=args.out, model=args.model, tags=dict(args.tag), timeout_s=args.timeout,
+        records = replay_sync(args.url, reqs, ReplayOptions(
+            out=args.out, model=args.model, tags=dict(args.tag), timeout_s=args.timeout,
             connect_timeout_s=args.connect_timeout, probe_timeout_s=args.probe_timeout,
             max_connections=args.max_connections, seed=args.seed, progress=not args.no_progress,
-            vocab_size=args.vocab_size, event_loop=args.event_loop, dead_after=args.dead_after)
+            vocab_size=args.vocab_size, dead_after=args.dead_after), event_loop=args.event_loop)
     except ServerNotReady as exc:  # nothing was sent; every request says so in --out
         return fail(PROG, f"--url {args.url}: {exc.reason}; nothing was sent, each of the {len(reqs)} "
                           f"requests is recorded as not sent in {args.out}")

@@ -34,7 +34,7 @@ from common.cliargs import output_problem
 from common.jsonfile import write_json
 from loadgen.fakeserver import FakeServerConfig, serve_forever
 from loadgen.records import LATENESS_TARGET_P99_MS, lateness_ms, ttft_ms
-from loadgen.replay import EVENT_LOOPS, replay_sync
+from loadgen.replay import EVENT_LOOPS, ReplayOptions, replay_sync
 from loadgen.summary import percentiles, summarize_records
 from loadgen.together import Stream, replay_together_sync
 from traces.trace import TraceRequest, scale_rate
@@ -135,10 +135,10 @@ def environment(event_loop: str) -> dict:
 def _replay_streams(args: argparse.Namespace, urls: list[str], reqs: list[TraceRequest]) -> list[list]:
     """Every stream's records: one plain replay_sync for one stream on the shared loop, else
     loadgen.together (one loop, or a thread and loop per stream with --threads)."""
-    kwargs = dict(progress=False, seed=args.seed, timeout_s=60.0)
+    options = ReplayOptions(progress=False, seed=args.seed, timeout_s=60.0)
     if len(urls) == 1 and not args.threads:
-        return [replay_sync(urls[0], reqs, event_loop=args.event_loop, **kwargs)]
-    outcomes = replay_together_sync([Stream(u, reqs, kwargs) for u in urls], threads=args.threads)
+        return [replay_sync(urls[0], reqs, options, event_loop=args.event_loop)]
+    outcomes = replay_together_sync([Stream(u, reqs, options) for u in urls], threads=args.threads)
     for o in outcomes:
         if isinstance(o, BaseException):
             raise o

@@ -20,6 +20,7 @@ import json
 import resource
 import signal
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 from urllib.parse import urlsplit
@@ -115,58 +116,69 @@ def check_requests(requests: Sequence[TraceRequest]) -> list[int]:
     return due_times_ns(requests)
 
 
-async def replay(
-    url: str,
-    requests: Sequence[TraceRequest],
-    *,
-    out: Path | None = None,
-    model: str | None = None,
-    tags: Mapping | None = None,
-    timeout_s: float = 600.0,
-    max_connections: int | None = None,
-    seed: int = 0,
-    progress: bool = True,
-    vocab_size: int = 32000,
-    prompts: PromptSource | None = None,
-    connect_timeout_s: float = 30.0,
-    probe_timeout_s: float = 30.0,
-    dead_after: int = DEAD_AFTER,
-    t0_ns: int | None = None,
-) -> list[RequestRecord]:
-    """Replay `requests` open-loop against `url`; return one record per request, by index.
+@dataclass(frozen=True)
+class ReplayOptions:
+    """How replay() sends a request list: everything but the URL and the requests (checked when made).
 
     Records are appended to `out` (JSONL, one flushed line per finished request) as they finish.
     `timeout_s` bounds a whole request (send to last byte), `connect_timeout_s` its connection.
     `model` defaults to the server's only served model, asked with GET /v1/models within
-    `probe_timeout_s`; when that fails every request is recorded `not sent` and ServerNotReady is
-    raised. Prompts: `prompts(index, request, seed)`,
-    by default token ids below `vocab_size` (loadgen.prompts); text: loadgen.textprompts. After
-    `dead_after` requests in a row fail to connect (0: never) the rest are not sent and
+    `probe_timeout_s`. Prompts: `prompts(index, request, seed)`, by default token ids below
+    `vocab_size` (loadgen.prompts); text: loadgen.textprompts. After `dead_after` requests in a row
+    fail to connect (0: never) the rest are not sent. `t0_ns` (perf_counter_ns) is the schedule's
+    start when several replays share one (default: 20 ms after the first second's bodies are built).
+    """
+
+    out: Path | None = None
+    model: str | None = None
+    tags: Mapping[str, Any] = field(default_factory=dict)
+    timeout_s: float = 600.0
+    max_connections: int | None = None
+    seed: int = 0
+    progress: bool = True
+    vocab_size: int = 32000
+    prompts: PromptSource | None = None
+    connect_timeout_s: float = 30.0
+    probe_timeout_s: float = 30.0
+    dead_after: int = DEAD_AFTER
+    t0_ns: int | None = None
+
+    def __post_init__(self) -> None:
+        if min(self.timeout_s, self.connect_timeout_s, self.probe_timeout_s) <= 0:
+            raise ValueError(f"timeouts must be > 0, got timeout_s={self.timeout_s}, "
+                             f"connect_timeout_s={self.connect_timeout_s}, "
+                             f"probe_timeout_s={self.probe_timeout_s}")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1 or None (unlimited), got {self.max_connections}")
+        if self.dead_after < 0:
+            raise ValueError(f"dead_after must be >= 0, got {self.dead_after}")
+        check_vocab_size(self.vocab_size)
+        try:
+            json.dumps(dict(self.tags))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"tags must be JSON-serializable: {exc}") from None
+
+
+async def replay(url: str, requests: Sequence[TraceRequest],
+                 options: ReplayOptions = ReplayOptions()) -> list[RequestRecord]:
+    """Replay `requests` open-loop against `url` as `options` say; return one record per request, by
+    index.
+
+    When the model list cannot be had every request is recorded `not sent` and ServerNotReady is
+    raised. After `options.dead_after` requests in a row fail to connect the rest are not sent and
     ServerUnreachable is raised; a record that cannot be stored or any other early end raises
-    ReplayStopped. Both carry every request's record; so does a cancellation, on disk. `t0_ns`
-    (perf_counter_ns) is the schedule's start when several replays share one (default: 20 ms after
-    the first second's bodies are built).
+    ReplayStopped. Both carry every request's record; so does a cancellation, on disk.
     """
     if not requests:
         raise ValueError("no requests to replay")
-    if min(timeout_s, connect_timeout_s, probe_timeout_s) <= 0:
-        raise ValueError(f"timeouts must be > 0, got timeout_s={timeout_s}, "
-                         f"connect_timeout_s={connect_timeout_s}, probe_timeout_s={probe_timeout_s}")
-    if max_connections is not None and max_connections < 1:
-        raise ValueError(f"max_connections must be >= 1 or None (unlimited), got {max_connections}")
-    if dead_after < 0:
-        raise ValueError(f"dead_after must be >= 0, got {dead_after}")
-    check_vocab_size(vocab_size)
     due = check_requests(requests)
-    try:
-        json.dumps(dict(tags or {}))
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"tags must be JSON-serializable: {exc}") from None
+    o = options
+    tags = dict(o.tags)
     url = base_url(url)
     raise_fd_limit()
     records: dict[int, RequestRecord] = {}
-    writer = RecordWriter(out) if out is not None else None
-    bar = tqdm(total=len(requests), unit="req", disable=not progress, mininterval=0.5)
+    writer = RecordWriter(o.out) if o.out is not None else None
+    bar = tqdm(total=len(requests), unit="req", disable=not o.progress, mininterval=0.5)
 
     def sink(rec: RequestRecord) -> None:
         assert rec.index not in records, f"request {rec.index} recorded twice"
@@ -175,13 +187,13 @@ async def replay(
         if writer is not None:
             writer.write(rec)
 
-    timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s)
-    connector = aiohttp.TCPConnector(limit=max_connections or 0, limit_per_host=0)
+    timeout = aiohttp.ClientTimeout(total=o.timeout_s, sock_connect=o.connect_timeout_s)
+    connector = aiohttp.TCPConnector(limit=o.max_connections or 0, limit_per_host=0)
     try:
         async with aiohttp.ClientSession(connector=connector, read_bufsize=READ_BUFSIZE, timeout=timeout,
                                          cookie_jar=aiohttp.DummyCookieJar()) as session:  # no cookies
             try:
-                model = model or await fetch_model_name(session, url, probe_timeout_s)
+                model = o.model or await fetch_model_name(session, url, o.probe_timeout_s)
             except RuntimeError as exc:
                 recs = _not_sent(requests, due, tags, f"no model list: {exc}", sink)
                 failed = f"; the records file failed too: {writer.failed}" if writer and writer.failed else ""
@@ -190,10 +202,9 @@ async def replay(
                 _not_sent(requests, due, tags, str(exc.args[0] if exc.args and exc.args[0]
                                                     else "the replay was cancelled"), sink)
                 raise
-            dispatcher = Dispatcher(session, f"{url}/v1/completions", requests, due, model=model, seed=seed,
-                                    prompts=prompts or token_id_prompts(vocab_size), tags=dict(tags or {}),
-                                    timeout=timeout, sink=sink,
-                                    dead_after=dead_after, t0_ns=t0_ns)
+            dispatcher = Dispatcher(session, f"{url}/v1/completions", requests, due, model=model, seed=o.seed,
+                                    prompts=o.prompts or token_id_prompts(o.vocab_size), tags=tags,
+                                    timeout=timeout, sink=sink, dead_after=o.dead_after, t0_ns=o.t0_ns)
             await dispatcher.run()
     finally:
         bar.close()
@@ -222,8 +233,8 @@ EVENT_LOOPS = ("asyncio", "uvloop")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # a closed terminal stops it like Ctrl-C
 
 
-def replay_sync(url: str, requests: Sequence[TraceRequest], *, event_loop: str = "asyncio",
-                **kwargs: Any) -> list[RequestRecord]:
+def replay_sync(url: str, requests: Sequence[TraceRequest], options: ReplayOptions = ReplayOptions(), *,
+                event_loop: str = "asyncio") -> list[RequestRecord]:
     """replay() run to completion on a fresh event loop (same arguments).
 
     SIGINT, SIGTERM and SIGHUP (in the main thread) stop the replay the same way: every request gets its
@@ -242,16 +253,16 @@ def replay_sync(url: str, requests: Sequence[TraceRequest], *, event_loop: str =
                              "(pip install uvloop, or use asyncio)") from None
         run = uvloop.run
     caught: list[str] = []
-    records = run(_replay_stopping_on_signals(url, requests, caught, kwargs))
+    records = run(_replay_stopping_on_signals(url, requests, caught, options))
     if caught:
         raise KeyboardInterrupt(f"replay stopped by {caught[0]}")
     return records
 
 
 async def _replay_stopping_on_signals(url: str, requests: Sequence[TraceRequest], caught: list[str],
-                                      kwargs: dict) -> list[RequestRecord]:
+                                      options: ReplayOptions) -> list[RequestRecord]:
     """replay() as a task that SIGINT/SIGTERM/SIGHUP cancel, naming the signal; previous handlers restored."""
-    task = asyncio.ensure_future(replay(url, requests, **kwargs))
+    task = asyncio.ensure_future(replay(url, requests, options))
     if threading.current_thread() is not threading.main_thread():
         return await task
     loop = asyncio.get_running_loop()

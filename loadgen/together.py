@@ -13,12 +13,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from loadgen.records import RequestRecord
-from loadgen.replay import replay
+from loadgen.replay import ReplayOptions, replay
 from traces.trace import TraceRequest
 
 LEAD_NS = 100_000_000  # t0 lies this far ahead: every stream builds its first second's bodies before it
@@ -27,12 +26,12 @@ Outcome = list[RequestRecord] | BaseException  # a stream's records, or what end
 
 @dataclass(frozen=True)
 class Stream:
-    """One server's replay: its URL, the requests and replay()'s other arguments (out, model, tags,
-    seed, prompts, timeout_s, ...; never t0_ns, which the streams share)."""
+    """One server's replay: its URL, the requests and how to send them (their t0_ns is replaced by
+    the one the streams share)."""
 
     url: str
     requests: Sequence[TraceRequest]
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    options: ReplayOptions = ReplayOptions()
 
 
 def start_time(lead_ns: int = LEAD_NS) -> int:
@@ -44,7 +43,7 @@ async def replay_together(streams: Sequence[Stream], t0: int | None = None) -> l
     """Replay every stream on this event loop from one t0 (default start_time()); one outcome per
     stream, in order: its records, or the exception that ended it (the others run to their end)."""
     t0 = start_time() if t0 is None else t0
-    return await asyncio.gather(*(replay(s.url, s.requests, t0_ns=t0, **s.kwargs) for s in streams),
+    return await asyncio.gather(*(replay(s.url, s.requests, replace(s.options, t0_ns=t0)) for s in streams),
                                 return_exceptions=True)
 
 
@@ -60,7 +59,7 @@ def replay_together_sync(streams: Sequence[Stream], t0: int | None = None,
 
     def run(i: int, s: Stream) -> None:
         try:
-            out[i] = asyncio.run(replay(s.url, s.requests, t0_ns=t0, **s.kwargs))
+            out[i] = asyncio.run(replay(s.url, s.requests, replace(s.options, t0_ns=t0)))
         except BaseException as exc:  # noqa: BLE001 - handed back as this stream's outcome
             out[i] = exc
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from common.cliargs import command_line
 from common.jsonfile import write_json
 from integration.launcher import ServerConfig, VllmServer, free_port
-from loadgen.replay import replay_sync
+from loadgen.replay import ReplayOptions, replay_sync
 from traces.trace import TraceRequest
 
 SCHEMA_VERSION = 1
@@ -66,7 +66,7 @@ def start(servers: list[VllmServer]) -> list[float]:
 
 def probe(s: VllmServer, seed: int) -> dict:
     """The probe's inter-token intervals (us) and their median."""
-    recs = replay_sync(f"{s.url}/v1", PROBE, seed=seed, progress=False, vocab_size=128000)
+    recs = replay_sync(f"{s.url}/v1", PROBE, ReplayOptions(seed=seed, progress=False, vocab_size=128000))
     itl = [x for r in recs for x in (r.itl_us or [])]
     median = statistics.median(itl) if itl else None
     return {"ok": sum(r.status == 200 for r in recs), "itl_median_us": median, "itl_us": itl}

@@ -42,6 +42,7 @@ from experiments.stats import duet
 from integration.launcher import VllmServer
 from loadgen.prompts import PromptSource
 from loadgen.records import RequestRecord
+from loadgen.replay import ReplayOptions
 from loadgen.together import Stream, replay_together_sync, start_time
 from traces.trace import scale_rate
 
@@ -196,7 +197,7 @@ class DuetRunner:
         """Replay `reqs` to every arm's server of `placement` at once (tags gain arm and gpu); every
         outcome settled (StopRun names the first arm that failed); with `timed`, the replays entries."""
         servers = {label: self.slots[slot_key(label, placement.gpu_of(label))] for label in placement.arms}
-        streams = [Stream(s.url, reqs, dict(
+        streams = [Stream(s.url, reqs, ReplayOptions(
             out=self.record.requests_path, model=s.model_name,
             tags={**tags, "arm": label, "gpu": placement.gpu_of(label)}, timeout_s=self.cfg.request_timeout_s,
             seed=seed, progress=False, vocab_size=self.plan.vocab_size, prompts=self.prompts))

@@ -52,7 +52,7 @@ from experiments.runner.runrecord import RunRecord, make_run_dir
 from experiments.runner.servers import Server, StartFailed, prompt_source, start_groups, start_servers
 from loadgen.prompts import PromptSource
 from loadgen.records import RequestRecord
-from loadgen.replay import replay_sync
+from loadgen.replay import ReplayOptions, replay_sync
 from traces.trace import scale_rate
 
 log = logging.getLogger("experiments")
@@ -275,11 +275,11 @@ class Runner:
     def _replay(self, label: str, reqs: Sequence, tags: dict, seed: int, what: str) -> list[RequestRecord]:
         server = self.servers[label]
         try:
-            outcome: list[RequestRecord] | BaseException = replay_sync(
-                server.url, reqs, out=self.record.requests_path, model=server.model_name,
+            outcome: list[RequestRecord] | BaseException = replay_sync(server.url, reqs, ReplayOptions(
+                out=self.record.requests_path, model=server.model_name,
                 tags={**tags, **self.instances.tags(label)},
                 timeout_s=self.cfg.request_timeout_s, seed=seed, progress=self.cfg.progress,
-                vocab_size=self.plan.vocab_size, prompts=self.prompts)
+                vocab_size=self.plan.vocab_size, prompts=self.prompts))
         except (OSError, RuntimeError, ValueError) as exc:  # ReplayStopped among them
             outcome = exc
         return settle(self.record, label, server, what, outcome)

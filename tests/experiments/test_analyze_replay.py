@@ -6,7 +6,7 @@ from common.jsonfile import compress_file
 from experiments.analyze import analyze_run
 from experiments.core.slo import SLO
 from loadgen.fakeserver import FakeServerConfig, fake_server
-from loadgen.replay import replay
+from loadgen.replay import ReplayOptions, replay
 from tests.experiments.synthetic_run import write_run
 from traces.trace import TraceRequest
 
@@ -23,8 +23,8 @@ async def _replay_all(out, windows, loads):
         for load in loads:
             for arm, cfg in SERVERS.items():
                 async with fake_server(cfg) as url:
-                    await replay(url, REQUESTS, out=out, progress=False, seed=win,
-                                 tags={"arm": arm, "window": win, "load": load, "phase": "measure"})
+                    await replay(url, REQUESTS, ReplayOptions(out=out, progress=False, seed=win,
+                                 tags={"arm": arm, "window": win, "load": load, "phase": "measure"}))
 
 
 def test_report_from_replayed_records(tmp_path):

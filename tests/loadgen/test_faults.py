@@ -22,7 +22,7 @@ import pytest
 from loadgen.__main__ import main
 from loadgen.fakeserver import FakeServerConfig, fake_server
 from loadgen.records import read_records, succeeded
-from loadgen.replay import ReplayStopped, ServerNotReady, replay
+from loadgen.replay import ReplayOptions, ReplayStopped, ServerNotReady, replay
 from tests.loadgen.serving import serving as fake_serving
 from tests.mounts import tmpfs
 from traces.trace import TraceRequest
@@ -63,7 +63,7 @@ def test_a_full_filesystem_keeps_whole_lines_and_every_record(tmp_path):
 
         async def go():
             async with fake_server(FAST) as url:
-                return await replay(url, reqs, out=out, progress=False)
+                return await replay(url, reqs, ReplayOptions(out=out, progress=False))
         with pytest.raises(ReplayStopped, match=f"{out}: No space left on device") as got:
             asyncio.run(go())
         on_disk = read_records(out)  # every line whole: a torn one would not parse
@@ -134,7 +134,7 @@ def test_a_silent_server_is_given_up_at_the_probe_timeout(silent, tmp_path, caps
     out, silent_url = tmp_path / "r.jsonl", _url(silent)
     reqs = [TraceRequest(0.1 * i, 5, 2) for i in range(5)]
     with pytest.raises(ServerNotReady, match="never answered") as got:
-        asyncio.run(replay(silent_url, reqs, out=out, progress=False, probe_timeout_s=0.3))
+        asyncio.run(replay(silent_url, reqs, ReplayOptions(out=out, progress=False, probe_timeout_s=0.3)))
     assert [r.index for r in got.value.records] == list(range(5)) == [r.index for r in read_records(out)]
     assert all(r.error.startswith("not sent: no model list: GET ") and r.sent_ns is None
                for r in read_records(out))
@@ -187,7 +187,7 @@ def test_a_schedule_past_the_ceiling_is_one_line_not_an_overflow(tmp_path, capsy
 def test_a_long_reply_is_named_long():
     async def go():
         async with fake_server(FakeServerConfig(ttft_s=0.001, itl_s=0.001, extra_tokens=1)) as url:
-            return await replay(url, [TraceRequest(0.0, 5, 7)], progress=False)
+            return await replay(url, [TraceRequest(0.0, 5, 7)], ReplayOptions(progress=False))
     (r,) = asyncio.run(go())
     assert not succeeded(r) and r.error == "long reply: 8 tokens, 7 asked (finish_reason=length)"
 
@@ -249,8 +249,8 @@ def test_a_run_with_duplicated_records_is_refused_by_the_analysis(tmp_path, caps
     async def go():
         for arm in ("stock", "patched"):
             async with fake_server(FAST) as url:
-                await replay(url, reqs, out=records, progress=False,
-                             tags={"arm": arm, "window": 0, "load": 1.0, "phase": "measure"})
+                await replay(url, reqs, ReplayOptions(out=records, progress=False,
+                             tags={"arm": arm, "window": 0, "load": 1.0, "phase": "measure"}))
     asyncio.run(go())
     lines = records.read_text().splitlines(keepends=True)
     with gzip.open(run_dir / "requests.jsonl.gz", "wt") as f:

@@ -14,14 +14,14 @@ from loadgen.dispatch import sleep_until
 from loadgen.fakeserver import FakeServerConfig, fake_server
 from loadgen.prompts import token_id_prompts
 from loadgen.records import lateness_ms, read_records, succeeded, tpot_ms, ttft_ms
-from loadgen.replay import ReplayStopped, ServerUnreachable, base_url, due_times_ns, replay
+from loadgen.replay import ReplayOptions, ReplayStopped, ServerUnreachable, base_url, due_times_ns, replay
 from traces.trace import TraceRequest
 
 
 def run(cfg: FakeServerConfig, reqs: list[TraceRequest], **kw):
     async def go():
         async with fake_server(cfg) as url:
-            return await replay(url, reqs, progress=False, **kw)
+            return await replay(url, reqs, ReplayOptions(progress=False, **kw))
     return asyncio.run(go())
 
 
@@ -85,8 +85,8 @@ def _closed_port() -> int:
 
 def test_no_server_gives_fast_error_records(tmp_path):
     reqs = [TraceRequest(0.02 * i, 10, 2) for i in range(5)]
-    recs = asyncio.run(replay(f"http://127.0.0.1:{_closed_port()}", reqs, model="m", progress=False,
-                              out=tmp_path / "r.jsonl", dead_after=0))
+    options = ReplayOptions(model="m", progress=False, out=tmp_path / "r.jsonl", dead_after=0)
+    recs = asyncio.run(replay(f"http://127.0.0.1:{_closed_port()}", reqs, options))
     assert len(read_records(tmp_path / "r.jsonl")) == 5
     for r in recs:
         assert r.status is None and r.sent_ns is not None and "ClientConnectorError" in r.error
@@ -99,7 +99,7 @@ def test_cancel_leaves_one_record_per_request(tmp_path):
 
     async def go():
         async with fake_server(FakeServerConfig(itl_s=0.05)) as url:
-            task = asyncio.create_task(replay(url, reqs, out=out, progress=False))
+            task = asyncio.create_task(replay(url, reqs, ReplayOptions(out=out, progress=False)))
             await asyncio.sleep(0.8)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -129,10 +129,10 @@ def test_a_sleeping_server_refuses_every_request_until_woken():
                 assert r.status == 200
             async with s.get(f"{url}/is_sleeping") as r:
                 assert (await r.json()) == {"is_sleeping": True}
-            asleep = await replay(url, reqs, progress=False)
+            asleep = await replay(url, reqs, ReplayOptions(progress=False))
             async with s.post(f"{url}/wake_up") as r:
                 assert r.status == 200
-            return asleep, await replay(url, reqs, progress=False)
+            return asleep, await replay(url, reqs, ReplayOptions(progress=False))
 
     asleep, awake = asyncio.run(go())
     assert [r.status for r in asleep] == [503] * 3 and not any(succeeded(r) for r in asleep)
@@ -158,9 +158,9 @@ def test_record_that_cannot_be_stored_stops_the_replay(tmp_path, monkeypatch):
 def test_dead_server_stops_the_replay_and_records_the_rest(tmp_path):
     reqs = [TraceRequest(1.0 * i, 10, 2) for i in range(30)]  # 30 s of schedule
     out = tmp_path / "r.jsonl"
+    options = ReplayOptions(model="m", progress=False, out=out, dead_after=2)
     with pytest.raises(ServerUnreachable, match="unreachable: 2 requests in a row could not connect") as got:
-        asyncio.run(replay(f"http://127.0.0.1:{_closed_port()}", reqs, model="m", progress=False, out=out,
-                           dead_after=2))
+        asyncio.run(replay(f"http://127.0.0.1:{_closed_port()}", reqs, options))
     recs = got.value.records
     assert [r.index for r in recs] == list(range(30)) and len(read_records(out)) == 30
     assert [r.error.startswith("connection failed: ClientConnectorError") for r in recs[:2]] == [True, True]
@@ -209,7 +209,7 @@ def test_url_with_v1_and_trailing_slash():
 
     async def go():
         async with fake_server(FakeServerConfig()) as url:
-            return await replay(url + "/v1", [TraceRequest(0.0, 5, 2)], progress=False)
+            return await replay(url + "/v1", [TraceRequest(0.0, 5, 2)], ReplayOptions(progress=False))
     (r,) = asyncio.run(go())
     assert succeeded(r)
 
@@ -242,9 +242,9 @@ def test_bad_schedules_are_named():
     with pytest.raises(ValueError, match="request 1: timestamp must be a number from 0 to 1,000,000,000"):
         due_times_ns([TraceRequest(0.0, 1, 1), TraceRequest(1e308, 1, 1)])
     with pytest.raises(ValueError, match="no requests"):
-        asyncio.run(replay("http://127.0.0.1:1", [], progress=False))
+        asyncio.run(replay("http://127.0.0.1:1", [], ReplayOptions(progress=False)))
     with pytest.raises(ValueError, match="tags must be JSON-serializable"):
-        asyncio.run(replay("http://127.0.0.1:1", [TraceRequest(0.0, 1, 1)], tags={"x": object()}))
+        ReplayOptions(tags={"x": object()})
 
 
 def test_sleep_until_never_wakes_early():

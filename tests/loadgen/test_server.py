@@ -13,7 +13,7 @@ import pytest
 
 from integration.launcher import VllmServer
 from loadgen.records import read_records, succeeded
-from loadgen.replay import ServerUnreachable, replay, replay_sync
+from loadgen.replay import ReplayOptions, ServerUnreachable, replay, replay_sync
 from tests.conftest import CPU_SERVER_ENV, start_server, tiny_server_config
 from traces.trace import TraceRequest, clip_tokens, load_trace, scale_rate
 
@@ -29,7 +29,8 @@ def chat_slice(n: int, speedup: float = 1.0) -> list:
 def test_chat_slice_completes_with_exact_lengths(stock_server: VllmServer, tmp_path: Path) -> None:
     reqs = chat_slice(15, speedup=2.0)
     out = tmp_path / "records.jsonl"
-    recs = replay_sync(stock_server.url, reqs, out=out, progress=False, timeout_s=120, tags={"arm": "stock"})
+    recs = replay_sync(stock_server.url, reqs,
+                       ReplayOptions(out=out, progress=False, timeout_s=120, tags={"arm": "stock"}))
     assert [r.error for r in recs] == [None] * len(reqs)
     for r, q in zip(recs, reqs):
         assert succeeded(r) and r.status == 200
@@ -71,8 +72,8 @@ def test_server_killed_mid_run_every_request_gets_one_record(tmp_path: Path) -> 
                 f"os.killpg({os.getpgid(server.proc.pid)}, signal.SIGKILL)")
         killer = subprocess.Popen([sys.executable, "-S", "-c", kill])
         try:
-            recs = await replay(server.url, reqs, out=out, model=server.model_name, progress=False,
-                                timeout_s=60)
+            recs = await replay(server.url, reqs, ReplayOptions(out=out, model=server.model_name,
+                                                                progress=False, timeout_s=60))
         except ServerUnreachable as exc:  # the dead-server rule: the rest are recorded as not sent
             recs = exc.records
         killer.wait(timeout=60)
