@@ -29,14 +29,7 @@ from integration.choice import ALL_FUSED as ALL_FUSED
 from integration.choice import MAKE_TABLES as MAKE_TABLES
 from integration.choice import NONE_FUSED as NONE_FUSED
 from integration.choice import TABLES as TABLES
-
-# re-exported: callers name them as arms.X (their home is integration.names)
-from integration.names import IR_OPS as IR_OPS
-from integration.names import PLANTED_NS_ENV as PLANTED_NS_ENV
-from integration.names import PLUGIN_NAME as PLUGIN_NAME
-from integration.names import POLICY_ENV as POLICY_ENV
-from integration.names import POLICY_ENV_COMPILED as POLICY_ENV_COMPILED
-from integration.names import PROVIDER as PROVIDER
+from integration.names import IR_OPS, PLANTED_NS_ENV, PLUGIN_NAME, POLICY_ENV, POLICY_ENV_COMPILED, PROVIDER
 from kernels.shapes import CONFIG_DTYPES
 
 # how a planted arm that is the patched arm plus the delay describes itself (run records keep it;

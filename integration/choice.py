@@ -16,9 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Callable
 
-from integration.names import IR_OPS as OPS
-from integration.names import POLICY_ENV as POLICY_ENV  # re-exported: callers name choice.POLICY_ENV
-from integration.names import POLICY_ENV_COMPILED as POLICY_ENV_COMPILED
+from integration.names import IR_OPS, POLICY_ENV, POLICY_ENV_COMPILED
 
 MAX_SCAN_ROWS = 1 << 17  # a range reaching past this is declined (no policy scan that long)
 
@@ -115,8 +113,8 @@ def policy(mode: str = "compiled") -> Any:
 @functools.lru_cache(maxsize=65536)
 def choose(op: str, dtype: str, rows: int, hidden: int, mode: str = "compiled") -> str:
     """'fused:<variant>' or 'stock' for one call shape (dtype spelled fp32/fp16/bf16)."""
-    if op not in OPS:
-        raise ValueError(f"unknown op {op!r}; expected one of {OPS}")
+    if op not in IR_OPS:
+        raise ValueError(f"unknown op {op!r}; expected one of {IR_OPS}")
     answer = policy(mode).choose(op, dtype, rows, hidden)
     if answer != "stock" and not answer.startswith("fused:"):
         raise ValueError(f"policy answered {answer!r} for {op} {dtype} rows={rows} hidden={hidden}; "
@@ -159,7 +157,7 @@ def stock_boundaries(dtype: str, hidden: int, max_rows: int) -> list[int]:
     """Row counts after which the compiled-mode fused/stock answer of either op changes (compile
     range ends)."""
     ends: set[int] = set()
-    for op in OPS:
+    for op in IR_OPS:
         ends.update(hi for _, hi, _ in segments(op, dtype, hidden, max_rows, "compiled")[:-1])
     return sorted(ends)
 
@@ -184,7 +182,7 @@ def policy_record(dtype: str, hidden: int, mode: str = "compiled", max_rows: int
 
     pol = policy(mode) if table is None else _load(table)
     segs = {op: [list(r) for r in _runs(lambda rows, op=op: pol.choose(op, dtype, rows, hidden) != "stock",
-                                          max_rows)] for op in OPS}
+                                          max_rows)] for op in IR_OPS}
     # the table relative to the project, so a run record names the same file on another machine
     table_shown = project_relative(pol.source, Path(__file__).resolve().parents[1])
     return {"mode": mode, "table": table_shown, "dtype": dtype, "hidden": hidden, "segments": segs}

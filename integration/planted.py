@@ -26,7 +26,7 @@ import time
 import torch
 from torch import Tensor
 
-from integration.arms import PLANTED_NS_ENV, PROVIDER
+from integration.names import PLANTED_NS_ENV, PROVIDER
 from kernels.planted import check_ns
 
 logger = logging.getLogger("vllm.plugins.rmsnorm_fused")

@@ -26,7 +26,7 @@ from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from integration import choice
 from integration import ops as fused_ops
-from integration.arms import IR_OPS, PROVIDER
+from integration.names import IR_OPS, PROVIDER
 from kernels.checks import DTYPE_NAMES
 
 logger = logging.getLogger("vllm.plugins.rmsnorm_fused")

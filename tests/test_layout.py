@@ -21,6 +21,7 @@ _EXP_BELOW = {
     "experiments": ("experiments.stats.runframe",),  # the package's lazy load_run
 }
 _EXP_OUTSIDE = ("traces", "loadgen", "common", "runtime_tables", "kernels.environment", "integration.arms",
+                "integration.names",
                 "integration.launcher", "integration.endpoint", "integration.proof.profiles",
                 "integration.proof.normcalls", "integration.proof.plantedcost")
 ALLOWED = {
@@ -147,3 +148,13 @@ def test_a_forbidden_import_is_caught(tmp_path: Path) -> None:  # negative contr
                    "from experiments.runner import config\n")
     assert [n for n in _kit_imports(bad) if not _allowed(n, ALLOWED["experiments.stats"])] == [
         "integration.choice", "experiments.runner.config"]
+
+
+def test_the_shared_names_are_imported_from_their_home_only() -> None:
+    # integration.names is their one home: no module renames or re-exports them (`X as X`), so a name
+    # such as POLICY_ENV has one import path
+    renamed = [f"{path.relative_to(ROOT)}: {a.name} as {a.asname}" for path in _sources()
+               for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+               if isinstance(node, ast.ImportFrom) and node.module == "integration.names"
+               for a in node.names if a.asname]
+    assert renamed == []

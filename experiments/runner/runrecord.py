@@ -18,9 +18,10 @@ from experiments.runner.config import ConfigError, RunConfig
 from experiments.runner.metrics_scrape import accumulate
 from experiments.runner.plan import Plan
 from experiments.runner.servers import Server, endpoint_urls
-from integration.arms import PROVIDER, is_planted, policy_table, uses_policy
+from integration.arms import is_planted, policy_table, uses_policy
 from integration.endpoint import Endpoint
 from integration.launcher import arm_of, server_command
+from integration.names import PROVIDER
 from loadgen.records import RequestRecord
 
 TOOL_VERSION = "0.1.0"

@@ -38,6 +38,7 @@ import pandas as pd
 from experiments.stats import paired
 from experiments.stats.attribution import histogram_points
 from integration import arms
+from integration.names import PLANTED_NS_ENV, POLICY_ENV, POLICY_ENV_COMPILED, PROVIDER
 from integration.proof.normcalls import norm_shape
 from integration.proof.plantedcost import added_us_per_call, result_path
 
@@ -60,7 +61,7 @@ def planted_ns(arm: arms.Arm | None) -> int | None:
     today's and every earlier design), None for any other arm."""
     if arm is None or not arms.is_planted(arm):
         return None
-    return int(dict(arm.extra_env)[arms.PLANTED_NS_ENV])
+    return int(dict(arm.extra_env)[PLANTED_NS_ENV])
 
 
 def has_planted_arm(run: Mapping) -> bool:
@@ -111,7 +112,7 @@ def reference_label(run: Mapping, label: str) -> str:
     labels, names = list(run["arm_labels"]), list(run["arms"])
     if not follows_policy(run, label):
         return labels[0]
-    keys = (arms.POLICY_ENV, arms.POLICY_ENV_COMPILED, arms.PLANTED_NS_ENV)
+    keys = (POLICY_ENV, POLICY_ENV_COMPILED, PLANTED_NS_ENV)
 
     def policy_and_delay(arm: arms.Arm) -> tuple:
         return tuple(dict(arm.extra_env).get(k) for k in keys)
@@ -119,7 +120,7 @@ def reference_label(run: Mapping, label: str) -> str:
     twin = (*policy_and_delay(arm_definition(run, label, names[labels.index(label)]))[:2], None)
     for lab, name in zip(labels[1:], names[1:]):  # the twin: the same policy, no delay
         arm = arm_definition(run, lab, name)
-        if lab != label and arm is not None and arm.provider == arms.PROVIDER and \
+        if lab != label and arm is not None and arm.provider == PROVIDER and \
                 policy_and_delay(arm) == twin:
             return lab
     return labels[0]

@@ -40,8 +40,9 @@ import sys
 
 from common.cliargs import fail, refuse_output
 from common.jsonfile import ResultFileError, read_json, write_json
-from integration import arms, choice
+from integration import arms
 from integration.launcher import MODELS_DIR
+from integration.names import IR_OPS
 from kernels import policy as kernel_policy
 
 PROG = "python -m integration.proof.ingraph"
@@ -114,7 +115,7 @@ def document(profile: dict, dtype: str, hidden: int, source: str, graph: dict | 
     entry's launch shape, per op."""
     sizes = verdicts(profile, graph)
     tables = {}
-    for op in choice.OPS:
+    for op in IR_OPS:
         def answer(rows: int, op: str = op) -> str:
             return launch.choose(op, dtype, rows, hidden) if launch else FUSED
         tables[f"{op}/{dtype}/{hidden}"] = table_entries(sizes, answer)

@@ -28,7 +28,8 @@ from typing import Self
 
 from common.cliargs import command_line, fail, refuse_output
 from common.jsonfile import write_json
-from integration.arms import IR_OPS, QK_NORM_ARCHITECTURES, head_layout
+from integration.arms import QK_NORM_ARCHITECTURES, head_layout
+from integration.names import IR_OPS
 
 TAG_PREFIX = "norm:"  # profiler annotation around one eager IR-op call: norm:<op>:<width>
 

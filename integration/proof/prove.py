@@ -41,6 +41,7 @@ from common.cliargs import command_line, fail
 from common.jsonfile import write_json
 from integration import arms, choice, compilecache
 from integration.launcher import MODELS_DIR
+from integration.names import IR_OPS, POLICY_ENV
 from integration.proof import evidence, graphtime, normcalls
 from kernels import environment as kernel_env
 
@@ -114,11 +115,12 @@ def select_policy(a: argparse.Namespace, scratch: Path) -> dict:
         shape = normcalls.norm_shape(a.model)
         heads = shape.qk_norm and a.all_fused == "all"
         widths = {hidden, shape.head_dim} if heads else {hidden}  # Qwen3: the head norms too, unless "hidden"
-        table = {f"{op}/{dtype}/{w}": [[1 << 30, "fused:auto"]] for op in choice.OPS for w in sorted(widths)}
+        table = {f"{op}/{dtype}/{w}": [[1 << 30, "fused:auto"]]
+                 for op in IR_OPS for w in sorted(widths)}
         path = str(scratch / "policy-all-fused.json")
         write_json(path, {"schema_version": 1, "source": f"--all-fused {a.all_fused}", "table": table})
     if path:
-        os.environ[choice.POLICY_ENV] = str(Path(path).resolve())
+        os.environ[POLICY_ENV] = str(Path(path).resolve())
     choice.policy.cache_clear()
     return {mode: str(choice.policy(mode).source) for mode in choice.MODES}
 

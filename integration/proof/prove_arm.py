@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 from common.jsonfile import write_json  # noqa: E402
 from integration import arms  # noqa: E402
-from integration.arms import IR_OPS  # noqa: E402
+from integration.names import IR_OPS  # noqa: E402
 from integration.proof import graphtime, normcalls, steptrace  # noqa: E402
 
 

@@ -12,7 +12,7 @@ import pytest
 from experiments.runner import cli as run_cli
 from experiments.runner import config, orchestrate, readiness, runrecord, sizing
 from experiments.runner.config import DEVICE_DEFAULTS, GIB, ConfigError, RunConfig
-from integration import choice
+from integration import choice, names
 from tests.experiments.test_config import TRACE
 
 NEW_GPU = "a100-sxm4-40gb"  # no table in runtime_tables/
@@ -20,7 +20,7 @@ NEW_GPU = "a100-sxm4-40gb"  # no table in runtime_tables/
 
 @pytest.fixture(autouse=True)
 def no_policy_override(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in (choice.POLICY_ENV, choice.POLICY_ENV_COMPILED, choice.GPU_ENV):
+    for name in (names.POLICY_ENV, names.POLICY_ENV_COMPILED, choice.GPU_ENV):
         monkeypatch.delenv(name, raising=False)
 
 

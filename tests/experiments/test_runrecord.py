@@ -12,7 +12,7 @@ import pytest
 from experiments.runner import runrecord
 from experiments.runner.config import make_config
 from experiments.runner.runrecord import patched_policy
-from integration import arms, choice
+from integration import arms, choice, names
 from integration.launcher import MODELS_DIR
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,7 +39,7 @@ def test_cuda_ab_run_records_the_table_and_its_row_ranges() -> None:
     assert rec["mode"] == "compiled" and (rec["dtype"], rec["hidden"]) == ("bf16", 4096)
     assert str(choice.policy("compiled").source).endswith("runtime_tables/policy-h200-in-graph.json")
     assert rec["table"] == "runtime_tables/policy-h200-in-graph.json"  # relative to the project
-    for op in choice.OPS:
+    for op in names.IR_OPS:
         segs = rec["segments"][op]
         assert segs[0][0] == 1 and segs[-1][1] == 16384
         assert all(a[1] + 1 == b[0] for a, b in zip(segs, segs[1:]))  # contiguous, no gaps

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from integration import arms
+from integration import arms, names
 from integration.launcher import MODELS_DIR
 
 
@@ -19,14 +19,14 @@ def test_patched_arm_falls_back_to_what_stock_runs() -> None:
         "--ir-op-priority.rms_norm=cupy_fused,vllm_c,native",
         "--ir-op-priority.fused_add_rms_norm=cupy_fused,vllm_c,native"]
     assert patched.engine_kwargs(eager=True) == {
-        "ir_op_priority": {op: ["cupy_fused", "vllm_c", "native"] for op in arms.IR_OPS}}
+        "ir_op_priority": {op: ["cupy_fused", "vllm_c", "native"] for op in names.IR_OPS}}
 
 
 def test_stock_arm_keeps_vllm_defaults_and_the_plugin_out() -> None:
     stock = arms.get("stock")
     assert stock.server_args(eager=True) == [] and stock.engine_kwargs(eager=False) == {}
     assert stock.env() == {"VLLM_PLUGINS": ""}
-    assert arms.get("patched").env() == {"VLLM_PLUGINS": arms.PLUGIN_NAME}
+    assert arms.get("patched").env() == {"VLLM_PLUGINS": names.PLUGIN_NAME}
 
 
 def test_a_provider_named_in_the_fallback_is_not_repeated() -> None:
@@ -83,7 +83,7 @@ def test_planted_arm_is_a_known_delay_in_every_fused_call(spec: str, ns: int, na
     patched = arms.get("patched")
     assert arm.name == name and arms.is_planted(arm) and not arms.is_planted(patched)
     # the patched arm plus the delay: same plugin, provider and flags, so the same compiled graphs
-    assert arm.env() == {**patched.env(), arms.PLANTED_NS_ENV: str(ns)}
+    assert arm.env() == {**patched.env(), names.PLANTED_NS_ENV: str(ns)}
     assert (arm.plugins, arm.provider, arm.server_args(False)) == (patched.plugins, patched.provider,
                                                                     patched.server_args(False))
     assert arms.uses_policy(arm) and arm.description.startswith(arms.PLANTED_TWIN)
@@ -170,5 +170,5 @@ def test_an_arm_may_name_every_provider_vllm_registers_for_its_norm_ops() -> Non
     import vllm.ir as ir
     import vllm.kernels  # noqa: F401  (registers vLLM's providers)
 
-    for op in arms.IR_OPS:
-        assert set(getattr(ir.ops, op).impls) - {arms.PROVIDER} <= set(arms.VLLM_PROVIDERS)
+    for op in names.IR_OPS:
+        assert set(getattr(ir.ops, op).impls) - {names.PROVIDER} <= set(arms.VLLM_PROVIDERS)

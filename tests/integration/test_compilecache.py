@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from integration import arms, choice, compilecache
+from integration import arms, choice, compilecache, names
 
 
 @pytest.fixture(autouse=True)
 def _own_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.delenv(choice.POLICY_ENV, raising=False)
-    monkeypatch.delenv(choice.POLICY_ENV_COMPILED, raising=False)
+    monkeypatch.delenv(names.POLICY_ENV, raising=False)
+    monkeypatch.delenv(names.POLICY_ENV_COMPILED, raising=False)
     monkeypatch.setattr(choice, "current_gpu", lambda: "h200")  # the committed H200 tables by default
 
 
@@ -36,9 +36,9 @@ def test_the_key_follows_the_table_contents_not_its_name(tmp_path: Path) -> None
     default = compilecache.table_key({})
     copy = tmp_path / "copy.json"
     copy.write_bytes(shipped.read_bytes())
-    both = {choice.POLICY_ENV_COMPILED: str(copy), choice.POLICY_ENV: str(eager_table)}
+    both = {names.POLICY_ENV_COMPILED: str(copy), names.POLICY_ENV: str(eager_table)}
     assert compilecache.table_key(both) == default  # the same bytes decide the same graphs
     copy.write_bytes(shipped.read_bytes().replace(b"}", b" }", 1))
     assert compilecache.table_key(both) != default  # one byte more: a cache of its own
-    assert compilecache.table_key({choice.POLICY_ENV: choice.ALL_FUSED}) != default
-    assert compilecache.table_key({choice.POLICY_ENV: str(tmp_path / "gone.json")}) != default
+    assert compilecache.table_key({names.POLICY_ENV: choice.ALL_FUSED}) != default
+    assert compilecache.table_key({names.POLICY_ENV: str(tmp_path / "gone.json")}) != default

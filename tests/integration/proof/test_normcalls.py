@@ -134,11 +134,11 @@ def test_prove_refuses_a_model_without_config(tmp_path, capsys) -> None:
 
 
 def test_all_fused_covers_the_head_width_of_a_qwen3(tmp_path, monkeypatch) -> None:
-    from integration import choice
+    from integration import choice, names
 
     # select_policy sets the variable itself: setenv first, so that monkeypatch restores its absence
-    monkeypatch.setenv(choice.POLICY_ENV, "")
-    monkeypatch.delenv(choice.POLICY_ENV)
+    monkeypatch.setenv(names.POLICY_ENV, "")
+    monkeypatch.delenv(names.POLICY_ENV)
     a = prove.parse_args(["--out", str(tmp_path), "--model", str(MODELS_DIR / "qwen3-0.6b"), "--all-fused"])
     try:
         prove.select_policy(a, tmp_path)
