@@ -204,10 +204,10 @@ _PLANTED = re.compile(r"^planted(?::(\d+(?:\.\d+)?)(ns|us))?$")
 def planted(ns: int) -> Arm:
     """The positive control: the patched arm with $RMSNORM_PLANTED_NS=`ns` (integration/plugin.py:
     on CUDA its fused kernel built to spin `ns` in each call, where the policy picks it; on CPU stock
-    plus a host delay at every call, integration/planted.py). The same plugin, provider, policy table
+    plus a host delay at every call, integration/plantedprovider.py). The same plugin, provider, policy table
     and compile ranges as patched, so the same compiled graphs: it differs from patched by the delay
     alone, which is the control's known effect."""
-    from kernels.planted import check_ns
+    from kernels.plantedbounds import check_ns
 
     check_ns(ns)
     name = f"planted:{ns / 1000:g}us" if ns % 100 == 0 else f"planted:{ns}ns"

@@ -1,7 +1,8 @@
 """vLLM general plugin: the fused RMSNorm kernels as provider `cupy_fused` of vLLM's IR ops.
 
 vLLM calls `register()` in every process it starts (entry point `rmsnorm_fused` in the group
-`vllm.general_plugins`); with $RMSNORM_PLANTED_NS set it is the planted control (integration/planted.py).
+`vllm.general_plugins`); with $RMSNORM_PLANTED_NS set it is the planted control
+(integration/plantedprovider.py).
 It registers implementations of `vllm.ir.ops.rms_norm` and `vllm.ir.ops.fused_add_rms_norm` with
 the native signatures; a server selects them with
 `--ir-op-priority.rms_norm=cupy_fused,native --ir-op-priority.fused_add_rms_norm=cupy_fused,native`.
@@ -332,11 +333,11 @@ def register() -> None:
     ops = _ir_ops()
     if all(PROVIDER in op.impls for op in ops.values()):
         return
-    from integration import planted
+    from integration import plantedprovider
 
-    ns = planted.planted_ns()  # the planted control's delay, None for every other arm
+    ns = plantedprovider.planted_ns()  # the planted control's delay, None for every other arm
     if ns is not None and _on_cpu():
-        planted.register_host(ops, ns)
+        plantedprovider.register_host(ops, ns)
         return
     supported, reason = platform_support()
     if ns is not None and supported:

@@ -21,7 +21,7 @@ import torch
 from kernels import launch
 from kernels.checks import UnsupportedInput, unsupported_reason
 from kernels.plans import BuildKey, LaunchSpec, PlanCache, build_key, launch_shape, plan_spec
-from kernels.planted import build_flag
+from kernels.plantedbounds import build_flag
 
 SOURCE_DIR = Path(__file__).parent
 COMMON_SOURCE = "rmsnorm_common.cuh"  # options, element types, roundings and helpers of both bodies
@@ -70,13 +70,14 @@ def negative_control(name: str) -> contextlib.AbstractContextManager[None]:
 
 
 def planted(ns: int) -> contextlib.AbstractContextManager[None]:
-    """Build and run the planted kernel (kernels.planted: `ns` of GPU delay per call) inside the block."""
+    """Build and run the planted kernel (kernels.plantedbounds: `ns` of GPU delay per call) inside the
+    block."""
     return _built_with((build_flag(ns),))
 
 
 def plant(ns: int) -> None:
     """From now on every kernel this process builds is the planted one (`ns` ns per call): the
-    planted arm's vLLM processes (integration/planted.py)."""
+    planted arm's vLLM processes (integration/plantedprovider.py)."""
     global _flags
     _flags = (build_flag(ns),)
 

@@ -1,6 +1,6 @@
 """The positive control's line: what a planted arm should change, and whether the run saw it.
 
-A planted arm (`planted:<N>us`, integration/planted.py) is the patched arm with N of GPU spin inside
+A planted arm (`planted:<N>us`, integration/plantedprovider.py) is the patched arm with N of GPU spin inside
 every fused norm call (on CPU: stock plus a host busy-wait at every call). It is compared with its
 twin, the run's patched arm, from which it differs by the delay alone (the same provider, policy
 table, compile ranges and compiled graphs; at step sizes the policy leaves to stock both run the same

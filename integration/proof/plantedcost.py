@@ -1,6 +1,6 @@
 """What the planted control really adds per norm call inside a CUDA graph, measured on the GPU.
 
-The planted arm (integration/planted.py) runs the fused kernel built to spin N ns in each call
+The planted arm (integration/plantedprovider.py) runs the fused kernel built to spin N ns in each call
 (kernels.rmsnorm.planted). This module measures that the way a decode step runs it, in isolation: a
 CUDA graph of `calls` consecutive fused rms_norm calls of [rows, hidden] bf16, plain and planted
 builds, replayed many times, interleaved. The added time per call is the difference of per-call
@@ -59,7 +59,7 @@ def measure(ns_list: Sequence[int], rows: int = 32, hidden: int = 4096, calls: i
     import torch
 
     from kernels import rmsnorm
-    from kernels.planted import check_ns
+    from kernels.plantedbounds import check_ns
     from kernels.timing import capture
 
     for ns in ns_list:

@@ -21,7 +21,7 @@ nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (the te
 
 from kernels import bench, cases, shapes  # noqa: E402 (after the skip)
 from kernels.plans import BuildKey, build_key  # noqa: E402 (after the skip)
-from kernels.planted import build_flag  # noqa: E402 (after the skip)
+from kernels.plantedbounds import build_flag  # noqa: E402 (after the skip)
 from kernels.rmsnorm import NEGATIVE_CONTROLS, SOURCE_DIR, kernel_source  # noqa: E402 (after the skip)
 
 ARCH = b"--gpu-architecture=sm_90"

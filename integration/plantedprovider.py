@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from integration.names import PLANTED_NS_ENV, PROVIDER
-from kernels.planted import check_ns
+from kernels.plantedbounds import check_ns
 
 logger = logging.getLogger("vllm.plugins.rmsnorm_fused")
 

