@@ -235,7 +235,7 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
     durations = {int(w["id"]): float(w["duration_s"]) for w in run["windows"]}
     cells = goodput.cell_table(complete, slos, durations)
     labels = list(run["arm_labels"])
-    arms_plan = comparisons.plan(run)
+    arms_plan = comparisons.arm_roles(run)
     pair = [arms_plan["baseline"], arms_plan["primary"]]
     own_floor = arms_plan["controls"][:1] or ([] if report.aa_reason(run) is None
                                               else ["the run itself, an A/A run"])

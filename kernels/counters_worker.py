@@ -48,7 +48,8 @@ def fused_variant(op: str, rows: int, hidden: int, policy, bench_rows: list[dict
     return None, "automatic shape (no policy entry)"
 
 
-def plan(rows: list[int], hidden: list[int], arms: list[str], policy, bench_rows: list[dict]) -> list[dict]:  # noqa: ANN001
+def planned_measurements(rows: list[int], hidden: list[int], arms: list[str], policy,  # noqa: ANN001
+                         bench_rows: list[dict]) -> list[dict]:
     """The measurements, numbered: every arm (torch: rms_norm only) at every (op, hidden, rows), bf16."""
     out = []
     for op in ("rms_norm", "fused_add_rms_norm"):
@@ -222,7 +223,7 @@ def main(manifest: str, rows: list[int], hidden: list[int], arms: list[str]) -> 
 
     bench = bench_file()
     bench_rows = read_json(bench, None, "kernel results")["bench"] if stored(bench).is_file() else []
-    measurements = plan(rows, hidden, arms, load_policy(POLICY_FILE), bench_rows)
+    measurements = planned_measurements(rows, hidden, arms, load_policy(POLICY_FILE), bench_rows)
     result = run(measurements, lambda s: print(s, file=sys.stderr, flush=True))
     result.update(policy_file=POLICY_FILE.name, bench_file=bench.name if bench_rows else None)
     Path(manifest).write_text(json.dumps(result, indent=1))

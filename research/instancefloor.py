@@ -190,8 +190,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         floors = floor_by_model(aa)
         key = next(k for k, f in floors.items() if TIMING_RUN in f["runs"])
         comps, costs, basis = prior(floors[key], aa, a.results / TIMING_RUN)
-        plan = design.plan(comps, costs, a.precision, window_s=WINDOW_CHOICES) if a.budget_min is None \
-            else design.plan_for_budget(comps, costs, a.budget_min, window_s=WINDOW_CHOICES)
+        if a.budget_min is None:
+            plan = design.design_for_precision(comps, costs, a.precision, window_s=WINDOW_CHOICES)
+        else:
+            plan = design.design_for_budget(comps, costs, a.budget_min, window_s=WINDOW_CHOICES)
     except (OSError, ValueError, KeyError, StopIteration, ResultFileError) as exc:
         return fail(ap.prog, str(exc) or f"no A/A floor from {TIMING_RUN}")
     doc = {"schema_version": 1, "command": command_line(ap.prog, argv), "metric": METRIC,

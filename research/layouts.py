@@ -86,7 +86,7 @@ def compare(cost: dict, prior: dict, cell_var: float | None) -> list[dict]:
         c = costs_of(layout, cost, base)
         for target in TARGETS:
             try:
-                chosen = design.plan(comps, c, target)
+                chosen = design.design_for_precision(comps, c, target)
                 rows.append({"layout": layout.name, "target_pct": target, "instances": chosen["instances"],
                              "windows_per_instance": chosen["windows"], "gpu_minutes": chosen["gpu_minutes"],
                              "half_width_pct": chosen["half_width_pct"], "start_min": c.start_min})

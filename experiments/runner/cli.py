@@ -314,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if design is not None:
             print(instances.describe(design), file=sys.stderr)
         instances.check(cfg, n_instances)
-        placement.plan(cfg, n_instances)  # --pin-cpus / --start-order refused before anything starts
+        placement.placement_for(cfg, n_instances)  # --pin-cpus / --start-order refused before anything starts
         cfg = readiness.tables(cfg, may_calibrate=not args.no_calibrate,
                                default_arms=not (args.arm or args.arms), dry_run=args.dry_run)
         if cfg is None:  # a dry run that would calibrate first

@@ -205,10 +205,10 @@ def choose(cfg: RunConfig, instances: int | None, windows_given: bool, precision
     c, costs, source = prior(cfg, path)
     sets = layout(cfg)
     if precision is not None:
-        chosen = design.plan(c, costs, precision, window_s=(cfg.window_s,), resident=sets)
+        chosen = design.design_for_precision(c, costs, precision, window_s=(cfg.window_s,), resident=sets)
         goal = f"--precision {precision:g}%"
     else:
-        chosen = design.plan_for_budget(c, costs, budget_min, window_s=(cfg.window_s,), resident=sets)
+        chosen = design.design_for_budget(c, costs, budget_min, window_s=(cfg.window_s,), resident=sets)
         goal = f"--budget-min {budget_min:g}"
     n = instances or chosen["instances"]
     per = cfg.windows // n if windows_given else chosen["windows"]

@@ -306,7 +306,7 @@ def run_experiment(cfg: RunConfig, *, argv: Sequence[str] | None = None,
     (status "partial" with stopped_reason in run.json).
     """
     instances.check(cfg, n_instances, servers is not None)
-    place = placement.plan(cfg, n_instances)
+    place = placement.placement_for(cfg, n_instances)
     plan = prepare(cfg, n_instances)
     keys = duetrun.slot_keys(cfg) if cfg.layout == "duet" else list(cfg.labels)
     if servers is not None and (cfg.one_at_a_time or set(servers) != set(keys) or len(plan.sets) > 1):

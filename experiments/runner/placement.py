@@ -64,7 +64,7 @@ def split_cores(labels: Sequence[str], cores: Sequence[int]) -> dict[str, tuple[
     return out
 
 
-def plan(cfg: RunConfig, n_instances: int = 1, cores: Sequence[int] | None = None) -> Placement:
+def placement_for(cfg: RunConfig, n_instances: int = 1, cores: Sequence[int] | None = None) -> Placement:
     """The Placement of `cfg` run on `n_instances` instances per arm (cores: those this process may
     use, by default); ConfigError for a lever the run cannot use: either where the kit does not start
     the servers or starts them otherwise, a rotation with one instance or one server at a time."""

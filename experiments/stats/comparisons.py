@@ -25,7 +25,7 @@ def arm_of(run: Mapping) -> dict[str, str]:
     return dict(zip(run["arm_labels"], run["arms"]))
 
 
-def plan(run: Mapping) -> dict:
+def arm_roles(run: Mapping) -> dict:
     """{"baseline", "primary" (the compared label), "controls" (A/A labels), "treatments" (all but the
     baseline), "pure_aa"}."""
     labels = list(run["arm_labels"])
@@ -58,7 +58,7 @@ def required_pairs(run: Mapping) -> list[tuple[str, str]]:
     primary arm and with every arm but a planted one that has a twin, and such a planted arm with its
     twin. `run` needs arm_labels, arms and arm_definitions (run.json's, or the same made from a config)."""
     labels = list(run["arm_labels"])
-    out = [(labels[0], plan(run)["primary"])]
+    out = [(labels[0], arm_roles(run)["primary"])]
     for label in labels[1:]:
         pair = (planted.reference_label(run, label), label)
         if pair not in out:
@@ -126,7 +126,7 @@ def fingerprint_differences(this: Mapping, other: Mapping | None) -> list[dict]:
 def paired_latency(measured: pd.DataFrame, run: Mapping, seed: int = 0) -> dict[str, dict]:
     """treatment label -> experiments.stats.paired.compare_all against the baseline, for every other arm;
     for a duet run experiments.stats.duet.compare, the GPU placement in place of the arm order."""
-    p = plan(run)
+    p = arm_roles(run)
     if run.get("layout") == "duet":
         sched = duet.from_record(run["duet"]["schedule"])
         return {lab: duet.compare(measured, p["baseline"], lab, sched, run["loads"], seed)
@@ -164,7 +164,7 @@ def drift(measured: pd.DataFrame, run: Mapping) -> dict:
     """Trend of the baseline's per-cell median TPOT (in % of its load's mean) over the run, and of the
     primary comparison's per-cell median log TPOT ratio (%): slope per minute of replay start time
     (run.json "replays"), or per cell in schedule order for runs that predate that record."""
-    p = plan(run)
+    p = arm_roles(run)
     base, treat = p["baseline"], p["primary"]
     starts = {(r["arm"], int(r["window"]), float(r["load"])): r["started_s"]
               for r in run.get("replays") or [] if r.get("phase") == "measure"}

@@ -107,9 +107,10 @@ def _chosen(g: dict, k: tuple, target: dict, c: Components, costs: Costs, reside
             **({"resident": asdict(resident)} if resident != Resident() else {})}
 
 
-def plan(c: Components, costs: Costs, half_width_pct: float, window_s: Sequence[float] = (10.0,),
-         max_instances: int = 64, max_windows: int = 400, normal: bool = False,
-         confidence: float = 0.95, resident: Resident = Resident()) -> dict:
+def design_for_precision(c: Components, costs: Costs, half_width_pct: float,
+                         window_s: Sequence[float] = (10.0,), max_instances: int = 64, max_windows: int = 400,
+                         normal: bool = False, confidence: float = 0.95,
+                         resident: Resident = Resident()) -> dict:
     """The cheapest design whose interval half-width is at most half_width_pct (percent): instances,
     windows, window_s, GPU minutes, the half-width and MDE it gives. ValueError when none in the
     grid reaches it."""
@@ -122,7 +123,7 @@ def plan(c: Components, costs: Costs, half_width_pct: float, window_s: Sequence[
     return _chosen(g, k, {"target_half_width_pct": half_width_pct}, c, costs, resident)
 
 
-def plan_for_budget(c: Components, costs: Costs, gpu_minutes: float, window_s: Sequence[float] = (10.0,),
+def design_for_budget(c: Components, costs: Costs, gpu_minutes: float, window_s: Sequence[float] = (10.0,),
                     max_instances: int = 64, max_windows: int = 400, normal: bool = False,
                     confidence: float = 0.95, resident: Resident = Resident()) -> dict:
     """The narrowest interval a GPU-minute budget buys (same grid and fields as `plan`)."""

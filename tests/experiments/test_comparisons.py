@@ -21,10 +21,11 @@ def _run(**kw) -> dict:
     return run
 
 
-def test_plan_names_the_primary_comparison_and_the_aa_control() -> None:
-    assert comparisons.plan(_run()) == {"baseline": "stock", "primary": "patched", "controls": ["stock-b"],
-                                        "treatments": ["patched", "stock-b"], "pure_aa": False}
-    aa = comparisons.plan(_run(arm_labels=["stock-a", "stock-b"], arms=["stock", "stock"]))
+def test_arm_roles_name_the_primary_comparison_and_the_aa_control() -> None:
+    assert comparisons.arm_roles(_run()) == {"baseline": "stock", "primary": "patched",
+                                             "controls": ["stock-b"], "treatments": ["patched", "stock-b"],
+                                             "pure_aa": False}
+    aa = comparisons.arm_roles(_run(arm_labels=["stock-a", "stock-b"], arms=["stock", "stock"]))
     assert aa["primary"] == "stock-b" and aa["controls"] == [] and aa["pure_aa"]
 
 

@@ -27,7 +27,7 @@ def test_the_rule_picks_the_analytic_optimum() -> None:
     c_i, c_w, s2_pair, s2_cell = 10.0, EXAMPLE_COSTS.window_min(10.0), 0.01, 1.0
     w_star = math.sqrt(c_i * s2_cell / (c_w * s2_pair))
     assert c_w == pytest.approx(0.4) and w_star == pytest.approx(50)
-    p = design.plan(EXAMPLE, EXAMPLE_COSTS, TARGET_PCT * (1 + 1e-9), normal=True)
+    p = design.design_for_precision(EXAMPLE, EXAMPLE_COSTS, TARGET_PCT * (1 + 1e-9), normal=True)
     assert (p["instances"], p["windows"]) == (6, 50)
     optimum = (math.sqrt(c_i * s2_pair) + math.sqrt(c_w * s2_cell)) ** 2 / 0.005
     assert p["gpu_minutes"] == pytest.approx(optimum)
@@ -35,18 +35,18 @@ def test_the_rule_picks_the_analytic_optimum() -> None:
 
 
 def test_the_t_interval_asks_for_more_than_the_normal_one() -> None:
-    t = design.plan(EXAMPLE, EXAMPLE_COSTS, TARGET_PCT)
+    t = design.design_for_precision(EXAMPLE, EXAMPLE_COSTS, TARGET_PCT)
     assert t["gpu_minutes"] > 180 and t["half_width_pct"] <= TARGET_PCT and t["df"] == t["instances"] - 1
 
 
 def test_a_budget_buys_the_precision_its_plan_costs() -> None:
-    p = design.plan(EXAMPLE, EXAMPLE_COSTS, 10.0)
-    b = design.plan_for_budget(EXAMPLE, EXAMPLE_COSTS, p["gpu_minutes"])
+    p = design.design_for_precision(EXAMPLE, EXAMPLE_COSTS, 10.0)
+    b = design.design_for_budget(EXAMPLE, EXAMPLE_COSTS, p["gpu_minutes"])
     assert b["gpu_minutes"] <= p["gpu_minutes"] and b["half_width_pct"] <= p["half_width_pct"]
     with pytest.raises(ValueError, match="do not buy"):
-        design.plan_for_budget(EXAMPLE, EXAMPLE_COSTS, 1.0)
+        design.design_for_budget(EXAMPLE, EXAMPLE_COSTS, 1.0)
     with pytest.raises(ValueError, match="reaches"):
-        design.plan(EXAMPLE, EXAMPLE_COSTS, 0.01, max_instances=8)
+        design.design_for_precision(EXAMPLE, EXAMPLE_COSTS, 0.01, max_instances=8)
 
 
 def test_request_scatter_makes_longer_windows_worth_their_time() -> None:
@@ -55,8 +55,8 @@ def test_request_scatter_makes_longer_windows_worth_their_time() -> None:
     costs = design.Costs(start_min=2.0, overhead_s=5.0, s_per_window_s=0.2, loads=3)
     quiet = design.Components(instance_var=1e-6, cell_var=1e-5)
     noisy = design.Components(instance_var=1e-6, cell_var=0.0, request_var=0.01, requests_per_s=2.0)
-    assert design.plan(quiet, costs, 0.3, window_s=(5.0, 10.0, 60.0))["window_s"] == 5.0
-    assert design.plan(noisy, costs, 0.3, window_s=(5.0, 10.0, 60.0))["window_s"] == 60.0
+    assert design.design_for_precision(quiet, costs, 0.3, window_s=(5.0, 10.0, 60.0))["window_s"] == 5.0
+    assert design.design_for_precision(noisy, costs, 0.3, window_s=(5.0, 10.0, 60.0))["window_s"] == 60.0
     assert noisy.cell_at(10.0) == pytest.approx(math.pi / 2 * 0.01 / 20)
 
 

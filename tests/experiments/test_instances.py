@@ -65,7 +65,7 @@ def test_a_planted_difference_is_found_at_the_power_the_design_promises() -> Non
     excludes zero in 79.5% of them."""
     comps = design.Components(INSTANCE_SD ** 2, CELL_SD ** 2)
     costs = design.Costs(start_min=1.83, overhead_s=0.98, s_per_window_s=0.21, loads=LOADS)
-    p = design.plan(comps, costs, 0.25)
+    p = design.design_for_precision(comps, costs, 0.25)
     assert (p["instances"], p["windows"]) == (11, 3)
     y = _sets(13, p["instances"], p["windows"], delta=math.log1p(p["mde_pct"] / 100))
     codes = np.repeat(np.arange(LOADS), p["windows"])

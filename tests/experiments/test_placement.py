@@ -62,18 +62,18 @@ def test_rotate_changes_who_starts_first_waves_does_not() -> None:
 
 
 def test_plan_refuses_what_it_cannot_place(cfg: RunConfig) -> None:
-    assert placement.plan(cfg).cpus == {}  # off by default: nothing pinned
-    pinned = placement.plan(dataclasses.replace(cfg, pin_cpus=True), cores=range(8))
+    assert placement.placement_for(cfg).cpus == {}  # off by default: nothing pinned
+    pinned = placement.placement_for(dataclasses.replace(cfg, pin_cpus=True), cores=range(8))
     assert pinned.of("stock-a") == (0, 1) and pinned.of(placement.KIT) == (6, 7)
     duet = dataclasses.replace(cfg, layout="duet", gpus=(0, 1, 2), start_order="rotate")
     with pytest.raises(ConfigError, match="--start-order rotate: not with --layout duet"):
-        placement.plan(duet, 2)
+        placement.placement_for(duet, 2)
     rotate = dataclasses.replace(cfg, start_order="rotate")
-    assert placement.plan(rotate, 2).start_order == "rotate"
+    assert placement.placement_for(rotate, 2).start_order == "rotate"
     with pytest.raises(ConfigError, match="not with one server instance per arm .* --instances 2"):
-        placement.plan(rotate)  # it would start once: nothing to rotate
+        placement.placement_for(rotate)  # it would start once: nothing to rotate
     with pytest.raises(ConfigError, match="not with --one-at-a-time"):
-        placement.plan(dataclasses.replace(rotate, one_at_a_time=True), 2)
+        placement.placement_for(dataclasses.replace(rotate, one_at_a_time=True), 2)
     with pytest.raises(ConfigError, match="--start-order must be one of"):
         dataclasses.replace(cfg, start_order="random")
 

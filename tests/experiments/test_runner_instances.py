@@ -56,7 +56,7 @@ def cfg(tmp_path):
 def test_precision_picks_the_cheapest_design_from_the_prior(cfg) -> None:
     c, costs, source = instances.prior(cfg)
     assert costs.arms == 2 and costs.loads == 3 and "h200-llama8b-confirm3" in source
-    want = design.plan(c, costs, 0.5, window_s=(10.0,))
+    want = design.design_for_precision(c, costs, 0.5, window_s=(10.0,))
     out, n, rec = instances.choose(cfg, None, False, 0.5, None)
     assert (n, out.windows) == (want["instances"], want["instances"] * want["windows"])
     assert rec["run"]["half_width_pct"] == pytest.approx(want["half_width_pct"])

@@ -131,7 +131,7 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) 
 def test_plan_uses_the_policy_then_the_fastest_candidate() -> None:
     pol = load_policy(counters_worker.POLICY_FILE)
     bench = [{"op": "fused_add_rms_norm", "dtype": "bf16", "rows": 2048, "hidden": 4096, "variant": "t128r1"}]
-    plan = counters_worker.plan([1, 2048], [4096, 8193], list(ncu.ARMS), pol, bench)
+    plan = counters_worker.planned_measurements([1, 2048], [4096, 8193], list(ncu.ARMS), pol, bench)
     fused = {(m["op"], m["rows"], m["hidden"]): m for m in plan if m["arm"] == "fused"}
     assert fused[("rms_norm", 1, 4096)]["variant_source"] == "policy"
     assert fused[("fused_add_rms_norm", 2048, 4096)]["variant"] == "t128r1"
