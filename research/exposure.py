@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from common.cliargs import fail
-from experiments.stats.intervals import t_interval
+from common.tstats import t_interval
 from experiments.stats.paired import PAIR_KEY, pct, request_pairs
 
 THIRDS = ("least", "middle", "most")

@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
+from common.tstats import t_interval
 from experiments.reporting.schema import Report, read_report
 from experiments.stats import comparisons
 from experiments.stats import intervals as stats
@@ -79,7 +80,7 @@ def _bands(sp: Mapping[str, dict], this_n: Mapping[str, int], same_run: bool) ->
             out[k] = list(v["ci95"])
         elif v.get("sd") and (this_n.get(k) or 0) >= 2:
             n = this_n[k]
-            out[k] = list(stats.t_interval(0.0, v["sd"] / math.sqrt(n), n - 1))
+            out[k] = list(t_interval(0.0, v["sd"] / math.sqrt(n), n - 1))
     return out
 
 

@@ -26,10 +26,9 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from scipy import stats as sps
-
 import runtime_tables
 from common.jsonfile import read_json
+from common.tstats import t_quantile
 from experiments.core.schedule import Segment, Step, set_segments, split_blocks
 from experiments.core.schedule import segments as block_segments
 from experiments.runner import resident
@@ -188,7 +187,7 @@ def predict(c: design.Components, costs: design.Costs, instances: int, windows: 
             sets: design.Resident = design.Resident()) -> dict:
     """Half-width (percent, over instance pairs) and GPU minutes of `instances` x `windows` per instance."""
     var = design.variance(c, costs, instances, windows, window_s, sets)
-    half = pct(float(sps.t.ppf(0.975, instances - 1)) * math.sqrt(var)) if instances >= 2 else None
+    half = pct(float(t_quantile(0.975, instances - 1)) * math.sqrt(var)) if instances >= 2 else None
     return {"instances": instances, "windows": windows * instances, "windows_per_instance": windows,
             "half_width_pct": half, "gpu_minutes": float(design.cost(costs, instances, windows, window_s))}
 

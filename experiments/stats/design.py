@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from scipy import stats as sps
 
+from common.tstats import t_quantile
 from experiments.stats.intervals import mde_se
 from experiments.stats.paired import pct
 
@@ -84,7 +85,7 @@ def cost(costs: Costs, instances, windows, window_s):
 
 def _quantile(instances: np.ndarray, normal: bool, confidence: float) -> np.ndarray:
     p = 0.5 + confidence / 2
-    return np.full(instances.shape, sps.norm.ppf(p)) if normal else sps.t.ppf(p, instances - 1)
+    return np.full(instances.shape, sps.norm.ppf(p)) if normal else t_quantile(p, instances - 1)
 
 
 def _grid(c: Components, costs: Costs, window_s: Sequence[float], max_instances: int, max_windows: int,

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from experiments.stats.intervals import t_interval
+from common.tstats import t_interval, t_quantile
 from experiments.stats.paired import cell_medians, order_adjusted_t, order_gaps, pct, request_pairs
 
 MEDIAN_FACTOR2 = math.pi / 2  # variance of a normal sample's median / variance of its mean
@@ -222,7 +222,7 @@ def with_external(estimate: float, se: float, df: float, instance_var: float, in
 
 def se_from_interval(lo_pct: float, hi_pct: float, df: float, confidence: float = 0.95) -> float:
     """The log-ratio standard error behind a reported percent t interval on df degrees of freedom."""
-    q = t_interval(0.0, 1.0, df, confidence)[1]
+    q = float(t_quantile(0.5 + confidence / 2, df))
     return (math.log1p(hi_pct / 100.0) - math.log1p(lo_pct / 100.0)) / (2.0 * q)
 
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as sps
 
+from common.tstats import t_interval, t_quantile
+
 ALPHA = 0.05
 POWER = 0.8
 
@@ -85,13 +87,6 @@ def _checked(diffs: Sequence[float], need: int = 2) -> np.ndarray:
     return arr
 
 
-def t_interval(estimate, se, dof: float, confidence: float = 0.95):
-    """estimate -+ t_{(1+confidence)/2, dof} * se: the Student-t interval of an estimate with standard
-    error `se` on `dof` degrees of freedom (numbers or numpy arrays alike). The kit's one t interval."""
-    q = float(sps.t.ppf(0.5 + confidence / 2, dof))
-    return estimate - q * se, estimate + q * se
-
-
 def t_ci(diffs: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
     """Student-t interval for the mean of paired differences; ValueError when they are all the same (no
     spread gives no interval: a zero-width one would read as significant)."""
@@ -147,7 +142,7 @@ def is_significant(ci: tuple[float, float]) -> bool:
 def mde_se(se: float, dof: float, alpha: float = ALPHA, power: float = POWER) -> float:
     """Minimum detectable effect of a two-sided t test on an estimate with standard error `se` and
     `dof` degrees of freedom: (t_{1-alpha/2, dof} + t_{power, dof}) * se. The kit's one MDE."""
-    return float((sps.t.ppf(1 - alpha / 2, dof) + sps.t.ppf(power, dof)) * se)
+    return float((t_quantile(1 - alpha / 2, dof) + t_quantile(power, dof)) * se)
 
 
 def mde(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float:

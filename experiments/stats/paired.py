@@ -26,8 +26,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
+from common.tstats import t_interval
 from experiments.stats import robust
-from experiments.stats.intervals import block_weights, mde_se, percentile_interval, t_interval
+from experiments.stats.intervals import block_weights, mde_se, percentile_interval
 
 METRICS = ("tpot_ms", "ttft_ms", "e2e_ms")
 METRIC_NAMES = {"tpot_ms": "TPOT", "ttft_ms": "TTFT", "e2e_ms": "E2E"}

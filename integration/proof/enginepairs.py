@@ -23,12 +23,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from scipy import stats
-
 from common.cliargs import fail, refuse_output
 from common.jsonfile import read_json, write_json
+from common.tstats import mean_t_interval, t_quantile
 from integration.arms import replica_base
-from integration.proof.graphtime import pct, t_interval
+from integration.proof.graphtime import pct
 
 SCHEMA_VERSION = 1
 
@@ -61,7 +60,7 @@ def pair_estimates(doc: Mapping, arm: str) -> dict[int, dict]:
              for r in zip(*rounds)]
         ci = found[arm].get("ci95_pct")
         if len(mine) + len(stocks) > 1 and len(d) >= 2:
-            _, lo, hi = t_interval(d)
+            _, lo, hi = mean_t_interval(d)
             ci = [pct(lo), pct(hi)]
         out[int(row["batch_tokens"])] = {"log_ratio": statistics.fmean(d), "rounds": len(d),
                                          "engines": {arm: len(mine), "stock": 1 + len(stocks)},
@@ -75,7 +74,7 @@ def pairs_needed(mean: float, sd: float, confidence: float = 0.95, most: int = 2
     if sd <= 0.0 or mean == 0.0:
         return None
     for n in range(2, most + 1):
-        if float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n) < abs(mean):
+        if float(t_quantile(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n) < abs(mean):
             return n
     return None
 
@@ -92,7 +91,7 @@ def across_pairs(per_file: Sequence[Mapping[int, Mapping]]) -> list[dict]:
                      "change_pct": pct(statistics.fmean(logs)), "ci95_pct": None, "excludes_zero": None,
                      "between_pair_sd_pct": None, "pairs_needed": None}
         if len(logs) >= 2:
-            mean, lo, hi = t_interval(logs)
+            mean, lo, hi = mean_t_interval(logs)
             sd = statistics.stdev(logs)
             row.update(ci95_pct=[pct(lo), pct(hi)], excludes_zero=bool(lo > 0 or hi < 0),
                        between_pair_sd_pct=100.0 * sd, pairs_needed=pairs_needed(mean, sd))

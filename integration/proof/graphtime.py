@@ -30,6 +30,7 @@ from scipy import stats
 
 from common.cliargs import refuse_output
 from common.jsonfile import ResultFileError, read_json, write_json
+from common.tstats import mean_t_interval
 from integration.proof import normcalls
 
 WARM_REPLAYS = 10  # replays before the timed ones (clocks up, caches warm)
@@ -81,13 +82,6 @@ def time_step(step, n: int) -> dict:  # noqa: ANN001 (a callable running one eng
     return {"graphs_in_step": 1, "replay_us": replay_times(seen[0], n)}
 
 
-def t_interval(d: Sequence[float]) -> tuple[float, float, float]:
-    """Mean and 95% t interval of `d` (len >= 2)."""
-    mean = statistics.fmean(d)
-    half = float(stats.t.ppf(0.975, len(d) - 1)) * statistics.stdev(d) / math.sqrt(len(d))
-    return mean, mean - half, mean + half
-
-
 def pct(log_ratio: float) -> float:
     """A log ratio as a percent change."""
     return 100.0 * math.expm1(log_ratio)
@@ -114,12 +108,12 @@ def compare(rounds: Mapping[str, Sequence[Sequence[float]]], baseline: str = "st
         row: dict = {"rounds": len(d), "median_us": _median_of_medians(arm_rounds),
                      "per_round_log_ratio": d}
         if len(d) >= 2:
-            mean, lo, hi = t_interval(d)
+            mean, lo, hi = mean_t_interval(d)
             row.update(change_pct=pct(mean), ci95_pct=[pct(lo), pct(hi)],
                        excludes_zero=bool(lo > 0 or hi < 0))
             if calls_per_step:
                 diff = [x - b for b, x in pairs]
-                m, dlo, dhi = t_interval(diff)
+                m, dlo, dhi = mean_t_interval(diff)
                 row.update(change_per_norm_call_us=m / calls_per_step,
                            ci95_per_norm_call_us=[dlo / calls_per_step, dhi / calls_per_step])
         else:

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
+from common.tstats import t_interval
 from experiments.stats import design, instances
-from experiments.stats.intervals import t_interval
 
 # the committed H200 8B runs' components (runtime_tables/instance-prior.json), log units
 INSTANCE_SD, CELL_SD = 0.00165, 0.0084
