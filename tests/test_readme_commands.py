@@ -45,3 +45,14 @@ def test_documented_commands_name_runnable_modules() -> None:
 
 def test_a_stale_module_name_is_caught() -> None:  # negative control of the scan
     assert not _runnable("integration.prove") and not _runnable("integration.compare")
+
+
+README_MAX_LINES = 150  # a front door: what it is, install, the two commands, own arms, a summary
+
+
+def test_the_readme_is_a_front_door() -> None:
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= README_MAX_LINES
+    assert any("`make test`" in line for line in lines)  # CI reads the test command from it
+    rows = [line for line in lines if line.startswith("| ") and not line.startswith("| level")]
+    assert len(rows) <= 8  # the summary table; the full one is docs/FINDINGS.md's
