@@ -336,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "isolated table was built from)")
     ap.add_argument("--planted-steps", type=Path, default=None, metavar="GRAPH_STEPS_JSON",
                     help="graph-steps file of prove --planted, for the planted prediction (default: as "
-                         "recorded, else runtime_tables/profiles.json)")
+                         "recorded, else the index)")
     ap.add_argument("--graph-steps", type=Path, default=None, metavar="GRAPH_STEPS_JSON",
                     help="graph-steps file of prove with the fused kernel at every size (default: as "
                          "recorded, else none)")

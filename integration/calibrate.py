@@ -224,9 +224,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--log-dir", type=Path, default=None,
                     help="folder for the steps' logs (default: a temp folder)")
     ap.add_argument("--out", type=Path, default=None,
-                    help="folder for the evidence: the kernel benchmark and the in-vLLM step timings "
-                         "(default: <gpu>-<model>-calibration/ in the current folder); the tables go to "
-                         "the runtime_tables package")
+                    help="folder for the evidence (default: <gpu>-<model>-calibration/ here); the tables "
+                         "go to runtime_tables")
     a = ap.parse_args(argv)
     if a.dtype not in CONFIG_DTYPES:
         return fail(PROG, f"--dtype {a.dtype!r} is not one of {sorted(CONFIG_DTYPES)}")

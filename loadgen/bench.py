@@ -258,8 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --streams: one thread and event loop per stream instead of one shared loop")
     p.add_argument("--event-loop", choices=EVENT_LOOPS, default="asyncio", help="client event loop (asyncio)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                   help="result JSON, xz where the name ends in .xz (default "
-                   "loadgen/results/bench-cpu.json.xz: the committed evidence; pass another path to keep it)")
+                   help="result JSON, xz if named .xz (default: loadgen/results/bench-cpu.json.xz, the "
+                        "committed evidence)")
     return p
 
 
