@@ -4,6 +4,7 @@ dependencies, its commands plan a run and re-derive a committed CPU run from a f
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -81,6 +82,8 @@ def test_the_experiment_command_plans_a_run(venv: Path, tmp_path: Path) -> None:
                  "--device", "cpu"], tmp_path)
     assert plan.returncode == 0, plan.stderr
     assert "tiny-llama" in plan.stdout and not list(tmp_path.iterdir())  # a plan writes nothing
+    # runs of an installed kit go under the current directory, never into site-packages
+    assert json.loads(plan.stdout[plan.stdout.index("{"):])["config"]["results_dir"] == "rmsnorm-results"
 
 
 def test_the_analysis_command_rederives_a_committed_cpu_run(venv: Path, tmp_path: Path) -> None:

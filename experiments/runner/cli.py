@@ -32,6 +32,7 @@ from experiments.runner.config import (
     KNEE_MAX,
     LAYOUTS,
     RESULTS_DIR,
+    RESULTS_DIR_SHOWN,
     SIZED,
     ConfigError,
     RunConfig,
@@ -107,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--trace", type=Path, required=True, help="JSONL request trace (traces/*.jsonl format)")
     ap.add_argument("--name", help="run folder (default: <timestamp>-<device>-<model>)")
     ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR, metavar="DIR",
-                    help=f"where runs are written (default: experiments/{RESULTS_DIR.name})")
+                    help=f"where runs are written (default: {RESULTS_DIR_SHOWN})")
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                     help="auto (default): cuda where torch sees a GPU, else cpu")
     _arm_flags(ap)

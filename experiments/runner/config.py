@@ -23,7 +23,11 @@ from integration.endpoint import normalize_url
 from integration.launcher import MODELS_DIR, check_server_args
 from loadgen.records import LATENESS_TARGET_P99_MS
 
-RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
+_CHECKOUT = Path(__file__).resolve().parents[2]
+# runs go beside the code in a checkout; an installed kit writes under the working directory
+_IN_CHECKOUT = (_CHECKOUT / "pyproject.toml").is_file()
+RESULTS_DIR_SHOWN = "experiments/results" if _IN_CHECKOUT else "rmsnorm-results"
+RESULTS_DIR = _CHECKOUT / RESULTS_DIR_SHOWN if _IN_CHECKOUT else Path(RESULTS_DIR_SHOWN)
 GIB = 1 << 30
 DEVICES = ("cpu", "cuda")
 LAYOUTS = ("turns", "duet")  # arms take turns on the servers' GPU, or all arms at once, one GPU each
