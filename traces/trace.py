@@ -15,6 +15,7 @@ Every bad line raises :class:`TraceError` with ``path:line: reason``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -26,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from common.atomicfile import write_atomic
-from common.jsonfile import RepeatedKeys, open_bytes, unique_keys
+from common.jsonfile import RepeatedKeys, open_bytes, stored, unique_keys
 
 REQUIRED_KEYS = ("timestamp", "input_tokens", "output_tokens")
 OPTIONAL_KEYS = ("hash_ids",)
@@ -117,7 +118,10 @@ def read_utf8(path: str | Path, encoding: str = "utf-8") -> str:
     """A file's text (decompressed where it is kept .xz or .gz: common.jsonfile.open_bytes); bytes that
     are not valid UTF-8 raise TraceError naming their line."""
     with open_bytes(path) as f:
-        data = f.read()
+        return _decoded(path, f.read(), encoding)
+
+
+def _decoded(path: str | Path, data: bytes, encoding: str = "utf-8") -> str:
     try:
         return data.decode(encoding)
     except UnicodeDecodeError as exc:
@@ -127,17 +131,49 @@ def read_utf8(path: str | Path, encoding: str = "utf-8") -> str:
 
 def jsonl_lines(path: str | Path) -> Iterator[tuple[int, str]]:
     """(line number, text) for each line of a UTF-8 file split at '\n'; a final newline ends no line."""
-    lines = read_utf8(path).split("\n")
+    return _lines(read_utf8(path))
+
+
+def _lines(text: str) -> Iterator[tuple[int, str]]:
+    lines = text.split("\n")
     if lines[-1] == "":
         lines.pop()
     return enumerate(lines, start=1)
 
 
+@dataclass(frozen=True)
+class TraceFile:
+    """A trace file read once: its validated requests and the SHA-256 of the bytes they came from."""
+
+    path: Path
+    requests: tuple[TraceRequest, ...]
+    sha256: str
+
+
+def read_trace(path: str | Path) -> TraceFile:
+    """The JSONL trace at `path`, read, validated and hashed once per process for each version of the
+    file (its size and modification time), however many parts of a run ask; TraceError("path:line:
+    reason") on the first bad line. A trace kept .xz or .gz reads and hashes as the text it holds."""
+    st = stored(path).stat()
+    return _read_trace(Path(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_trace(path: Path, size: int, mtime_ns: int) -> TraceFile:
+    with open_bytes(path) as f:
+        data = f.read()
+    return TraceFile(path, tuple(_parsed(path, _decoded(path, data))), hashlib.sha256(data).hexdigest())
+
+
 def load_trace(path: str | Path) -> list[TraceRequest]:
-    """Read and validate a JSONL trace; raise TraceError("path:line: reason") on the first bad line."""
-    path = Path(path)
+    """The requests of a JSONL trace (read_trace)."""
+    return list(read_trace(path).requests)
+
+
+def _parsed(path: Path, text: str) -> list[TraceRequest]:
+    """The requests of a trace's text, validated line by line."""
     reqs: list[TraceRequest] = []
-    for lineno, line in jsonl_lines(path):
+    for lineno, line in _lines(text):
         if not line.strip():
             raise TraceError(f"{path}:{lineno}: empty line")
         try:

@@ -14,7 +14,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from traces.trace import file_sha256
+from traces.trace import read_trace
 
 REPO = Path(__file__).resolve().parents[2]
 GPU_QUERY = ("name", "driver_version", "memory.total", "clocks.sm", "clocks.mem", "clocks.max.sm",
@@ -113,7 +113,7 @@ def capture_environment(trace: Path, model_dir: Path) -> dict:
         "cpu_count": os.cpu_count(),
         "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "git": git_info(),
-        "trace": {"path": str(trace), "sha256": file_sha256(trace)},
+        "trace": {"path": str(trace), "sha256": read_trace(trace).sha256},
         "model": {"dir": str(model_dir), "config": json.loads((model_dir / "config.json").read_text())},
     }
 

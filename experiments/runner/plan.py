@@ -20,7 +20,7 @@ from experiments.runner import readiness, resident
 from experiments.runner.config import ConfigError, RunConfig
 from experiments.stats import duet
 from traces.gaps import busy_spans, count_in, describe_spans
-from traces.trace import TraceError, TraceRequest, clip_tokens, file_sha256, load_trace, time_window
+from traces.trace import TraceError, TraceRequest, clip_tokens, read_trace, time_window
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,8 @@ def prepare(cfg: RunConfig, n_instances: int = 1) -> Plan:
     that do not split into the resident sets, or, on a GPU, a policy arm without a table or servers that
     do not fit (readiness.design).
     """
-    original = load_trace(cfg.trace)
+    trace = read_trace(cfg.trace)
+    original = list(trace.requests)
     reqs = clip_tokens(original, cfg.max_input_tokens, cfg.max_output_tokens)
     first, w = cfg.first_window_s, cfg.window_s
     last_end = first + cfg.windows * w
@@ -143,7 +144,7 @@ def prepare(cfg: RunConfig, n_instances: int = 1) -> Plan:
     resident.check(cfg, n_instances)
     sets = resident.sets(cfg)
     return Plan(
-        cfg=cfg, trace_requests=len(original), trace_sha256=file_sha256(cfg.trace), windows=windows,
+        cfg=cfg, trace_requests=len(original), trace_sha256=trace.sha256, windows=windows,
         warmup=warmup, warmup_start_s=warm_start, warmup_duration_s=cfg.warmup_s, warmup_load=max(cfg.loads),
         steps=(simultaneous_schedule(cfg.windows, cfg.loads, cfg.labels) if cfg.layout == "duet" else
                build_schedule(cfg.windows, cfg.loads, cfg.labels, cfg.one_at_a_time, cfg.blocks, cfg.seed,

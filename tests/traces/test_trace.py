@@ -15,6 +15,7 @@ from traces.trace import (
     clip_tokens,
     file_sha256,
     load_trace,
+    read_trace,
     scale_rate,
     time_window,
     trace_summary,
@@ -176,6 +177,16 @@ def test_a_trace_kept_xz_reads_and_hashes_by_its_plain_name(tmp_path: Path) -> N
     reqs = load_trace(tmp_path / "t.jsonl")
     assert [(r.timestamp, r.input_tokens, r.output_tokens) for r in reqs] == [(0.0, 3, 2), (1.5, 7, 1)]
     assert file_sha256(tmp_path / "t.jsonl") == hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_a_trace_is_read_and_hashed_once_until_it_changes(tmp_path: Path) -> None:
+    path = _write(tmp_path, GOOD)
+    first = read_trace(path)
+    assert read_trace(path) is first and first.sha256 == file_sha256(path)  # the same bytes, parsed once
+    assert load_trace(path) == list(first.requests) == [TraceRequest(0.0, 10, 2)]
+    _write(tmp_path, GOOD + GOOD)  # another version of the file: read again
+    again = read_trace(path)
+    assert len(again.requests) == 2 and again.sha256 == file_sha256(path) != first.sha256
 
 
 def test_invalid_utf8_names_its_line(tmp_path: Path) -> None:
