@@ -25,7 +25,8 @@ import pandas as pd
 import runtime_tables
 from common.cliargs import OneLineParser, add_debug_flag, fail, same_file
 from common.jsonfile import ResultFileError, project_relative, read_json, stored
-from experiments.core.rundir import check_records, read_run_record
+from experiments.core.rundir import check_records
+from experiments.core.runfile import Run, read_run
 from experiments.core.slo import DEFAULT_SLO_FILE, SLO, load_slo_file, parse_slo
 from experiments.reporting import duetreport, hostbound, noisefloor, plots, report, schema
 from experiments.reporting.reportdiff import report_change
@@ -41,16 +42,16 @@ SECONDARY = ("tpot_p50_ms", "ttft_p90_ms")  # per-window latency summaries, besi
 REANALYSIS = "reanalysis"  # the folder inside a run directory a re-analysis writes into by default
 
 
-def completeness(run: dict, measured: pd.DataFrame) -> tuple[set, list[dict], list[dict]]:
+def completeness(run: Run, measured: pd.DataFrame) -> tuple[set, list[dict], list[dict]]:
     """(complete cells {(arm, window, load)}, missing cells with reasons, warnings) from the schedule (a
     cell of a run of resident sets is expected of its set's arms only)."""
-    done = {(lab, int(e["window"]), float(e["load"])) for e in run["schedule"] for lab in e.get("done", [])}
+    done = set(run.done_cells())
     counts = measured.groupby(goodput.CELL).size().to_dict() if len(measured) else {}
-    expected_n = {int(w["id"]): int(w["requests"]) for w in run["windows"]}
+    expected_n = run.window_requests()
     missing, warnings = [], []
     expected = comparisons.cell_arms(run)
-    for w in run["windows"]:
-        for load in run["loads"]:
+    for w in run.windows:
+        for load in run.loads:
             for lab in expected[(int(w["id"]), float(load))]:
                 cell = (lab, int(w["id"]), float(load))
                 have = counts.get(cell, 0)
@@ -69,11 +70,11 @@ def _mask(flags: list[bool], df: pd.DataFrame) -> pd.Series:
     return pd.Series(flags, index=df.index, dtype=bool)
 
 
-def _check_labels(run: dict, df: pd.DataFrame) -> None:
-    unknown = sorted(set(df["arm"]) - set(run["arm_labels"]))
+def _check_labels(run: Run, df: pd.DataFrame) -> None:
+    unknown = sorted(set(df["arm"]) - set(run.arm_labels))
     if unknown:
         raise ValueError(f"requests carry arm labels {unknown} not in run.json arm_labels "
-                         f"{run['arm_labels']}")
+                         f"{run.arm_labels}")
 
 
 def _per_slo(slo: SLO, measured: pd.DataFrame, cells: pd.DataFrame, pair: list[str]) -> dict:
@@ -116,18 +117,18 @@ def _policy_record(path: Path) -> dict:
     return rec
 
 
-def _over_instances(complete: pd.DataFrame, run: dict, env: dict, pair: list[str], paired_lat: dict,
+def _over_instances(complete: pd.DataFrame, run: Run, env: dict, pair: list[str], paired_lat: dict,
                     planted_lines: list[dict] | None) -> dict | None:
     """Paired TPOT with the server-instance variance: over the run's own instances where each arm ran on
     several, else with the external estimate for its GPU and model (INSTANCE_PRIOR); None without one."""
     if complete["instance"].nunique() > 1:  # every arm against the baseline, a planted arm its reference
         refs = {p["arm"]: p["reference"] for p in planted_lines or []}
         rows = instances.run_rows(complete.rename(columns={"ok": "succeeded"}),
-                                  [(arm, refs.get(arm, pair[0])) for arm in run["arm_labels"][1:]],
+                                  [(arm, refs.get(arm, pair[0])) for arm in run.arm_labels[1:]],
                                   "tpot_ms", comparisons.cell_orders(run))
         return {"source": instances.own_source({r["instance_pairs"] for r in rows if "reason" not in r}),
                 "rows": rows}
-    model = (run.get("model") or {}).get("name")
+    model = run.model.get("name")
     try:
         floors = read_json(INSTANCE_PRIOR, 1, "instance floor")["instance"]
     except (ResultFileError, KeyError):
@@ -142,12 +143,6 @@ def _over_instances(complete: pd.DataFrame, run: dict, env: dict, pair: list[str
             "instance_sd_pct": f["instance_sd_pct"], "df": f["df"], "rows": rows}
 
 
-def run_slos(run: dict) -> list[SLO]:
-    """The SLO tiers the run was made with (run.json config "slos"), else experiments/slos.toml."""
-    recorded = (run.get("config") or {}).get("slos")
-    return [SLO(**s) for s in recorded] if recorded else load_slo_file(DEFAULT_SLO_FILE)
-
-
 @dataclass(frozen=True)
 class Inputs:
     """What a report is derived from besides run.json and the records (report.json "inputs").
@@ -156,7 +151,7 @@ class Inputs:
     ``profile``/``kernel_results`` None: the committed defaults for the run's GPU (environment.json).
     """
 
-    slos: tuple[SLO, ...] = ()  # () : the run's own tiers (run_slos)
+    slos: tuple[SLO, ...] = ()  # () : the run's own tiers (Run.slos)
     aa_report: Path | None = None
     patched_policy: Path | None = None
     profile: Path | None = None
@@ -222,8 +217,8 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
     """
     run_dir = Path(run_dir)
     out_dir = run_dir if out_dir is None else Path(out_dir)
-    run = read_run_record(run_dir)
-    slos = list(slos) if slos else run_slos(run)
+    run = read_run(run_dir)
+    slos = list(slos) if slos else run.slos()
     checked = check_records(run_dir, run, accept_damaged)
     records, source = checked.records, checked.source
     df = goodput.records_frame(records, slos)
@@ -232,9 +227,8 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
     done, missing, warnings = completeness(run, measured)
     complete = measured[_mask([(a, w, ld) in done for a, w, ld in
                                zip(measured["arm"], measured["window"], measured["load"])], measured)]
-    durations = {int(w["id"]): float(w["duration_s"]) for w in run["windows"]}
-    cells = goodput.cell_table(complete, slos, durations)
-    labels = list(run["arm_labels"])
+    cells = goodput.cell_table(complete, slos, run.durations())
+    labels = list(run.arm_labels)
     arms_plan = comparisons.arm_roles(run)
     pair = [arms_plan["baseline"], arms_plan["primary"]]
     own_floor = arms_plan["controls"][:1] or ([] if report.aa_reason(run) is None
@@ -259,11 +253,11 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
         policy = _policy_record(patched_policy)
     attrib = attribution.attribute(run, labels[0], PROJECT_ROOT, gpu, profile_path=profile,
                                    kernel_path=kernel_results, policy=policy, graph_path=graph_steps)
-    model = (run.get("model") or {}).get("name")
+    model = run.model.get("name")
     if planted_steps is None and planted.has_planted_arm(run):  # the GPU's committed one, if any
         found = profiles.default_planted_steps(gpu, model)
         planted_steps = PROJECT_ROOT / found if found else None
-    if gpu_steps is None and run.get("device") == "cuda":
+    if gpu_steps is None and run.device == "cuda":
         found = profiles.default_graph_steps(gpu, model)
         gpu_steps = PROJECT_ROOT / found if found else None
     latency_rows = goodput.latency_table(complete)
@@ -287,23 +281,24 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
         slow_host=hostslow.episodes(complete, run),
     )
     result = report.build_report(analysis)
-    result["noise_floor"] = noisefloor.noise_floor(result, aa_report)
-    result["gpu_share"] = hostbound.entry(complete, run, gpu, None if gpu_steps is None else (
-        _shown(gpu_steps), read_json(gpu_steps, None, "graph-steps file")))
-    if aa_report is not None and result["noise_floor"]["source"] == str(aa_report):
-        result["noise_floor"]["source"] = _shown(aa_report)  # the same wherever analyze runs from
+    result.noise_floor = noisefloor.noise_floor(result, aa_report)
+    result.gpu_share = schema.GpuShare.from_json(hostbound.entry(complete, run, gpu, None if gpu_steps is None
+                                                                  else (_shown(gpu_steps), read_json(
+                                                                      gpu_steps, None, "graph-steps file"))))
+    if aa_report is not None and result.noise_floor["source"] == str(aa_report):
+        result.noise_floor["source"] = _shown(aa_report)  # the same wherever analyze runs from
     if duetreport.is_duet(run):
-        result["layout"] = duetreport.layout_entry(result, run)
-    result["inputs"] = {"slos": [s.to_json() for s in slos], "aa_report": _shown(aa_report),
-                        "patched_policy": _shown(patched_policy), "profile": attrib["profile"],
-                        "kernel_results": attrib["kernel_results"]}
+        result.layout = duetreport.layout_entry(result, run)
+    result.inputs = {"slos": [s.to_json() for s in slos], "aa_report": _shown(aa_report),
+                     "patched_policy": _shown(patched_policy), "profile": attrib["profile"],
+                     "kernel_results": attrib["kernel_results"]}
     for key, path in zip(PATH_INPUTS[4:], (planted_steps, graph_steps, gpu_steps)):
         if path is not None:  # recorded only when given, so earlier reports re-derive unchanged
-            result["inputs"][key] = _shown(path)
+            result.inputs[key] = _shown(path)
     out_dir.mkdir(parents=True, exist_ok=True)
-    result["plots"] = plots.write_plots(out_dir, complete, per_slo, secondary, labels, result)
+    result.plots = plots.write_plots(out_dir, complete, per_slo, secondary, labels, result)
     report.write_report(out_dir, result)
-    return result
+    return result.to_json()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -384,7 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point (0 written, 2 bad flag or unreadable run); see --help."""
     args = build_parser().parse_args(argv)
     try:
-        read_run_record(args.run_dir)  # names run.json and what is wrong with it before anything else
+        read_run(args.run_dir)  # names run.json and what is wrong with it before anything else
         out, inputs = _out_dir(args), _inputs(args)
         for note in inputs.notes:
             print(note)

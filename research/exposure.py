@@ -170,15 +170,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--baseline", default=None, help="the baseline arm's label (default: the run's first)")
     a = ap.parse_args(argv)
     from common.jsonfile import ResultFileError
-    from experiments.core.rundir import read_run_record
+    from experiments.core.runfile import read_run
     from experiments.stats.runframe import load_run
 
     try:
-        run = read_run_record(a.run)
+        run = read_run(a.run)
         df = load_run(a.run)
     except (FileNotFoundError, ValueError, ResultFileError) as exc:
         return fail(ap.prog, str(exc))
-    baseline = a.baseline or run["arm_labels"][0]
+    baseline = a.baseline or run.arm_labels[0]
     labels = set(df["arm"])
     for flag, label in (("--arm", a.arm), ("--baseline", baseline)):
         if label not in labels:

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from common.cliargs import OneLineParser, command_line, fail, positive_float
 from common.jsonfile import ResultFileError, read_json, stored, write_json, write_text
-from experiments.core.rundir import load_records, read_run_record
+from experiments.core.rundir import load_records
+from experiments.core.runfile import read_run
 from experiments.stats import design, goodput, instances
 from experiments.stats.paired import pct
 from research.cellnoise import paired_requests
@@ -124,21 +125,21 @@ def prior(floor: dict, aa: list[dict], run_dir: Path) -> tuple[design.Components
     the request share; request: run_dir's A/A requests) and costs (run_dir's server starts and replays)."""
     rows = [r for r in aa if r["run"] in floor["runs"]]
     cell_var = sum((r["se_pct"] / 100) ** 2 * r["cells"] for r in rows) / len(rows)
-    record = read_run_record(run_dir)
+    record = read_run(run_dir)
     base, twin = read_json(run_dir / "report.json", 1, "report")["aa_in_run"]["pair"]
     frame = goodput.records_frame(load_records(run_dir)[0], [])
     req = instances.request_component(paired_requests(frame, base, twin, METRIC).assign(instance=0))
-    window_s = float(record["config"]["window_s"])
-    cells = sum(1 for r in record["replays"] if r["phase"] == "measure") / len(record["servers"])
+    window_s = float(record.config["window_s"])
+    cells = sum(1 for r in record.replays if r["phase"] == "measure") / len(record.servers)
     per_s = req["requests"] / cells / window_s
-    measured = sorted(r["started_s"] for r in record["replays"] if r["phase"] == "measure")
+    measured = sorted(r["started_s"] for r in record.replays if r["phase"] == "measure")
     replay_s = (measured[-1] - measured[0]) / (len(measured) - 1)
-    loads = [float(x) for x in record["loads"]]
+    loads = [float(x) for x in record.loads]
     trace_s = sum(1 / x for x in loads) / len(loads)  # replay seconds per trace second, mean over loads
-    first = min(r["started_s"] for r in record["replays"])
+    first = min(r["started_s"] for r in record.replays)
     comps = design.Components(floor["instance_var"], max(cell_var - req["in_cell_median_var"], 0.0),
                               req["request_var"], per_s)
-    costs = design.Costs(start_min=2 * first / len(record["servers"]) / 60,
+    costs = design.Costs(start_min=2 * first / len(record.servers) / 60,
                          overhead_s=max(replay_s - trace_s * window_s, 0.0), s_per_window_s=trace_s,
                          loads=len(loads))
     return comps, costs, {"cell_var_at_window": cell_var, "window_s": window_s, "timing_run": run_dir.name}

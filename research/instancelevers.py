@@ -30,6 +30,7 @@ from scipy import stats as sps
 
 from common.cliargs import OneLineParser, command_line, fail
 from common.jsonfile import ResultFileError, read_json, write_json, write_text
+from experiments.core.runfile import read_run
 from experiments.stats import instances
 from experiments.stats.runframe import load_run
 
@@ -72,20 +73,21 @@ def ratio_interval(var: float, df: int, base_var: float, base_df: int) -> list[f
 def read_lever(name: str, run_dir: Path) -> dict:
     """One lever's rows and run-level figures, from its report.json and run.json."""
     report = read_json(run_dir / "report.json", 1, "report")
-    run = read_json(run_dir / "run.json", 1, "run record")
+    run = read_run(run_dir)
     if not report.get("aa", {}).get("is_aa"):
         raise ValueError(f"{run_dir}: not an A/A run (every arm must run the baseline's build)")
     rows = (report.get("over_instances") or {}).get("rows") or []
     if not rows or not instances.measured_own(report["over_instances"]):
         raise ValueError(f"{run_dir}: no rows over this run's own server instances (--instances 2 or more)")
-    measured = [r["gpu"] for r in run.get("replays", []) if r.get("phase") == "measure" and r.get("gpu")]
+    measured = [r["gpu"] for r in run.replays if r.get("phase") == "measure" and r.get("gpu")]
     at_max = sum(g.get("clocks.sm") == g.get("clocks.max.sm") for g in measured)
-    starts = [e["ready_s"] for entries in run["instances"]["arms"].values() for e in entries
+    starts = [e["ready_s"] for entries in run.instances["arms"].values() for e in entries
               if e["index"] > 0]
     parts = offset_components(load_run(run_dir))
     return {"lever": name, "run": run_dir.name, "gpu": report["gpu"], "model": report["model"]["name"],
-            "flags": {k: v for k, v in run["config"].items() if k in ("pin_cpus", "start_order")},
-            "placement": run.get("placement"), "rows": rows, **parts,
+            "flags": {k: run.config[k] for k, off in (("pin_cpus", False), ("start_order", "waves"))
+                      if run.config.get(k, off) != off},  # the levers set
+            "placement": run.placement, "rows": rows, **parts,
             "sm_clock_at_max": [at_max, len(measured)],
             "restart_ready_s_median": statistics.median(starts) if starts else None}
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from common.cliargs import fail
-from experiments.core.rundir import read_run_record
+from experiments.core.runfile import read_run
 from experiments.core.slo import load_slo_file
 from experiments.stats import knee
 from experiments.stats.runframe import load_run
@@ -27,7 +27,7 @@ from experiments.stats.runframe import load_run
 
 def measured_requests(run_dir: Path) -> pd.DataFrame:
     """The baseline arm's measured requests of a run (records frame, experiments.stats.runframe)."""
-    baseline = read_run_record(run_dir)["arms"][0]
+    baseline = read_run(run_dir).arms[0]
     df = load_run(run_dir)
     m = df[(df.phase == "measure") & (df.arm == baseline)]
     if m.empty:

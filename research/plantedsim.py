@@ -32,7 +32,8 @@ import numpy as np
 from common.cliargs import OneLineParser, command_line, fail
 from common.jsonfile import ResultFileError, open_text, project_relative, read_json, stored, write_json
 from experiments.analyze import PROJECT_ROOT as ROOT
-from experiments.core.rundir import load_records, read_run_record
+from experiments.core.rundir import load_records
+from experiments.core.runfile import Run, read_run
 from experiments.stats import planted
 from integration.proof.normcalls import norm_shape
 from loadgen.records import RequestRecord, succeeded, tpot_ms
@@ -49,10 +50,10 @@ Gaps = dict[tuple[str, float], np.ndarray]  # (arm, load) -> every inter-token g
 KV_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 
 
-def logged_kv_tokens(run_dir: Path, run: Mapping, label: str) -> int | None:
+def logged_kv_tokens(run_dir: Path, run: Run, label: str) -> int | None:
     """The KV cache size (tokens) the server of `label` logged (vLLM's 'GPU KV cache size: N tokens'),
     from its log as run.json names it, or compressed beside it; None where none holds that line."""
-    name = ((run.get("servers") or {}).get(label) or {}).get("log")
+    name = (run.servers.get(label) or {}).get("log")
     path = stored(run_dir / name) if name else None
     if path is None or not path.is_file():
         return None
@@ -173,16 +174,16 @@ def _load_row(load: float, sims: Sequence[stepsim.Outcome], treats: Sequence[ste
     return row
 
 
-def aa_pair(run: Mapping) -> tuple[str, str] | None:
+def aa_pair(run: Run) -> tuple[str, str] | None:
     """(baseline, its A/A twin): the first later arm that runs the baseline's own arm; None without."""
-    labels, names = list(run["arm_labels"]), list(run["arms"])
+    labels, names = list(run.arm_labels), list(run.arms)
     twin = next((lab for lab, name in zip(labels[1:], names[1:]) if name == names[0]), None)
     return (labels[0], twin) if twin else None
 
 
 def simulate_run(run_dir: Path, label: str, step_times: Path, kv_tokens: int | None) -> dict:
     """The document `--out` holds (see the module text)."""
-    run = read_run_record(run_dir)
+    run = read_run(run_dir)
     rep = read_json(run_dir / "report.json", None, "report")
     entry = next((p for p in rep.get("planted") or [] if p["arm"] == label), None)
     if entry is None or entry.get("norm_calls_per_step") is None:
@@ -190,7 +191,7 @@ def simulate_run(run_dir: Path, label: str, step_times: Path, kv_tokens: int | N
         raise ValueError(f"--arm {label!r}: no planted control with a prediction in {run_dir}/report.json "
                          f"(planted arms: {names})")
     doc = read_json(step_times, None, "graph-steps file")
-    model = (run.get("model") or {}).get("name")
+    model = run.model.get("name")
     if Path(str(doc.get("model", ""))).name != model:
         raise ValueError(f"--step-times {step_times} times model {doc.get('model')!r}, "
                          f"the run's is {model!r}")
@@ -199,11 +200,11 @@ def simulate_run(run_dir: Path, label: str, step_times: Path, kv_tokens: int | N
     if kv_tokens is None:
         kv_tokens = logged_kv_tokens(run_dir, run, ref)
         kv_source = f"{ref}'s server log" if kv_tokens is not None else "none: unlimited"
-    names = dict(zip(run["arm_labels"], run["arms"]))
+    names = dict(zip(run.arm_labels, run.arms))
     steps_path = (rep.get("inputs") or {}).get("planted_steps")
     graph = (steps_path, read_json(ROOT / steps_path, None, "graph-steps file")) if steps_path else None
     cost, _, source = planted.call_cost(run, label, rep.get("attribution") or {}, graph)
-    calls = sum(norm_shape((run.get("model") or {}).get("config") or {}).expected().values())
+    calls = sum(norm_shape(run.model.get("config") or {}).expected().values())
     points = forward_points(doc, names[ref] if names[ref] != "stock" else None)
     records, _ = load_records(run_dir)
     cells = reference_cells(records, ref)

@@ -19,7 +19,7 @@ from pathlib import Path
 from scipy import stats as sps
 
 from common.cliargs import fail
-from experiments.core.rundir import read_run_record
+from experiments.core.runfile import read_run
 from experiments.stats import hostslow
 from experiments.stats.runframe import load_run
 
@@ -33,7 +33,7 @@ def spacing(run_dir: Path) -> dict:
         raise ValueError(f"{run_dir}: its records kept no token gaps (itl_us), so there is no spacing")
     excess = hostslow.cell_excess(table, "itl_p50_ms")
     starts = {(e["arm"], int(e["window"]), float(e["load"])): e.get("started_s")
-              for e in read_run_record(run_dir).get("replays") or [] if e.get("phase") == "measure"}
+              for e in read_run(run_dir).replays if e.get("phase") == "measure"}
     limit = hostslow.threshold(excess)
     above = table.assign(excess=excess)[excess > limit].sort_values("excess", ascending=False)
     return {"run": run_dir.name, "replays": int(excess.notna().sum()),

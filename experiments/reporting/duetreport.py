@@ -6,52 +6,51 @@ run's report has no "layout" entry, so its report.json and report.md are as befo
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 
+from experiments.core.runfile import Run
 from experiments.reporting.schema import Report
 from experiments.stats.paired import METRICS
 
 
-def is_duet(run: Mapping) -> bool:
+def is_duet(run: Run) -> bool:
     """Whether run.json says the duet layout (runs before it, and turns runs, do not)."""
-    return run.get("layout") == "duet"
+    return run.layout == "duet"
 
 
-def gpu_minutes(run: Mapping) -> float | None:
+def gpu_minutes(run: Run) -> float | None:
     """GPU-minutes of the measured replays at their nominal length (window / load; warm-up, burn-in
     and server starts not counted): turns, one GPU per arm's replay of a cell, in turn; duet, every GPU
     of the layout for each cell, all arms at once. From the schedule's done lists, so runs of either
     layout and of any age compare; None when no cell was done."""
-    durations = {int(w["id"]): float(w["duration_s"]) for w in run["windows"]}
-    n_gpus = len((run.get("duet") or {}).get("gpus") or [])
+    durations = {int(w["id"]): float(w["duration_s"]) for w in run.windows}
+    n_gpus = len((run.duet or {}).get("gpus") or [])
     total = 0.0
-    for e in run["schedule"]:
+    for e in run.schedule:
         done = len(e.get("done") or [])
         if done:
             total += durations[int(e["window"])] / float(e["load"]) * (n_gpus if is_duet(run) else done)
     return total / 60.0 if total else None
 
 
-def aa_half_width(report: Mapping, metric: str = "tpot_ms") -> tuple[float | None, str | None]:
+def aa_half_width(report: Report, metric: str = "tpot_ms") -> tuple[float | None, str | None]:
     """(half-width in % of the paired A/A 95% interval of `metric`, where it comes from): this run when
     it is A/A (or holds an interleaved A/A arm), else the applied --aa-report floor; (None, None)."""
-    if (report.get("aa") or {}).get("is_aa"):
-        ci = ((report.get("paired_latency") or {}).get(report["comparison"][1]) or {}).get(metric, {})
-        ci = ci.get("ci95_pct")
+    if report.aa.is_aa:
+        ci = (report.paired_latency.get(report.treatment) or {}).get(metric, {}).get("ci95_pct")
         return (None, None) if not ci else ((ci[1] - ci[0]) / 2, "this run (A/A)")
-    if report.get("aa_in_run"):
-        ci = ((report["aa_in_run"].get("paired_latency") or {}).get(metric) or {}).get("ci95_pct")
+    if report.aa_in_run:
+        ci = ((report.aa_in_run.paired_latency or {}).get(metric) or {}).get("ci95_pct")
         return (None, None) if not ci else ((ci[1] - ci[0]) / 2, "this run's interleaved A/A arm")
-    nf = report.get("noise_floor") or {}
+    nf = report.noise_floor or {}
     band = (nf.get("band_pct") or {}).get(f"paired:{metric}")
     return (band[1], str(nf.get("source"))) if nf.get("applied") and band else (None, None)
 
 
-def layout_entry(report: Mapping, run: Mapping) -> dict:
+def layout_entry(report: Report, run: Run) -> dict:
     """report.json "layout" of a duet run: GPUs, placement balance, note (CPU slots), the GPU bias
     per metric of the primary comparison, the A/A half-width, and the GPU time."""
-    d = run.get("duet") or {}
-    lat = (report.get("paired_latency") or {}).get(report["comparison"][1]) or {}
+    d = run.duet or {}
+    lat = report.paired_latency.get(report.treatment) or {}
     bias = {m: {"pct": (lat.get(m) or {}).get("gpu_bias_pct"), "ci95_pct": (lat.get(m) or {}).get(
         "gpu_bias_ci95_pct"), "reason": (lat.get(m) or {}).get("gpu_bias_reason")} for m in METRICS}
     half, source = aa_half_width(report)

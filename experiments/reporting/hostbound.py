@@ -12,15 +12,16 @@ from collections.abc import Mapping
 
 import pandas as pd
 
+from experiments.core.runfile import Run
 from experiments.reporting.report_latency import fmt_num
 from experiments.reporting.schema import GpuShare, Report
 from experiments.stats import gpushare
 
 
-def _reason(run: Mapping, gpu: str | None, steps: tuple[str, Mapping] | None) -> str | None:
+def _reason(run: Run, gpu: str | None, steps: tuple[str, Mapping] | None) -> str | None:
     """Why the run has no GPU step to set its served steps against, or None where it has one."""
-    model = run.get("model") or {}
-    if run.get("device") != "cuda":
+    model = run.model or {}
+    if run.device != "cuda":
         return "a CPU run: there is no GPU step to set the served steps against"
     if model.get("eager"):
         return "an eager engine: the calibration times CUDA-graph steps, which this engine does not run"
@@ -31,7 +32,7 @@ def _reason(run: Mapping, gpu: str | None, steps: tuple[str, Mapping] | None) ->
     return None
 
 
-def entry(measured: pd.DataFrame, run: Mapping, gpu: str | None, steps: tuple[str, Mapping] | None) -> dict:
+def entry(measured: pd.DataFrame, run: Run, gpu: str | None, steps: tuple[str, Mapping] | None) -> dict:
     """report.json's "gpu_share": the bound, the graph-steps file used (`steps`: its path as shown and
     its document), why there is no table (else None) and one row per arm and load."""
     out = {"bound": gpushare.GPU_BOUND, "source": None if steps is None else steps[0],
@@ -46,7 +47,7 @@ def entry(measured: pd.DataFrame, run: Mapping, gpu: str | None, steps: tuple[st
         out["reason"] = ("the records keep no gaps between tokens (written before they were recorded): "
                          "no served step to compare")
     else:
-        labels = list(run.get("arm_labels") or [])
+        labels = list(run.arm_labels)
         out["rows"] = sorted(gpushare.shares(served, curve), key=lambda row: (
             labels.index(row["arm"]) if row["arm"] in labels else len(labels), row["load"]))
     return out

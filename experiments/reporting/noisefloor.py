@@ -27,7 +27,7 @@ def _paired_latency(report: Report, which: str) -> Mapping:
     """metric -> paired.compare_metric result of one comparison ("primary" or "aa_in_run")."""
     if which == "primary":
         return report.paired_latency.get(report.treatment) or {}
-    return (report.aa_in_run or {}).get("paired_latency") or {}
+    return (report.aa_in_run.paired_latency if report.aa_in_run else None) or {}
 
 
 def spreads(report: Report, which: str = "primary") -> dict[str, dict]:
@@ -45,12 +45,12 @@ def spreads(report: Report, which: str = "primary") -> dict[str, dict]:
                                "n": s["n_paired"], "ci95": s["ci95_pct"]} for s in report.slos}
         secondary = {m: sec["comparison"] for m, sec in report.secondary.items()}
     else:
-        f = report.aa_in_run or {}
+        f = report.aa_in_run
         stressed = {s["name"]: s.get("stressed", True) for s in report.slos}
         goodput = {name: {"sd": c["sd"] if stressed.get(name, True) else None, "n": c["n"],
                           "ci95": c["t_ci95"]}
-                   for name, c in (f.get("goodput") or {}).items()}
-        secondary = f.get("secondary") or {}
+                   for name, c in (f.goodput if f else {}).items()}
+        secondary = f.secondary if f else {}
     for m, c in lat.items():
         out[f"paired:{m}"] = {"sd": c.get("sd_cell_pct"), "n": c.get("n_cells"), "ci95": c.get("ci95_pct")}
     out.update({f"goodput:{k}": v for k, v in goodput.items()})
@@ -95,14 +95,13 @@ def tpot_by_load(report: Report, which: str = "primary") -> dict[str, dict]:
     return out
 
 
-def noise_floor(doc: Mapping, aa_report: Path | None) -> dict:
-    """The "noise_floor" entry of a report being written (`doc`, see the module docstring)."""
-    report = Report.from_json(doc)
+def noise_floor(report: Report, aa_report: Path | None) -> dict:
+    """The "noise_floor" entry of a report being written (see the module docstring)."""
     this = spreads(report)
     this_n = {k: v.get("n") or 0 for k, v in this.items()}
     base = {"target_half_width_pct": TARGET_HALF_WIDTH_PCT, "design_differences": [], "applied": True}
     if report.aa_in_run:
-        pair = report.aa_in_run["pair"]
+        pair = report.aa_in_run.pair
         sp, same = spreads(report, "aa_in_run"), True
         by_load = tpot_by_load(report, "aa_in_run")
         source = f"this run: {pair[1]} vs {pair[0]} (interleaved)"

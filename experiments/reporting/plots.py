@@ -3,7 +3,7 @@ plot of every comparison with its A/A band (Agg backend)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
@@ -151,22 +151,20 @@ def forest(path: Path, report: Report) -> None:
 
 
 def write_plots(run_dir: Path, df: pd.DataFrame, per_slo: Sequence[dict], secondary: dict,
-                labels: Sequence[str], report: Mapping) -> list[str]:
+                labels: Sequence[str], report: Report) -> list[str]:
     """Write attainment.png, latency_cdf.png, paired_diffs.png and forest.png; return their names.
 
-    ``report`` is the report.json document with its noise_floor, read as the typed report: the A/A
-    per-cell sd is drawn on the paired differences and the A/A bands on the forest plot when the floor
-    applies to this run.
+    ``report`` is the report with its noise_floor: the A/A per-cell sd is drawn on the paired
+    differences and the A/A bands on the forest plot when the floor applies to this run.
     """
-    typed = Report.from_json(report)
-    nf = typed.noise_floor or {}
+    nf = report.noise_floor or {}
     noise_sd = nf.get("sd_pct") if nf.get("applied") else None
-    attainment_vs_load(run_dir / "attainment.png", per_slo, typed.comparison)
+    attainment_vs_load(run_dir / "attainment.png", per_slo, report.comparison)
     latency_cdfs(run_dir / "latency_cdf.png", df, labels)
     series = [(f"goodput:{item['slo'].name}", f"goodput {item['slo'].name} (% of baseline mean)",
                item["paired"])
               for item in per_slo]
     series += [(m, f"{m} per window (% of baseline mean)", p) for m, p in secondary.items()]
     paired_differences(run_dir / "paired_diffs.png", series, noise_sd)
-    forest(run_dir / "forest.png", typed)
+    forest(run_dir / "forest.png", report)
     return ["forest.png", "attainment.png", "latency_cdf.png", "paired_diffs.png"]

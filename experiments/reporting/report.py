@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.jsonfile import stored, write_text
+from experiments.core.runfile import Run
 from experiments.core.slo import SLO
 from experiments.reporting.report_latency import aa_floor_text
 from experiments.reporting.report_md import render_markdown
 from experiments.reporting.schema import REPORT_SCHEMA_VERSION, Report, write_report_json
-from experiments.stats import comparisons, planted
+from experiments.stats import comparisons
 from experiments.stats import intervals as stats
 
 NEAR_BOUND = 0.1  # a request is near an SLO bound when its TTFT or TPOT is within 10% of it
@@ -22,7 +23,7 @@ NEAR_BOUND = 0.1  # a request is near an SLO bound when its TTFT or TPOT is with
 class Analysis:
     """Everything analyze_run computed, handed to the report writers."""
 
-    run: dict
+    run: Run
     env: dict
     slos: list[SLO]
     per_slo: list[dict]  # from analyze._per_slo, for the primary pair
@@ -46,11 +47,11 @@ class Analysis:
     damage: tuple[str, ...] = ()  # what the records' integrity checks found (analysed anyway when set)
 
 
-def aa_reason(run: Mapping) -> str | None:
+def aa_reason(run: Run) -> str | None:
     """Why this run is A/A (every arm the same kernel), or None for an A/B run."""
-    arms = list(run.get("arms") or [])
-    if run.get("mode_note"):
-        return str(run["mode_note"])
+    arms = list(run.arms)
+    if run.mode_note:
+        return str(run.mode_note)
     if len(arms) >= 2 and len(set(arms)) == 1:
         return f"every arm is {arms[0]!r}"
     return None
@@ -149,28 +150,28 @@ def _at_knee(entry: dict | None, chosen: Mapping) -> None:
         entry["verdict"] += f"; at the knee ({where}): {comp['mean']:+.1f}% ({comp['reason']})"
 
 
-def _design(run: Mapping, pair: list[str]) -> dict:
-    adjusted = "GPU" if run.get("layout") == "duet" else "order"
+def _design(run: Run, pair: list[str]) -> dict:
+    adjusted = "GPU" if run.layout == "duet" else "order"
     return {
-        "windows": run["windows"], "loads": run["loads"], "warmup": run.get("warmup"),
-        "clipping": run.get("clipping"), "order_method": (run.get("order") or {}).get(
+        "windows": run.windows, "loads": run.loads, "warmup": run.warmup,
+        "clipping": run.clipping, "order_method": (run.order or {}).get(
             "method", "alternating AB/BA (runs before the randomised order)"),
         "order": [{"window": e["window"], "load": e["load"], "order": e.get("order")}
-                  for e in run["schedule"]],
-        "burnin": run.get("burnin") or [],
+                  for e in run.schedule],
+        "burnin": run.burnin,
         "fingerprint": comparisons.fingerprint(run),
         "pairing": f"per (window, load) cell: every arm replays the same requests; {pair[1]} is compared "
                    f"with {pair[0]} request by request (log ratio, median per cell, {adjusted}-adjusted t "
                    "over cells: the primary interval) and per cell (goodput, per-window medians: % of the "
                    "baseline's mean at that load, Student-t over paired cells)",
-        **({"placement": run["placement"]} if run.get("placement") else {}),  # runner.placement's levers
-        **({"resident_sets": run["resident_sets"], "not_measured_together": comparisons.not_measured(run)}
-           if run.get("resident_sets") else {}),  # --resident: which arms shared the GPU, what never did
+        **({"placement": run.placement} if run.placement else {}),  # runner.placement's levers
+        **({"resident_sets": run.resident_sets, "not_measured_together": comparisons.not_measured(run)}
+           if run.resident_sets else {}),  # --resident: which arms shared the GPU, what never did
     }
 
 
 def _floor_comparisons(a: Analysis) -> dict | None:
-    """The interleaved A/A pair's comparisons, as the report keeps them."""
+    """The interleaved A/A pair's comparisons, as report.json keeps them (schema.AAInRun)."""
     f = a.in_run_floor
     if f is None:
         return None
@@ -180,12 +181,12 @@ def _floor_comparisons(a: Analysis) -> dict | None:
             "secondary": {m: p["comparison"] for m, p in f["secondary"].items()}}
 
 
-def arm_details(run: Mapping, env: Mapping) -> dict[str, dict]:
+def arm_details(run: Run, env: Mapping) -> dict[str, dict]:
     """label -> the arm's definition (run.json's record, else the built-in of that name), its
     difference from the first arm, who started its server and, for an endpoint, what it said."""
-    labels, names = list(run["arm_labels"]), list(run["arms"])
-    recorded = run.get("arm_definitions") or {}
-    defs = {lab: planted.arm_definition(run, lab, name) for lab, name in zip(labels, names)}
+    labels, names = list(run.arm_labels), list(run.arms)
+    recorded = run.arm_definitions
+    defs = {lab: run.arm(lab) for lab in labels}
     base = defs[labels[0]]
     out = {}
     for lab in labels:
@@ -198,11 +199,12 @@ def arm_details(run: Mapping, env: Mapping) -> dict[str, dict]:
     return out
 
 
-def build_report(a: Analysis) -> dict:
-    """The report.json dict (docs/DESIGN.md contract keys first)."""
-    run, labels = a.run, list(a.run["arm_labels"])
+def build_report(a: Analysis) -> Report:
+    """The report (docs/DESIGN.md contract keys first); analyze adds the entries it derives from it
+    (noise floor, host-bound guard, layout, inputs, plots)."""
+    run, labels = a.run, list(a.run.arm_labels)
     slos = [_slo_entry(item, a.pair) for item in a.per_slo]
-    status = "complete" if run.get("status") == "complete" and not a.missing else "partial"
+    status = "complete" if run.status == "complete" and not a.missing else "partial"
     status = "damaged" if a.damage else status
     aa = aa_reason(run)
     secondary = {m: {"comparison": r["comparison"], "per_window": r["diffs"], "unpaired": r["unpaired"]}
@@ -214,26 +216,26 @@ def build_report(a: Analysis) -> dict:
                         a.in_run_floor["pair"])
     if a.knee and a.knee["chosen"].get("tier"):
         _at_knee(next((e for e in slos if e["name"] == a.knee["chosen"]["tier"]), None), a.knee["chosen"])
-    return {
-        "trace": run.get("trace"),
-        "model": {k: v for k, v in (run.get("model") or {}).items() if k != "config"},
-        "gpu": a.env.get("gpu") or a.env.get("GPU") or run.get("device"), "arms": run["arms"],
+    return Report.from_json({
+        "trace": run.trace,
+        "model": {k: v for k, v in run.model.items() if k != "config"},
+        "gpu": a.env.get("gpu") or a.env.get("GPU") or run.device, "arms": run.arms,
         "arm_labels": labels,
         "comparison": a.pair, "design": _design(run, a.pair), "slos": slos,
         "attribution": {**a.attribution, "measured_tpot_p50_change_pct": secondary.get(
             "tpot_p50_ms", {}).get("comparison", {}).get("mean"),
             "measured_tpot_paired_change_pct": (primary.get("tpot_ms") or {}).get("estimate_pct"),
             "measured_tpot_paired_ci95_pct": (primary.get("tpot_ms") or {}).get("ci95_pct")},
-        "schema_version": REPORT_SCHEMA_VERSION, "tool_version": run.get("tool_version"),
-        "device": run.get("device"), "aa": {"is_aa": aa is not None, "why": aa, "controls": [
+        "schema_version": REPORT_SCHEMA_VERSION, "tool_version": run.tool_version,
+        "device": run.device, "aa": {"is_aa": aa is not None, "why": aa, "controls": [
             lab for lab in labels[1:] if a.in_run_floor and lab == a.in_run_floor["pair"][1]]},
-        "status": status, "run_status": run.get("status"), "stopped_reason": run.get("stopped_reason"),
+        "status": status, "run_status": run.status, "stopped_reason": run.stopped_reason,
         "missing": a.missing, "warnings": a.warnings,
         "records": {"file": a.source, "total": a.n_records, "warmup_excluded": a.excluded.get("warmup", 0),
                     "burnin_excluded": a.excluded.get("burnin", 0), **({"damage": list(a.damage)} if a.damage
                                                                         else {})},
-        "arm_definitions": arm_details(run, a.env), "prompts": {**(run.get("prompts") or {}),
-                                                                 "check": run.get("prompt_tokens")},
+        "arm_definitions": arm_details(run, a.env), "prompts": {**(run.prompts or {}),
+                                                                 "check": run.prompt_tokens},
         "planted": a.planted or [],
         "paired_latency": a.paired_latency, "aa_in_run": _floor_comparisons(a),
         "burnin": a.burnin, "drift": a.drift, "knee": a.knee,
@@ -241,10 +243,10 @@ def build_report(a: Analysis) -> dict:
         "mde_pct": {"paired": {m: c.get("mde_pct") for m, c in primary.items()},
                     "goodput": {s["name"]: s["mde_pct"] for s in slos},
                     **{m: r["comparison"]["mde"] for m, r in a.secondary.items()}},
-        "command": run.get("command"),
+        "command": run.command,
         **({"over_instances": a.over_instances} if a.over_instances else {}),
         **({"slow_host": a.slow_host} if a.slow_host else {}),
-    }
+    })
 
 
 def _clean(x):
@@ -260,8 +262,8 @@ def _clean(x):
     return x
 
 
-def write_report(run_dir: Path, report: dict) -> None:
-    """Write report.json and report.md atomically (common.jsonfile), both through the typed report
-    (report.json JSON-safe: NaN written as null; compressed where the folder keeps it compressed)."""
-    write_report_json(stored(run_dir / "report.json"), Report.from_json(_clean(report)))
-    write_text(run_dir / "report.md", render_markdown(Report.from_json(report)))
+def write_report(run_dir: Path, report: Report) -> None:
+    """Write report.json and report.md atomically (common.jsonfile); report.json JSON-safe (NaN written
+    as null) and compressed where the folder keeps it compressed."""
+    write_report_json(stored(run_dir / "report.json"), Report.from_json(_clean(report.to_json())))
+    write_text(run_dir / "report.md", render_markdown(report))

@@ -64,7 +64,7 @@ def resident_line(design: Mapping) -> list[str]:
 def _metric_lines(r: Report, treat: str, with_floor: bool) -> list[str]:
     base = r.baseline
     lat = r.paired_latency.get(treat) or {}
-    floor = (r.aa_in_run or {}).get("paired_latency") or {}
+    floor = (r.aa_in_run.paired_latency if r.aa_in_run else None) or {}
     nf = r.noise_floor or {}
     out = []
     for m, c in lat.items():
@@ -81,7 +81,7 @@ def _metric_lines(r: Report, treat: str, with_floor: bool) -> list[str]:
                 f"{fmt_ci(c['bootstrap_ci95_pct'])}); MDE {c['mde_pct']:.2f}%")
         f = floor.get(m) if with_floor else None
         if f and f.get("ci95_pct"):
-            text += aa_floor_text(r.aa_in_run["pair"], f["estimate_pct"], f["ci95_pct"])
+            text += aa_floor_text(r.aa_in_run.pair, f["estimate_pct"], f["ci95_pct"])
         elif (with_floor and nf.get("applied") and not r.aa.is_aa and nf.get("source")
               and (nf.get("band_pct") or {}).get(f"paired:{m}")):
             text += f"; A/A floor ({nf['source']}) +-{nf['band_pct'][f'paired:{m}'][1]:.2f}%"

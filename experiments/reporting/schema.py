@@ -23,6 +23,7 @@ UPGRADES: dict[int, Callable[[dict], dict]] = {}
 OPTIONAL = ("noise_floor", "layout", "inputs", "plots", "over_instances", "slow_host", "gpu_share")
 
 Json = dict[str, Any]
+TYPED = ("aa", "records", "aa_in_run", "gpu_share")  # entries held as dataclasses (the rest: JSON as written)
 
 
 @dataclass
@@ -32,6 +33,18 @@ class AA:
     is_aa: bool
     why: str | None
     controls: list[str]
+
+
+@dataclass
+class AAInRun:
+    """The interleaved A/A pair's comparisons: [baseline, its second server], the paired latency
+    (metric -> experiments.stats.paired result), goodput (SLO -> comparison) and the per-window
+    secondary metrics (metric -> comparison)."""
+
+    pair: list[str]
+    paired_latency: dict[str, Json] | None
+    goodput: dict[str, Json]
+    secondary: dict[str, Json]
 
 
 @dataclass
@@ -105,7 +118,7 @@ class Report:
     prompts: Json
     planted: list[Json]
     paired_latency: dict[str, dict[str, Json]]  # treatment label -> metric -> paired comparison
-    aa_in_run: Json | None
+    aa_in_run: AAInRun | None
     burnin: list[Json]
     drift: Json
     knee: Json | None
@@ -139,6 +152,8 @@ class Report:
         kw = dict(doc)
         kw["aa"] = AA(**doc["aa"])
         kw["records"] = Records(**doc["records"])
+        if doc.get("aa_in_run") is not None:
+            kw["aa_in_run"] = AAInRun(**doc["aa_in_run"])
         if doc.get("gpu_share") is not None:
             kw["gpu_share"] = GpuShare.from_json(doc["gpu_share"])
         return cls(**kw)
@@ -150,7 +165,7 @@ class Report:
             value = getattr(self, f.name)
             if value is None and f.name in OPTIONAL:
                 continue
-            out[f.name] = asdict(value) if f.name in ("aa", "records", "gpu_share") else value
+            out[f.name] = asdict(value) if f.name in TYPED and value is not None else value
         if self.records.damage is None:  # only a damaged run's report has the entry
             del out["records"]["damage"]
         return out

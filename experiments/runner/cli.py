@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from common.cliargs import OneLineParser, fail, positive_float, positive_int
+from experiments.core.runfile import read_run
 from experiments.core.slo import DEFAULT_SLO_FILE, load_slo_file, parse_slo
 from experiments.runner import placement, readiness
 from experiments.runner.config import (
@@ -332,17 +333,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(ap.prog, "interrupted (Ctrl-C)", STOPPED)
     except (ConfigError, TraceError, ValueError, OSError) as exc:
         return fail(ap.prog, str(exc))
-    run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    run = read_run(run_dir)
     report = run_dir / "report.md"
     if report.is_file():
         print(report.read_text(encoding="utf-8").split("\n\n")[0])
-    clipping = run.get("clipping") or {}
+    clipping = run.clipping or {}
     if clipping.get("max_input_tokens") or clipping.get("max_output_tokens"):
         print(f"token counts clipped: input <= {clipping['max_input_tokens']}, output <= "
               f"{clipping['max_output_tokens']} ({clipping['clipped_requests']} replayed requests changed)")
-    print(f"status {run['status']}; results in {run_dir}")
-    if run["stopped_reason"]:
-        print(f"stopped: {run['stopped_reason']}", file=sys.stderr)
-    if run.get("analysis_error"):
-        return fail(ap.prog, f"no report: {run['analysis_error']}", STOPPED)
-    return 0 if run["status"] == "complete" else STOPPED
+    print(f"status {run.status}; results in {run_dir}")
+    if run.stopped_reason:
+        print(f"stopped: {run.stopped_reason}", file=sys.stderr)
+    if run.analysis_error:
+        return fail(ap.prog, f"no report: {run.analysis_error}", STOPPED)
+    return 0 if run.status == "complete" else STOPPED

@@ -117,8 +117,7 @@ def close(runner: Owner, record: RunRecord, status: str, reason: str | None) -> 
 
 def _left(record: RunRecord, why: str, problems: list[str]) -> None:
     """Say in run.json ("analysis_error") why the report is missing and the command that makes it."""
-    record.data["analysis_error"] = (f"{why}; the records are whole: finish the report with "
-                                     f"{finish_command(record.run_dir)}")
+    record.no_report(f"{why}; the records are whole: finish the report with {finish_command(record.run_dir)}")
     _attempt(problems, "run.json could not say that the report is missing ({})", record.save)
 
 
@@ -129,14 +128,14 @@ def not_finished(record: RunRecord, reason: str | None, problems: Iterable[str])
                           f"{finish_command(record.run_dir)}")
 
 
-def analyze(record: RunRecord, slos: list | None) -> None:
-    """Make the run's report (experiments.analyze); a failure or a signal is kept in run.json as
-    "analysis_error", with the command that finishes the report."""
+def analyze(record: RunRecord) -> None:
+    """Make the run's report (experiments.analyze, with the SLO tiers run.json records); a failure or a
+    signal is kept in run.json as "analysis_error", with the command that finishes the report."""
     run_dir = record.run_dir
     try:
         from experiments.analyze import analyze_run  # the analysis half; imported late, it pulls in plotting
 
-        analyze_run(run_dir, slos)
+        analyze_run(run_dir)
         log.info("report: %s", run_dir / "report.md")
         return
     except KeyboardInterrupt:

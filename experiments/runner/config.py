@@ -17,7 +17,7 @@ from functools import cached_property
 from pathlib import Path
 
 from common.jsonfile import stored
-from experiments.core.slo import SLO
+from experiments.core.slo import DEFAULT_SLO_FILE, SLO, load_slo_file
 from integration import arms as arm_defs
 from integration.endpoint import normalize_url
 from integration.launcher import MODELS_DIR, check_server_args
@@ -104,7 +104,7 @@ class RunConfig:
     max_num_seqs: int | None = None
     max_input_tokens: int | None = None
     max_output_tokens: int | None = None
-    slos: tuple[SLO, ...] | None = None  # None: experiments/slos.toml
+    slos: tuple[SLO, ...] = field(default_factory=lambda: tuple(load_slo_file(DEFAULT_SLO_FILE)))
     knee_factors: tuple[float, ...] | None = None  # search these loads first and measure at the knee
     knee_max: float = KNEE_MAX  # the search's highest factor, past the listed ones
     knee_lateness_ms: float = LATENESS_TARGET_P99_MS  # a factor sent later: the client's limit
@@ -162,21 +162,10 @@ class RunConfig:
         d = asdict(self)
         for key in ("trace", "results_dir", "slo_file", "arms_file"):
             d[key] = None if d[key] is None else str(d[key])
-        d["slos"] = None if self.slos is None else [s.to_json() for s in self.slos]
+        d["slos"] = [s.to_json() for s in self.slos]
         d["loads"], d["arms"] = list(self.loads), list(self.arms)
         d["extra_server_args"], d["endpoints"] = list(self.extra_server_args), list(self.endpoints)
         d["gpus"] = list(self.gpus)
-        if self.layout == "turns":  # the record of a turns run stays as it was before the duet layout
-            del d["layout"], d["gpus"]
-        for flag in ("allow_no_table", "fuse_all", "pin_cpus", "sleep_mode"):  # records without them as were
-            if not d[flag]:
-                del d[flag]
-        if self.start_order == "waves":
-            del d["start_order"]
-        if self.knee_factors is None:  # no search: the records of such runs stay as they were
-            del d["knee_max"], d["knee_lateness_ms"]
-        if self.resident is None:
-            del d["resident"]
         d["start_s"] = self.first_window_s
         return d
 
@@ -286,7 +275,7 @@ def _validate(c: RunConfig) -> None:
            f"--request-timeout-s must be > 0, got {c.request_timeout_s!r}")
     _check(_finite_positive(c.server_timeout_s),
            f"--server-timeout-s must be > 0, got {c.server_timeout_s!r}")
-    _check(c.slos is None or len({s.name for s in c.slos}) == len(c.slos),
+    _check(len({s.name for s in c.slos}) == len(c.slos),
            "--slo names must be unique")
     _check(c.start_order in START_ORDERS,
            f"--start-order must be one of {START_ORDERS}, got {c.start_order!r}")

@@ -85,13 +85,10 @@ class DuetRunner:
         self.before_replay = before_replay
         self.where = "before the first replay"
         self.t_start = time.time()
-        self.record.data.setdefault("replays", [])
-        self.record.data.setdefault("burnin", [])
-        self.record.data["order"] = {"method": METHOD, "seed": self.cfg.seed}
-        self.record.data["layout"] = "duet"
-        self.record.data["duet"] = {"gpus": list(self.cfg.gpus),
-                                    "schedule": duet.schedule_record(plan.placements, self.cfg.seed),
-                                    "note": CPU_SLOTS_NOTE if self.cfg.device == "cpu" else None}
+        self.record.set_order(METHOD, self.cfg.seed)
+        self.record.set_duet({"gpus": list(self.cfg.gpus),
+                              "schedule": duet.schedule_record(plan.placements, self.cfg.seed),
+                              "note": CPU_SLOTS_NOTE if self.cfg.device == "cpu" else None})
         self.record.save()
         self.bar = tqdm(total=len(plan.steps), unit="cell", desc="duet", disable=not self.cfg.progress)
 
@@ -134,7 +131,7 @@ class DuetRunner:
                 key = slot_key(label, g)
                 if key in started:  # handed-in servers were recorded by run_experiment
                     self.record.add_server(key, self.slots[key])
-                self.record.data["servers"][key].update(label=label, gpu=g)
+                self.record.place_server(key, label, g)
         self.record.save()
 
     def _warm_up(self, rows: Sequence[duet.Placement]) -> None:
@@ -154,10 +151,9 @@ class DuetRunner:
         step = burnin_step(self.plan.steps, self.cfg.loads, tuple(self.cfg.labels))
         window = self.plan.windows[step.window]
         for row in rows:
-            n = len(self.record.data["burnin"])
-            entry = {"burnin": n, "window": step.window, "load": step.load, "order": list(step.order),
-                     "placement": dict(zip(row.arms, row.gpus)), "done": []}
-            self.record.data["burnin"].append(entry)
+            entry = self.record.new_burnin(step.window, step.load, step.order,
+                                           placement=dict(zip(row.arms, row.gpus)))
+            n = entry["burnin"]
             what = f"the burn-in at load {step.load:g} ({_where(row)})"
             self.where = f"in {what}"
             tags = {"window": step.window, "load": step.load, "phase": "burnin", "burnin": n}
@@ -212,7 +208,7 @@ class DuetRunner:
             step, phase = timed
             for label, s in servers.items():
                 gpu = placement.gpu_of(label)
-                self.record.data["replays"].append({
+                self.record.add_replay({
                     "arm": label, "window": step.window, "load": step.load, "phase": phase,
                     "started_s": round(started - self.t_start, 3), "wall_s": round(wall, 3),
                     "server": slot_key(label, gpu), "gpu": gpu, "port": s.config.port, "t0_perf_ns": t0,

@@ -115,7 +115,7 @@ class Instances:
         self.record, self.n = record, n
         self.current: dict[str, int] = {}
         if n > 1:
-            record.data["instances"] = {"count": n, "arms": {}, "differences": {}}
+            record.start_instances(n)
 
     def segments(self, steps: Sequence[Step], one_at_a_time: bool = False) -> list[Segment]:
         """`segments` of the run's steps (with --one-at-a-time its (block, arm) segments, block k on
@@ -124,7 +124,7 @@ class Instances:
         blocks: dict[int, set[int]] = {}
         for seg in segs:
             blocks.setdefault(seg.block, set()).update(s.window for s in seg.steps)
-        self.record.data["instances"]["windows"] = [sorted(b) for b in blocks.values()]
+        self.record.set_instance_windows([sorted(b) for b in blocks.values()])
         return segs
 
     def tags(self, label: str) -> dict:
@@ -135,18 +135,15 @@ class Instances:
         """Record a start of `label`'s server (`at` wall-clock, `ready_s` until it answered)."""
         if self.n == 1:
             return
-        arms = self.record.data["instances"]["arms"]
-        entries = arms.setdefault(label, [])
-        self.current[label] = len(entries)
         proc, config = getattr(server, "proc", None), getattr(server, "config", None)  # none: an endpoint
         started_at = dt.datetime.fromtimestamp(at, dt.timezone.utc).isoformat(timespec="milliseconds")
-        entries.append({"index": len(entries), "started_at": started_at, "ready_s": round(ready_s, 3),
-                        "pid": proc.pid if proc else None, "gpu_state": gpu_state(),
-                        "port": getattr(config, "port", None),
-                        "kv_cache_memory_bytes": getattr(config, "kv_cache_memory_bytes", None),
-                        "cpus": list(getattr(config, "cpus", ())) or None,
-                        **engine_start(server.log_tail(400))})
-        self.record.data["instances"]["differences"][label] = differences(entries)
+        entries = self.record.add_instance(label, {
+            "started_at": started_at, "ready_s": round(ready_s, 3), "pid": proc.pid if proc else None,
+            "gpu_state": gpu_state(), "port": getattr(config, "port", None),
+            "kv_cache_memory_bytes": getattr(config, "kv_cache_memory_bytes", None),
+            "cpus": list(getattr(config, "cpus", ())) or None, **engine_start(server.log_tail(400))})
+        self.current[label] = len(entries) - 1
+        self.record.set_instance_differences(label, differences(entries))
 
 
 # --- the design: instances x windows from a wanted precision or a GPU-minute budget ---

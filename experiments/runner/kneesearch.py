@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from experiments.core.schedule import KNEE_PROMPT_SEEDS
-from experiments.core.slo import DEFAULT_SLO_FILE, load_slo_file, meets
+from experiments.core.slo import meets
 from experiments.runner.config import RunConfig
 from experiments.runner.plan import Window
 from experiments.stats import knee
@@ -27,7 +27,7 @@ def search(cfg: RunConfig, windows: Sequence[Window], replay: Replay) -> dict:
     """Search cfg.knee_factors and past them on the windows of the run; the record of every factor
     searched (attainment per tier in "points", send lateness in "lateness"), why the search stopped,
     the knees and the loads chosen (experiments.stats.knee.choose_loads)."""
-    slos = list(cfg.slos) if cfg.slos else load_slo_file(DEFAULT_SLO_FILE)
+    slos = list(cfg.slos)
     picked = [windows[i] for i in knee.search_windows([len(w.requests) for w in windows])]
     listed = list(cfg.knee_factors or ())
     points: dict[str, list[tuple[float, float]]] = {s.name: [] for s in slos}

@@ -74,10 +74,7 @@ class Runner:
         self.awake = sleepmode.Awake(plan, record, self.t_start)  # --sleep-mode's switches
         self.burned: set[str] = set()  # arms burnt in since their server (re)started
         self.loads: tuple[float, ...] = tuple(self.cfg.loads)  # measured loads: --loads, or the knee's
-        self.record.data.setdefault("replays", [])
-        self.record.data.setdefault("burnin", [])
-        self.record.data["order"] = {"method": "randomised balanced per load (experiments.core.schedule)",
-                                     "seed": self.cfg.seed}
+        self.record.set_order("randomised balanced per load (experiments.core.schedule)", self.cfg.seed)
         self.bar = tqdm(total=sum(len(s.order) for s in plan.steps), unit="replay", desc="run",
                         disable=not self.cfg.progress, position=0, leave=True)
 
@@ -164,8 +161,7 @@ class Runner:
             started = start_servers(self.cfg, new, self.record.run_dir, times, self.place.cpus)
         except StartFailed as exc:
             raise StopRun(f"server {exc.label} failed to start: {exc}") from None
-        if "placement" in self.record.data:
-            self.record.data["placement"]["starts"].append(list(new))
+        self.record.started_together(new)
         for label in new:
             self.servers[label] = started[label]
             self.owned.add(label)
@@ -191,9 +187,8 @@ class Runner:
     def _burn_in(self, fresh: tuple[str, ...]) -> None:
         """One burn-in cell on the freshly started arms: measured and kept, never compared."""
         step = burnin_step(self.plan.steps, self.loads, fresh)
-        n = len(self.record.data["burnin"])
-        entry = {"burnin": n, "window": step.window, "load": step.load, "order": list(step.order), "done": []}
-        self.record.data["burnin"].append(entry)
+        entry = self.record.new_burnin(step.window, step.load, step.order)
+        n = entry["burnin"]
         window = self.plan.windows[step.window]
         for label in step.order:
             what = f"the burn-in at load {step.load:g}"
@@ -211,14 +206,13 @@ class Runner:
         it chose (kept as they are when it finds none)."""
         cfg = self.cfg
         decided = kneesearch.search(cfg, self.plan.windows, self._knee_replay)
-        self.record.data["knee"] = decided
+        self.record.set_knee(decided)
         loads = decided["loads"]
         if loads:
             log.info("knee of %s at %.3gx: measuring at %s", decided["tier"], decided["knee"], loads)
             self.plan.steps = build_schedule(cfg.windows, loads, cfg.labels, False, cfg.blocks, cfg.seed,
                                              self.plan.sets, self.instances.n)
             self.loads = tuple(loads)
-            self.record.data["loads"] = list(loads)
             self.bar.total = sum(len(s.order) for s in self.plan.steps)
         else:
             log.info("knee search: %s; measuring at --loads %s", decided["reason"], cfg.loads)
@@ -242,7 +236,7 @@ class Runner:
         self.awake.only(label, self.servers, f"{what} on {label}")
         started, probe = time.time(), Probe.of(self.servers[label])
         records = self._replay(label, reqs, tags, seed, what)
-        self.record.data["replays"].append({
+        self.record.add_replay({
             "arm": label, "window": step.window, "load": step.load, "phase": phase,
             "started_s": round(started - self.t_start, 3), "wall_s": round(time.time() - started, 3),
             "gpu": gpu_state(), "host": probe.finish()})
@@ -315,16 +309,13 @@ def run_experiment(cfg: RunConfig, *, argv: Sequence[str] | None = None,
     prompts, prompt_record = prompt_source(cfg, plan.vocab_size)
     run_dir = make_run_dir(cfg)
     record = RunRecord.create(run_dir, plan, argv)
-    record.data["prompts"] = prompt_record
-    if design is not None:
-        record.data["instance_design"] = design
-    if cfg.pin_cpus or cfg.start_order != "waves":
-        record.data["placement"] = {**place.to_json(), "starts": []}  # "starts": each start's labels
+    record.set_design(prompt_record, design,
+                      place.to_json() if cfg.pin_cpus or cfg.start_order != "waves" else None)
     write_json(run_dir / "environment.json", capture_environment(cfg.trace, cfg.model_dir))
     for label, server in (servers or {}).items():
         record.add_server(label, server)
     log.info("run %s: %d windows x %d loads x %d arms, %s", run_dir, len(plan.windows), len(cfg.loads),
-             len(cfg.labels), record.data["mode_note"] or "A/B")
+             len(cfg.labels), record.run.mode_note or "A/B")
     for line in readiness.summary(plan.design):
         log.info("%s", line)
     runner = (duetrun.DuetRunner(plan, record, servers, before_replay, prompts) if cfg.layout == "duet" else
@@ -348,6 +339,6 @@ def run_experiment(cfg: RunConfig, *, argv: Sequence[str] | None = None,
         problems = closing.close(runner, record, status, reason)
         if problems:
             raise closing.not_finished(record, reason, problems)
-        if analyze and "analysis_error" not in record.data:
-            closing.analyze(record, list(cfg.slos) if cfg.slos else None)
+        if analyze and record.run.analysis_error is None:
+            closing.analyze(record)
     return run_dir

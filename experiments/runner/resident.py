@@ -18,6 +18,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
+from experiments.core.runfile import Run
 from experiments.core.schedule import cover
 from experiments.runner.config import ConfigError, RunConfig
 from experiments.runner.servers import start_waves
@@ -26,11 +27,11 @@ from experiments.stats.comparisons import required_pairs
 Sets = tuple[tuple[str, ...], ...]
 
 
-def run_like(cfg: RunConfig) -> dict:
+def run_like(cfg: RunConfig) -> Run:
     """What experiments.stats reads of a run's arms (run.json's arm_labels, arms, arm_definitions), from
     the config, before any run.json exists."""
-    return {"arm_labels": list(cfg.labels), "arms": list(cfg.arms),
-            "arm_definitions": {lab: arm.to_json() for lab, arm in zip(cfg.labels, cfg.arm_definitions)}}
+    return Run(arm_labels=list(cfg.labels), arms=list(cfg.arms),
+               arm_definitions={lab: arm.to_json() for lab, arm in zip(cfg.labels, cfg.arm_definitions)})
 
 
 def sets(cfg: RunConfig) -> Sets:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from common.jsonfile import write_json
-from experiments.core.rundir import RUN_SCHEMA_VERSION
+from experiments.core.runfile import Run
 from experiments.runner import readiness
 from experiments.runner.config import ConfigError, RunConfig
 from experiments.runner.metrics_scrape import accumulate
@@ -110,10 +110,11 @@ def make_run_dir(cfg: RunConfig) -> Path:
 
 
 class RunRecord:
-    """The run.json dict of one run directory, with helpers that update and save it."""
+    """The run's run.json (experiments.core.runfile.Run) in its run directory, with the methods that
+    update it and save it."""
 
-    def __init__(self, run_dir: Path, data: dict, plan: Plan) -> None:
-        self.run_dir, self.data, self._plan = Path(run_dir), data, plan
+    def __init__(self, run_dir: Path, run: Run, plan: Plan) -> None:
+        self.run_dir, self.run, self._plan = Path(run_dir), run, plan
         self.requests_path = self.run_dir / "requests.jsonl"
         self._warmed: set[str] = set()
 
@@ -121,42 +122,36 @@ class RunRecord:
     def create(cls, run_dir: Path, plan: Plan, argv: Sequence[str] | None) -> "RunRecord":
         """The initial run.json (status "running"), saved."""
         cfg = plan.cfg
-        data = {
-            "schema_version": RUN_SCHEMA_VERSION, "tool_version": TOOL_VERSION,
-            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "command": list(argv) if argv is not None else None,
-            "config": cfg.to_json(),
-            "trace": {"path": str(cfg.trace), "sha256": plan.trace_sha256, "requests": plan.trace_requests},
-            "model": {"name": Path(cfg.model_dir).name, "dir": str(cfg.model_dir),
-                      "config": plan.model_config, "dtype": cfg.dtype, "eager": cfg.eager},
-            "device": cfg.device, "mode_note": mode_note(cfg),
-            "arms": list(cfg.arms), "arm_labels": list(cfg.labels), "arm_definitions": arm_records(cfg),
-            "allow_arm_differences": cfg.allow_arm_differences,
-            "windows": [w.to_json() for w in plan.windows], "loads": list(cfg.loads),
-            "warmup": {"requests": len(plan.warmup), "duration_s": plan.warmup_duration_s,
-                       "start_s": plan.warmup_start_s, "load": plan.warmup_load},
-            "clipping": {"max_input_tokens": cfg.max_input_tokens, "max_output_tokens": cfg.max_output_tokens,
-                         "clipped_requests": plan.clipped_requests},
-            "resident": not cfg.one_at_a_time,
-            **({"resident_sets": [list(s) for s in plan.sets]} if len(plan.sets) > 1 else {}),
-            "schedule": [s.to_json() for s in plan.steps],
-            "patched_policy": patched_policy(cfg),
-            "step_histograms": {}, "status": "running", "stopped_reason": None,
-            "servers": {}, "warnings": [], "finished": None,
-        }
-        rec = cls(run_dir, data, plan)
+        run = Run(
+            tool_version=TOOL_VERSION, created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            command=list(argv) if argv is not None else None, config=cfg.to_json(),
+            trace={"path": str(cfg.trace), "sha256": plan.trace_sha256, "requests": plan.trace_requests},
+            model={"name": Path(cfg.model_dir).name, "dir": str(cfg.model_dir), "config": plan.model_config,
+                   "dtype": cfg.dtype, "eager": cfg.eager},
+            device=cfg.device, mode_note=mode_note(cfg),
+            arms=list(cfg.arms), arm_labels=list(cfg.labels), arm_definitions=arm_records(cfg),
+            allow_arm_differences=cfg.allow_arm_differences,
+            windows=[w.to_json() for w in plan.windows], loads=list(cfg.loads),
+            warmup={"requests": len(plan.warmup), "duration_s": plan.warmup_duration_s,
+                    "start_s": plan.warmup_start_s, "load": plan.warmup_load},
+            clipping={"max_input_tokens": cfg.max_input_tokens, "max_output_tokens": cfg.max_output_tokens,
+                      "clipped_requests": plan.clipped_requests},
+            resident=not cfg.one_at_a_time,
+            resident_sets=[list(s) for s in plan.sets] if len(plan.sets) > 1 else None,
+            schedule=[s.to_json() for s in plan.steps], patched_policy=patched_policy(cfg))
+        rec = cls(run_dir, run, plan)
         rec.save()
         return rec
 
     def save(self) -> None:
         """Rewrite run.json atomically (the schedule's done lists included)."""
-        self.data["schedule"] = [s.to_json() for s in self._plan.steps]
-        write_json(self.run_dir / "run.json", self.data)
+        self.run.schedule = [s.to_json() for s in self._plan.steps]
+        write_json(self.run_dir / "run.json", self.run.to_json())
 
     def add_server(self, label: str, server: Server) -> None:
         """Record a server of `label` (one more start); an endpoint's own description goes to
         environment.json."""
-        entry = self.data["servers"].setdefault(label, {"starts": 0})
+        entry = self.run.servers.setdefault(label, {"starts": 0})
         if isinstance(server, Endpoint):
             self._add_endpoint(label, server, entry)
             return
@@ -172,8 +167,12 @@ class RunRecord:
         entry["starts"] += 1
         self.save()
 
+    def place_server(self, key: str, label: str, gpu: int) -> None:
+        """Say which arm a duet's server `key` serves and on which GPU."""
+        self.run.servers[key].update(label=label, gpu=gpu)
+
     def _add_endpoint(self, label: str, server: Endpoint, entry: dict) -> None:
-        entry.update({"arm": self.data["arms"][self.data["arm_labels"].index(label)], "endpoint": server.url,
+        entry.update({"arm": self.run.arm_of()[label], "endpoint": server.url,
                       "started_by": "user", "served_model": server.model_name,
                       "kv_cache_memory_bytes": None, "gpu_memory_utilization": None})
         entry["starts"] += 1
@@ -182,12 +181,75 @@ class RunRecord:
         except (OSError, ValueError) as exc:
             described = {"url": server.url, "error": f"{type(exc).__name__}: {exc}"}
         root = (described.get("model") or {}).get("root")
-        model_dir = self.data["model"]["dir"]
+        model_dir = self.run.model["dir"]
         if root and Path(str(root)).resolve() != Path(model_dir).resolve():
             self.warn(f"endpoint {label} serves {root}, not --model {model_dir}: prompts are made for "
                       "--model's tokenizer or vocabulary")
         self._update_environment({"endpoints": {label: described}})
         self.save()
+
+    def set_design(self, prompts: dict, instance_design: dict | None, placement: dict | None) -> None:
+        """Where the prompts come from, the design that chose the server instances and the placement's
+        levers (with "starts": the labels of each start), before the first server starts."""
+        self.run.prompts, self.run.instance_design = prompts, instance_design
+        self.run.placement = None if placement is None else {**placement, "starts": []}
+
+    def started_together(self, labels: Sequence[str]) -> None:
+        """The labels of one start of servers (run.json "placement", where recorded)."""
+        if self.run.placement is not None:
+            self.run.placement["starts"].append(list(labels))
+
+    def set_order(self, method: str, seed: int) -> None:
+        """How the cells' arm orders were drawn."""
+        self.run.order = {"method": method, "seed": seed}
+
+    def set_duet(self, duet: dict) -> None:
+        """A duet run's GPUs and their Latin-square schedule."""
+        self.run.layout, self.run.duet = "duet", duet
+
+    def new_burnin(self, window: int, load: float, order: Sequence[str], **more) -> dict:
+        """A burn-in cell's entry, appended (its "burnin" index, "done" filled as its replays end)."""
+        entry = {"burnin": len(self.run.burnin), "window": window, "load": load, "order": list(order),
+                 **more, "done": []}
+        self.run.burnin.append(entry)
+        return entry
+
+    def add_replay(self, entry: dict) -> None:
+        """One replay's start, wall time and the host's and GPU's state (run.json "replays")."""
+        self.run.replays.append(entry)
+
+    def set_knee(self, decided: dict) -> None:
+        """The knee search's decision; the measured loads become the loads it chose, if any."""
+        self.run.knee = decided
+        if decided["loads"]:
+            self.run.loads = list(decided["loads"])
+
+    def start_instances(self, n: int) -> None:
+        """run.json "instances" for a run of `n` server instances per arm."""
+        self.run.instances = {"count": n, "arms": {}, "differences": {}}
+
+    def set_instance_windows(self, windows: list[list[int]]) -> None:
+        self.run.instances["windows"] = windows
+
+    def add_instance(self, label: str, entry: dict) -> list[dict]:
+        """One more start of `label`'s server instance (given its "index"); every start of it so far."""
+        entries = self.run.instances["arms"].setdefault(label, [])
+        entries.append({"index": len(entries), **entry})
+        return entries
+
+    def set_instance_differences(self, label: str, differences: dict) -> None:
+        """How the starts of `label`'s server instances differ (experiments.runner.instances)."""
+        self.run.instances["differences"][label] = differences
+
+    def sleep_switches(self, level: int) -> list[dict]:
+        """The list of --sleep-mode's switches (run.json "sleep_mode"), made on first use."""
+        if self.run.sleep_mode is None:
+            self.run.sleep_mode = {"level": level, "switches": []}
+        return self.run.sleep_mode["switches"]
+
+    def no_report(self, why: str) -> None:
+        """Why the report is missing and the command that makes it (run.json "analysis_error")."""
+        self.run.analysis_error = why
 
     def _update_environment(self, changes: dict) -> None:
         """Merge `changes` into environment.json (dict values one level deep)."""
@@ -203,8 +265,9 @@ class RunRecord:
     def check_prompt_tokens(self, label: str, records: Sequence[RequestRecord]) -> None:
         """Count the records whose server-reported usage.prompt_tokens differs from the trace's
         input_tokens (run.json "prompt_tokens": per arm and in all, with the first examples)."""
-        check = self.data.setdefault("prompt_tokens", {"checked": 0, "mismatched": 0, "per_arm": {},
-                                                       "examples": []})
+        if self.run.prompt_tokens is None:
+            self.run.prompt_tokens = {"checked": 0, "mismatched": 0, "per_arm": {}, "examples": []}
+        check = self.run.prompt_tokens
         arm = check["per_arm"].setdefault(label, {"checked": 0, "mismatched": 0})
         for r in records:
             if r.prompt_tokens is None:
@@ -217,11 +280,11 @@ class RunRecord:
                                           "prompt_tokens": r.prompt_tokens})
 
     def add_histogram(self, label: str, load: float, hist: dict) -> None:
-        per_arm = self.data["step_histograms"].setdefault(label, {})
+        per_arm = self.run.step_histograms.setdefault(label, {})
         per_arm[str(load)] = accumulate(per_arm.get(str(load)), hist)
 
     def warn(self, message: str) -> None:
-        self.data["warnings"].append(message)
+        self.run.warnings.append(message)
 
     def warmed(self, label: str) -> bool:
         return label in self._warmed
@@ -230,8 +293,8 @@ class RunRecord:
         self._warmed.add(label)
 
     def finish(self, status: str, reason: str | None) -> None:
-        self.data.update(status=status, stopped_reason=reason,
-                         finished=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+        self.run.status, self.run.stopped_reason = status, reason
+        self.run.finished = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         self.save()
 
     def set_environment_after(self, clocks: dict | None) -> None:

@@ -83,8 +83,7 @@ class Awake:
         self.known: set[str] = set()
         self.awake: set[str] = set()
         self.start_awake = start_awake(plan) if self.on else None  # the size of servers.start_groups' groups
-        self.switches: list[dict] = record.data.setdefault("sleep_mode", {"level": LEVEL, "switches": []})[
-            "switches"] if self.on else []
+        self.switches: list[dict] = record.sleep_switches(LEVEL) if self.on else []
 
     def forget(self, label: str) -> None:
         """A server that was stopped (a new one of `label` is asked again)."""

@@ -30,6 +30,7 @@ import numpy as np
 
 import runtime_tables
 from common.jsonfile import ResultFileError, project_relative, read_json, stored
+from experiments.core.runfile import Run
 from integration import arms
 from integration.proof import profiles
 
@@ -191,9 +192,9 @@ def _kernel_bench(path: Path, shown: str) -> list[dict]:
     return rows
 
 
-def _policy(run: Mapping, override: Mapping | None) -> tuple[Mapping | None, str]:
+def _policy(run: Run, override: Mapping | None) -> tuple[Mapping | None, str]:
     """The patched arm's recorded policy (or the override) and a sentence saying which it is."""
-    policy = override if override is not None else run.get("patched_policy")
+    policy = override if override is not None else run.patched_policy
     if policy is None:
         return None, ("run.json records no patched_policy (an older run): the fused kernel is assumed at "
                       "every step size")
@@ -202,7 +203,7 @@ def _policy(run: Mapping, override: Mapping | None) -> tuple[Mapping | None, str
                     "save nothing")
 
 
-def attribute(run: Mapping, baseline: str, root: Path, gpu: str | None, profile_path: Path | None = None,
+def attribute(run: Run, baseline: str, root: Path, gpu: str | None, profile_path: Path | None = None,
               kernel_path: Path | None = None, policy: Mapping | None = None,
               graph_path: Path | None = None) -> dict:
     """Predicted step-time change (%) the kernel can explain for this run, with every input named.
@@ -213,7 +214,7 @@ def attribute(run: Mapping, baseline: str, root: Path, gpu: str | None, profile_
     graph-steps file whose decode step savings replace the profile's there. Never raises for a
     missing or unreadable input: the result's "status" and "reason" say what is missing.
     """
-    eager = bool((run.get("model") or {}).get("eager"))
+    eager = bool(run.model.get("eager"))
     if profile_path is None:
         found = profiles.default_profile(gpu, "eager" if eager else "compiled")
         profile_path = root / found if found else None
@@ -223,11 +224,11 @@ def attribute(run: Mapping, baseline: str, root: Path, gpu: str | None, profile_
             "profile": project_relative(profile_path, root) if profile_path else None,
             "kernel_results": project_relative(kernel_path, root) if kernel_path else None,
             "histogram_arm": baseline, "predicted_step_change_pct": None}
-    if run.get("device") == "cpu":
+    if run.device == "cpu":
         return {**base, "status": "cpu", "predicted_step_change_pct": 0.0,
                 "reason": "device is cpu: the patched arm runs the stock norm everywhere, so the kernel "
                           "explains exactly 0% change"}
-    hists = (run.get("step_histograms") or {}).get(baseline) or {}
+    hists = run.step_histograms.get(baseline) or {}
     try:
         points = merge_histograms(hists)
         per_load_points = {load: histogram_points(h) for load, h in hists.items()}
@@ -247,7 +248,7 @@ def attribute(run: Mapping, baseline: str, root: Path, gpu: str | None, profile_
         try:
             result["kernel_estimate"] = predict_from_kernels(
                 points, _kernel_bench(kernel_path, project_relative(kernel_path, root)),
-                run.get("model") or {}, eager, fused if pol is not None else None)
+                run.model or {}, eager, fused if pol is not None else None)
         except (ValueError, KeyError, TypeError) as exc:
             result["kernel_estimate"] = {"status": "error", "reason": str(exc)}
     if profile_path is None or not stored(profile_path).is_file():

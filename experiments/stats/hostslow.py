@@ -22,6 +22,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
+from experiments.core.runfile import Run
+
 # A replay's spacing (or CPU per token) excess counts above max(this log ratio, ROBUST_Z robust sd of the
 # run's excesses): the H200 8B confirm runs' replays scatter 0.9% about their cells' other arms (robust
 # sd), so 5% is over 5 sd there and above any norm kernel's effect (one replay of 288 passes in each;
@@ -96,11 +98,11 @@ def replay_table(measured: pd.DataFrame) -> pd.DataFrame:
 HOST_COLUMNS = ["started_s", "host", "steal_pct", "cpu_per_token_ms", "other_cores"]
 
 
-def with_host(table: pd.DataFrame, run: Mapping) -> pd.DataFrame | None:
+def with_host(table: pd.DataFrame, run: Run) -> pd.DataFrame | None:
     """`table` with each replay's start and host signals from run.json's replays (host: recorded or not;
     steal_pct, cpu_per_token_ms: engine-core CPU time per output token, other_cores; NaN where not
     recorded); None when no replay carries a "host" entry (runs recorded before it)."""
-    entries = {(e["arm"], int(e["window"]), float(e["load"])): e for e in run.get("replays") or []
+    entries = {(e["arm"], int(e["window"]), float(e["load"])): e for e in run.replays
                if e.get("phase") == "measure"}
     if not any("host" in e for e in entries.values()):
         return None
@@ -150,7 +152,7 @@ def _not_recorded(table: pd.DataFrame) -> list[str]:
     return [f"{what}: not recorded in {k} of {n} replays" for what, k in lacking if k]
 
 
-def episodes(measured: pd.DataFrame, run: Mapping) -> dict | None:
+def episodes(measured: pd.DataFrame, run: Run) -> dict | None:
     """report.json's "slow_host": the rule, its thresholds, what was not recorded, and every replay whose
     spacing was slow, with its host signals and whether it ran in a slow host episode; None for a run
     whose replays carry no host entry (experiments.runner.hostprobe came later)."""

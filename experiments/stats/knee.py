@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from experiments.core.runfile import Run
 from experiments.core.schedule import KNEE_PROMPT_SEEDS
 from experiments.core.slo import SLO
 from experiments.stats import goodput
@@ -238,11 +239,11 @@ def lateness_per_factor(found: pd.DataFrame) -> dict[float, dict]:
     return out
 
 
-def summary(df: pd.DataFrame, run: Mapping, slos: Sequence[SLO]) -> dict | None:
+def summary(df: pd.DataFrame, run: Run, slos: Sequence[SLO]) -> dict | None:
     """The knee search of a run re-derived from its records (phase "knee"), beside the choice run.json
     records; None for a run without one."""
     found = df[df["phase"] == "knee"]
-    decided = run.get("knee")
+    decided = run.knee
     if found.empty and not decided:
         return None
     points = {s.name: attainment_points(found, s) for s in slos}

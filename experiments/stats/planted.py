@@ -35,25 +35,13 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from experiments.core.runfile import Run
 from experiments.stats import paired
 from experiments.stats.attribution import histogram_points
 from integration import arms
 from integration.names import PLANTED_NS_ENV, POLICY_ENV, POLICY_ENV_COMPILED, PROVIDER
 from integration.proof.normcalls import norm_shape
 from integration.proof.plantedcost import added_us_per_call, result_path
-
-
-def arm_definition(run: Mapping, label: str, name: str) -> arms.Arm | None:
-    """The Arm of a label: run.json's recorded definition, else the built-in or parsed arm of that
-    name (runs before arm definitions were recorded), else None."""
-    recorded = (run.get("arm_definitions") or {}).get(label)
-    if recorded:
-        return arms.Arm.from_json({k: recorded[k] for k in arms.ARM_FIELDS if k in recorded},
-                                  f"run.json arm_definitions[{label!r}]")
-    try:
-        return arms.get(name)
-    except ValueError:
-        return None
 
 
 def planted_ns(arm: arms.Arm | None) -> int | None:
@@ -64,10 +52,10 @@ def planted_ns(arm: arms.Arm | None) -> int | None:
     return int(dict(arm.extra_env)[PLANTED_NS_ENV])
 
 
-def has_planted_arm(run: Mapping) -> bool:
+def has_planted_arm(run: Run) -> bool:
     """Whether any arm of the run after the baseline is a planted control."""
-    return any(planted_ns(arm_definition(run, label, name)) is not None
-               for label, name in zip(list(run["arm_labels"])[1:], list(run["arms"])[1:]))
+    return any(planted_ns(run.arm(label)) is not None
+               for label in run.arm_labels[1:])
 
 
 def _decode_time(decode: Mapping[tuple[str, float], tuple[float, int]] | None,
@@ -94,22 +82,21 @@ def _same_delay(name: str, ns: int) -> bool:
 DECODE_TOP = 256.0  # without decode sizes measured, steps up to this many tokens count as decode steps
 
 
-def follows_policy(run: Mapping, label: str) -> bool:
+def follows_policy(run: Run, label: str) -> bool:
     """Whether the planted arm `label` is the patched arm plus the delay in its fused calls: its
     recorded description says so (arms.PLANTED_TWIN: today's arm, and the first twin, which had a
     provider of its own). Earlier planted arms (a delay op after every stock norm; the fused kernel
     at every call) delayed every call and are compared with the baseline, as they were."""
-    labels, names = list(run["arm_labels"]), list(run["arms"])
-    arm = arm_definition(run, label, names[labels.index(label)])
+    arm = run.arm(label)
     return planted_ns(arm) is not None and arm.description.startswith(arms.PLANTED_TWIN)
 
 
-def reference_label(run: Mapping, label: str) -> str:
+def reference_label(run: Run, label: str) -> str:
     """The arm the planted arm `label` is compared with: its twin, the run's first other arm on the
     kit's provider with the planted arm's policy variables and no delay (patched: the same policy, as
     shipped or fused at every call), else the baseline (and always the baseline for an earlier planted
     design)."""
-    labels, names = list(run["arm_labels"]), list(run["arms"])
+    labels = list(run.arm_labels)
     if not follows_policy(run, label):
         return labels[0]
     keys = (POLICY_ENV, POLICY_ENV_COMPILED, PLANTED_NS_ENV)
@@ -117,9 +104,9 @@ def reference_label(run: Mapping, label: str) -> str:
     def policy_and_delay(arm: arms.Arm) -> tuple:
         return tuple(dict(arm.extra_env).get(k) for k in keys)
 
-    twin = (*policy_and_delay(arm_definition(run, label, names[labels.index(label)]))[:2], None)
-    for lab, name in zip(labels[1:], names[1:]):  # the twin: the same policy, no delay
-        arm = arm_definition(run, lab, name)
+    twin = (*policy_and_delay(run.arm(label))[:2], None)
+    for lab in labels[1:]:  # the twin: the same policy, no delay
+        arm = run.arm(lab)
         if lab != label and arm is not None and arm.provider == PROVIDER and \
                 policy_and_delay(arm) == twin:
             return lab
@@ -129,15 +116,15 @@ def reference_label(run: Mapping, label: str) -> str:
 Orders = Mapping[tuple[int, float], Sequence[str]]  # (window, load) -> the arms' replay order
 
 
-def reference_comparisons(measured: pd.DataFrame, run: Mapping, orders: Orders,
+def reference_comparisons(measured: pd.DataFrame, run: Run, orders: Orders,
                           seed: int = 0) -> dict[str, dict]:
     """planted label -> the paired TPOT comparison (experiments.stats.paired.compare_metric) with its
     twin, for every planted arm whose reference is not the baseline (that one is in the report's
     paired latency already)."""
-    labels = list(run["arm_labels"])
+    labels = list(run.arm_labels)
     out = {}
-    for label, name in zip(labels[1:], list(run["arms"])[1:]):
-        if planted_ns(arm_definition(run, label, name)) is None:
+    for label in labels[1:]:
+        if planted_ns(run.arm(label)) is None:
             continue
         ref = reference_label(run, label)
         if ref != labels[0]:
@@ -185,12 +172,12 @@ def cost_at(curve: Sequence[tuple[float, float]], tokens: float) -> float:
     return float(np.interp(math.log(max(tokens, 1.0)), xs, [c for _, c in curve]))
 
 
-def fused_sizes(run: Mapping, label: str) -> list[tuple[int, int]] | None:
+def fused_sizes(run: Run, label: str) -> list[tuple[int, int]] | None:
     """The step sizes (token ranges) where the planted arm's norm calls run the fused kernel and so
     carry the delay: None for every size (CPU, where the host delay follows every call; an earlier
     planted arm, which delayed every call; or a run that records no policy)."""
-    policy = run.get("patched_policy") or {}
-    if run.get("device") != "cuda" or not follows_policy(run, label) or not policy.get("segments"):
+    policy = run.patched_policy or {}
+    if run.device != "cuda" or not follows_policy(run, label) or not policy.get("segments"):
         return None
     return sorted({(int(lo), int(hi)) for segs in policy["segments"].values() for lo, hi, fused in segs
                    if fused})
@@ -255,16 +242,16 @@ def _per_call(sizes: list[tuple[int, int]] | None, ns: int, ref_name: str | None
     return [], ns / 1000.0, "the delay alone"
 
 
-def call_cost(run: Mapping, label: str, attribution: Mapping, graph_steps: tuple[str, Mapping] | None
+def call_cost(run: Run, label: str, attribution: Mapping, graph_steps: tuple[str, Mapping] | None
               ) -> tuple[Callable[[float], float], float, str]:
     """(us the planted arm `label` adds per norm call at a step of n tokens, the flat cost per call
     where no curve was measured, where the cost comes from): zero at the step sizes its policy leaves
     to stock (planted and reference run the same code there)."""
-    labels, names = list(run["arm_labels"]), list(run["arms"])
+    labels, names = list(run.arm_labels), list(run.arms)
     ref = reference_label(run, label)
     ref_name = names[labels.index(ref)] if ref != labels[0] else None
     sizes = fused_sizes(run, label)
-    curve, flat, source = _per_call(sizes, planted_ns(arm_definition(run, label, names[labels.index(label)])),
+    curve, flat, source = _per_call(sizes, planted_ns(run.arm(label)),
                                     ref_name, attribution, graph_steps)
 
     def cost(tokens: float) -> float:
@@ -274,7 +261,7 @@ def call_cost(run: Mapping, label: str, attribution: Mapping, graph_steps: tuple
     return cost, flat, source
 
 
-def planted_lines(run: Mapping, latency: Sequence[Mapping], paired_latency: Mapping,
+def planted_lines(run: Run, latency: Sequence[Mapping], paired_latency: Mapping,
                   attribution: Mapping, graph_steps: tuple[str, Mapping] | None = None,
                   reference: Mapping[str, Mapping] | None = None,
                   decode: Mapping[tuple[str, float], tuple[float, int]] | None = None) -> list[dict]:
@@ -283,17 +270,16 @@ def planted_lines(run: Mapping, latency: Sequence[Mapping], paired_latency: Mapp
     whether the prediction lies inside the interval, and the change against the baseline.
     `graph_steps`: (path shown, document) of a graph-steps file with the planted arm's step time in
     vLLM; `reference`: reference_comparisons; `decode`: decode_totals of the run's records."""
-    labels, names = list(run["arm_labels"]), list(run["arms"])
-    out = []
-    for label, name in zip(labels[1:], names[1:]):
-        arm = arm_definition(run, label, name)
+    labels, out = list(run.arm_labels), []
+    for label in labels[1:]:
+        arm = run.arm(label)
         ns = planted_ns(arm)
         if ns is None:
             continue
         ref = reference_label(run, label)
         entry: dict = {"arm": label, "ns_per_call": ns, "reference": ref}
         try:
-            shape = norm_shape((run.get("model") or {}).get("config") or {})
+            shape = norm_shape(run.model.get("config") or {})
         except ValueError as exc:
             out.append({**entry, "status": "no prediction", "reason": str(exc)})
             continue
@@ -302,7 +288,7 @@ def planted_lines(run: Mapping, latency: Sequence[Mapping], paired_latency: Mapp
         cost, flat, source = call_cost(run, label, attribution, graph_steps)
         top = max((float(r["batch_tokens"]) for r in graph_steps[1].get("sizes", [])), default=DECODE_TOP) \
             if graph_steps else DECODE_TOP
-        hists = (run.get("step_histograms") or {})
+        hists = run.step_histograms
         tpot_ms = _baseline_tpot(latency, ref) or _baseline_tpot(latency, labels[0])
         totals = _decode_time(decode, ref)
         by_load, added = {}, []

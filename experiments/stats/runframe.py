@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.core.rundir import RECORD_FILES, load_records, read_run_record
+from experiments.core.rundir import RECORD_FILES, load_records
+from experiments.core.runfile import read_run
 from experiments.core.slo import DEFAULT_SLO_FILE, SLO, load_slo_file
 from experiments.stats import goodput
 
@@ -32,13 +33,13 @@ def load_run(path: str | Path, slos: Sequence[SLO] | None = None) -> pd.DataFram
     FileNotFoundError when `path` holds no run.json or no records; ValueError or ResultFileError
     naming the file when one is damaged."""
     run_dir = Path(path)
-    run = read_run_record(run_dir)
+    run = read_run(run_dir)
     records, source = load_records(run_dir)
     if source is None:
         raise FileNotFoundError(f"{run_dir}: no {' or '.join(RECORD_FILES)}")
     tiers = list(slos) if slos is not None else load_slo_file(DEFAULT_SLO_FILE)
     df = goodput.records_frame(records, tiers).rename(columns={"ok": "succeeded"})
-    names = dict(zip(run["arm_labels"], run["arms"]))
+    names = dict(zip(run.arm_labels, run.arms))
     df.insert(1, "arm_name", df["arm"].map(names))
     df.insert(5, "burnin", pd.array([r.tags.get("burnin") for r in records], dtype="Int64"))
     df.insert(6, "instance", df.pop("instance"))  # records_frame's, beside the other tags

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from experiments.analyze import analyze_run
+from experiments.core.runfile import read_run
 from experiments.reporting import duetreport
 from experiments.stats import duet
 from tests.experiments.synthetic_run import write_run
@@ -83,5 +84,5 @@ def test_a_turns_run_has_no_layout_entry_and_counts_one_gpu_per_replay(tmp_path:
     report = analyze_run(run_dir)
     assert "layout" not in report and "layout" not in report["design"]["fingerprint"]
     assert "Duet layout" not in (run_dir / "report.md").read_text()
-    run = json.loads((run_dir / "run.json").read_text())
+    run = read_run(run_dir)
     assert duetreport.gpu_minutes(run) == pytest.approx(4 * 20.0 * 2 / 60.0)  # 4 windows, 2 arms in turn

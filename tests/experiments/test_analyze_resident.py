@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from experiments.analyze import analyze_run
+from experiments.core.runfile import Run
 from experiments.core.schedule import cover
 from experiments.core.slo import SLO
 from experiments.stats.comparisons import required_pairs
@@ -18,7 +19,7 @@ from tests.experiments.synthetic_run import write_run
 
 LABELS = ("stock", "patched", "planted:3us", "stock-b")
 ARMS = ("stock", "patched", "planted:3us", "stock")
-RUN = {"arm_labels": list(LABELS), "arms": list(ARMS)}
+RUN = Run(arm_labels=list(LABELS), arms=list(ARMS))
 SETS = cover(LABELS, required_pairs(RUN), 2)
 SHIFT = {"stock": 0.0, "patched": 0.01, "planted:3us": 0.04, "stock-b": 0.0}  # log TPOT against stock
 PER = 2 * len(SETS)  # windows per instance: two per set

@@ -2,6 +2,7 @@ import json
 
 import pytest
 
+from experiments.core.runfile import Run
 from experiments.stats import attribution
 
 HIST = {"buckets": [1, 64, 1024, "+Inf"], "counts": [10, 5, 1, 0]}
@@ -46,7 +47,7 @@ def files(tmp_path):
 
 def attribute(run, root, **kw):
     """attribution.attribute with the test's profile and kernel results as inputs."""
-    return attribution.attribute(run, "stock", root, None, profile_path=root / "profile.json",
+    return attribution.attribute(Run(**run), "stock", root, None, profile_path=root / "profile.json",
                                  kernel_path=root / "bench.json", **kw)
 
 
@@ -136,11 +137,11 @@ def test_profile_of_another_schema_version_is_refused(files):
 
 
 def test_default_inputs_follow_the_runs_gpu(tmp_path):
-    a = attribution.attribute(run_json(), "stock", tmp_path, "gpu-without-results")
+    a = attribution.attribute(Run(**run_json()), "stock", tmp_path, "gpu-without-results")
     assert a["status"] == "no profile available" and "gpu-without-results" in a["reason"]
     assert a["kernel_results"] is None  # no isolated table names a benchmark of this GPU
     assert "runtime_tables/policy-gpu-without-results.json" in a["kernel_estimate"]["reason"]
-    h200 = attribution.attribute(run_json(), "stock", tmp_path, "h200")  # its table's source, under root
+    h200 = attribution.attribute(Run(**run_json()), "stock", tmp_path, "h200")  # its table source, under root
     assert h200["kernel_results"] == "kernels/results/h200.json"
 
 

@@ -8,17 +8,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from experiments.core.runfile import Run
 from experiments.stats import comparisons
 
 
-def _run(**kw) -> dict:
+def _run(**kw) -> Run:
     run = {"arm_labels": ["stock", "patched", "stock-b"], "arms": ["stock", "patched", "stock"],
            "loads": [4.0, 8.0], "windows": [{"id": 0, "duration_s": 15.0}], "device": "cuda",
            "servers": {"stock": {"gpu_memory_utilization": 0.3, "kv_cache_memory_bytes": 1},
                        "patched": {"gpu_memory_utilization": 0.3, "kv_cache_memory_bytes": 1}},
            "model": {"name": "llama-3.1-8b", "dtype": "bfloat16", "eager": False}, "schedule": []}
     run.update(kw)
-    return run
+    return Run(**run)
 
 
 def test_arm_roles_name_the_primary_comparison_and_the_aa_control() -> None:
@@ -34,7 +35,7 @@ def test_fingerprint_differences_name_what_differs() -> None:
     with_aa = comparisons.fingerprint(_run(command=["experiments/run.py", "--with-aa"]))
     assert this["resident_servers"] == 2 and with_aa["resident_servers"] == 3
     other = _run()
-    other["servers"] = {k: {**v, "gpu_memory_utilization": 0.4} for k, v in other["servers"].items()}
+    other.servers = {k: {**v, "gpu_memory_utilization": 0.4} for k, v in other.servers.items()}
     diffs = comparisons.fingerprint_differences(this, comparisons.fingerprint(other))
     assert diffs == [{"key": "gpu_memory_utilization", "this": [0.3], "floor": [0.4]}]
     assert comparisons.fingerprint_differences(this, None)[0]["key"] is None

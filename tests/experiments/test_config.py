@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from experiments.core.slo import DEFAULT_SLO_FILE, load_slo_file
 from experiments.runner import cli as run_cli
 from experiments.runner.config import GIB, ConfigError, RunConfig, arm_labels, make_config
 
@@ -30,7 +31,8 @@ def test_cpu_defaults_are_the_embedded_run(cpu_cfg: RunConfig) -> None:
 
 def test_to_json_is_plain_json(cpu_cfg: RunConfig) -> None:
     d = json.loads(json.dumps(cpu_cfg.to_json()))
-    assert d["trace"] == str(TRACE) and d["loads"] == list(cpu_cfg.loads) and d["slos"] is None
+    assert d["trace"] == str(TRACE) and d["loads"] == list(cpu_cfg.loads)
+    assert d["slos"] == [s.to_json() for s in load_slo_file(DEFAULT_SLO_FILE)]  # the default tiers, whole
 
 
 def test_aa_labels_are_unique() -> None:
@@ -113,7 +115,7 @@ def test_cli_flags_reach_the_config() -> None:
     assert cfg.eager is False and cfg.name == "x1"
     kneed = _parse("--device", "cpu", "--knee", "1,2", "--knee-max", "16", "--knee-lateness-ms", "5")
     assert (kneed.knee_factors, kneed.knee_max, kneed.knee_lateness_ms) == ((1.0, 2.0), 16.0, 5.0)
-    assert kneed.to_json()["knee_max"] == 16.0 and "knee_max" not in cfg.to_json()  # no search: as before
+    assert kneed.to_json()["knee_max"] == 16.0 and cfg.to_json()["knee_max"] == cfg.knee_max  # every setting
 
 
 @pytest.mark.parametrize("argv", [

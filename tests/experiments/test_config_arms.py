@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from experiments.core.runfile import Run
 from experiments.reporting.report_md import arm_lines
 from experiments.runner import cli as run_cli
 from experiments.runner.config import ConfigError, RunConfig, make_config
@@ -137,11 +138,11 @@ def test_endpoints_name_the_arms_and_may_declare_unknown_ones() -> None:
         make_config(TRACE, "cpu", arms=("stock", "mine"), endpoints=("http://127.0.0.1:8001",))
 
 
-def _planted_run(ci: list[float] | None) -> tuple[dict, list, dict]:
+def _planted_run(ci: list[float] | None) -> tuple[Run, list, dict]:
     cfg = make_config(TRACE, "cpu", arms=("stock", "planted:200us"))
-    run = {"arm_labels": list(cfg.labels), "arms": list(cfg.arms), "arm_definitions": arm_records(cfg),
-           "model": {"config": {"architectures": ["LlamaForCausalLM"], "hidden_size": 256,
-                                "num_hidden_layers": 2, "num_attention_heads": 4}}}
+    run = Run(arm_labels=list(cfg.labels), arms=list(cfg.arms), arm_definitions=arm_records(cfg),
+              model={"config": {"architectures": ["LlamaForCausalLM"], "hidden_size": 256,
+                                "num_hidden_layers": 2, "num_attention_heads": 4}})
     latency = [{"arm": "stock", "load": 1.0, "tpot_p50_ms": 4.0},
                {"arm": "stock", "load": 4.0, "tpot_p50_ms": 16.0},
                {"arm": "planted:200us", "load": 1.0, "tpot_p50_ms": 5.0}]

@@ -28,7 +28,7 @@ def test_duet_defaults_one_slot_per_arm_and_no_interleaved_aa() -> None:
     assert aa.labels == ("stock-a", "stock-b") and aa.gpus == (1, 0)
     three = _parse("--device", "cpu", "--layout", "duet", "--aa", "interleaved", "--gpus", "0,1,2")
     assert three.labels == ("stock", "patched", "stock-b") and three.gpus == (0, 1, 2)
-    assert "layout" not in _parse("--device", "cpu").to_json()  # a turns run's record is as before
+    assert _parse("--device", "cpu").to_json()["layout"] == "turns"  # every setting recorded
     assert cfg.to_json()["layout"] == "duet" and cfg.to_json()["gpus"] == [0, 1]
 
 

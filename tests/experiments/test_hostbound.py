@@ -3,9 +3,11 @@ warning at the top of report.md where a served step is more than about a quarter
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from common.jsonfile import read_json
+from experiments.core.runfile import Run
 from experiments.reporting import hostbound
 from experiments.reporting.report_md import render_markdown
 from experiments.reporting.schema import GpuShare, Report
@@ -13,8 +15,7 @@ from tests.experiments.test_gpushare import THREE, frame, reply
 
 BASE = read_json(Path(__file__).resolve().parents[2] / "experiments" / "results" / "h200-llama1b-ab" /
                  "report.json", None, "report")
-GPU_RUN = {"device": "cuda", "model": {"name": "llama-3.2-1b", "eager": False},
-           "arm_labels": ["stock", "patched"]}
+GPU_RUN = Run(device="cuda", model={"name": "llama-3.2-1b", "eager": False}, arm_labels=["stock", "patched"])
 DOC = ("graph-steps.json", {"sizes": [{"batch_tokens": 1, "baseline_median_us": 1000.0},
                                       {"batch_tokens": 4, "baseline_median_us": 1600.0}]})
 
@@ -38,9 +39,9 @@ def test_a_gpu_run_with_step_times_and_token_gaps_gets_a_row_per_arm_and_load_ba
 
 def test_without_step_times_or_token_gaps_the_entry_says_why_in_one_line() -> None:
     f = frame(THREE)
-    cpu = hostbound.entry(f, {**GPU_RUN, "device": "cpu"}, None, None)
+    cpu = hostbound.entry(f, replace(GPU_RUN, device="cpu"), None, None)
     assert cpu["reason"] == "a CPU run: there is no GPU step to set the served steps against"
-    eager = hostbound.entry(f, {**GPU_RUN, "model": {"name": "llama-3.2-1b", "eager": True}}, "h200", DOC)
+    eager = hostbound.entry(f, replace(GPU_RUN, model={"name": "llama-3.2-1b", "eager": True}), "h200", DOC)
     assert eager["reason"].startswith("an eager engine")
     shape = hostbound.entry(f, GPU_RUN, "h100-80gb-hbm3", None)
     assert shape["reason"].startswith("no CUDA-graph step times of llama-3.2-1b on h100-80gb-hbm3")

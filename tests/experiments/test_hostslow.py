@@ -7,6 +7,7 @@ import math
 import pandas as pd
 import pytest
 
+from experiments.core.runfile import Run
 from experiments.stats import hostslow
 from experiments.stats.hostslow import HostSignals
 
@@ -20,7 +21,7 @@ def host(steal_s: float = 0.02, engine_cpu_s: float | None = 0.06, busy_s: float
                        engine_cpu_s=engine_cpu_s, engine_pid=42).to_json()
 
 
-def make_run(spacing: dict, hosts: dict | None = None, no_host: bool = False) -> tuple[pd.DataFrame, dict]:
+def make_run(spacing: dict, hosts: dict | None = None, no_host: bool = False) -> tuple[pd.DataFrame, Run]:
     """(measured frame, run.json) of replays whose requests' token gaps all equal `spacing[(arm, w, load)]`
     ms, each replay's host entry from `hosts` (default host()); every entry None with `no_host`."""
     rows, replays = [], []
@@ -30,7 +31,7 @@ def make_run(spacing: dict, hosts: dict | None = None, no_host: bool = False) ->
         entry = None if no_host else (hosts or {}).get((arm, window, load), host())
         replays.append({"arm": arm, "window": window, "load": load, "phase": "measure",
                         "started_s": 60.0 * k, "host": entry})
-    return pd.DataFrame(rows), {"replays": replays}
+    return pd.DataFrame(rows), Run(replays=replays)
 
 
 def quiet_run() -> dict:
@@ -113,9 +114,9 @@ def test_runs_without_host_entries_get_none_and_endpoints_say_what_was_not_recor
     spacing = quiet_run()
     spacing[("stock", 5, 1.0)] *= 1.3
     df, run = make_run(spacing)
-    assert hostslow.episodes(df, {"replays": [{k: v for k, v in e.items() if k != "host"}
-                                              for e in run["replays"]]}) is None
-    assert hostslow.episodes(df, {}) is None
+    assert hostslow.episodes(df, Run(replays=[{k: v for k, v in e.items() if k != "host"}
+                                             for e in run.replays])) is None
+    assert hostslow.episodes(df, Run()) is None
     df, run = make_run(spacing, no_host=True)  # servers the user started: only the client's view
     s = hostslow.episodes(df, run)
     assert s["not_recorded"] == ["host signals (servers the user started): not recorded in 18 of 18 replays"]

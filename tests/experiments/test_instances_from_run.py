@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import experiments
+from experiments.core.runfile import read_run
 from experiments.stats import instances
 from experiments.stats.comparisons import cell_orders
 from loadgen.records import RecordWriter, read_records
@@ -43,7 +44,7 @@ def test_from_run_fits_over_the_instances_of_a_run(tmp_path: Path) -> None:
     run_dir = _labelled_run(tmp_path)
     df = experiments.load_run(run_dir)
     assert sorted(df["instance"].unique()) == [0, 1, 2]
-    run = json.loads((run_dir / "run.json").read_text())
+    run = read_run(run_dir)
     cells, pairs = instances.cells_from_run(df, "stock", "patched", orders=cell_orders(run))
     assert sorted(cells["window"].unique()) == [0, 1] and sorted(cells["trace_window"]) == sorted(
         [w for w in range(6) for _ in (1.0, 2.0)])

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
+from experiments.core.runfile import Run
 from experiments.core.slo import SLO
 from experiments.stats import knee
 
@@ -132,12 +133,12 @@ def test_the_report_says_why_the_search_stopped_and_leaves_the_clients_factor_ou
     df = _searched([True, True, True, False], [0.3, 0.4, 6.0, 9.0], [4.0, 4.0, 8.0, 8.0])
     run = {"knee": {"arm": "stock", "windows": [1, 2], "tier": None, "knee": None, "loads": None,
                     "reason": "none crossed", "prompt_seeds": "per window"}}
-    old = knee.summary(df, run, [CHAT])  # recorded before the stop was: as it was
+    old = knee.summary(df, Run(**run), [CHAT])  # recorded before the stop was: as it was
     assert old["knees"]["chat"]["status"] == "interpolated" and "lateness" not in old and "stopped" not in old
     assert not any("lateness" in x or "stopped" in x for x in knee_lines(SimpleNamespace(knee=old, slos=[])))
     run["knee"].update(stopped={"reason": knee.CLIENT, "factor": 8.0}, max_factor=64.0,
                        lateness_target_ms=2.0)
-    new = knee.summary(df, run, [CHAT])
+    new = knee.summary(df, Run(**run), [CHAT])
     assert new["knees"]["chat"] == {"load": 4.0, "status": "above highest"}  # 8x was the client's
     assert new["points"]["chat"] == [(4.0, 1.0), (8.0, 0.5)]  # every factor searched, still shown
     assert new["lateness"]["8"]["replay_p99_ms"] == [6.0, 9.0] and new["lateness"]["8"]["max_ms"] == 9.0
@@ -153,15 +154,15 @@ def test_a_search_whose_windows_shared_prompt_seeds_is_flagged_in_the_report() -
     df = pd.DataFrame({"phase": ["knee"] * 4, "load": [4.0, 4.0, 8.0, 8.0],
                        met_column(CHAT): [True, True, True, False]})
     run = {"knee": {"arm": "stock", "windows": [3, 4], "tier": "chat", "knee": 6.0, "loads": [4.0, 8.0]}}
-    old = knee.summary(df, run, [CHAT])
+    old = knee.summary(df, Run(**run), [CHAT])
     assert old["shared_prompts"] and old["points"]["chat"] == [(4.0, 1.0), (8.0, 0.5)]
     line = "prefix cache served the repeats"
     assert any(line in x for x in knee_lines(SimpleNamespace(knee=old, slos=[])))
     run["knee"]["prompt_seeds"] = "per window"  # what orchestrate records since 2026-12-05
-    new = knee.summary(df, run, [CHAT])
+    new = knee.summary(df, Run(**run), [CHAT])
     assert "shared_prompts" not in new
     assert not any(line in x for x in knee_lines(SimpleNamespace(knee=new, slos=[])))
-    one = knee.summary(df, {"knee": {**run["knee"], "windows": [3], "prompt_seeds": None}}, [CHAT])
+    one = knee.summary(df, Run(knee={**run["knee"], "windows": [3], "prompt_seeds": None}), [CHAT])
     assert "shared_prompts" not in one  # one window: nothing to share
 
 

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from common.jsonfile import write_json
+from experiments.core.runfile import Run
 from experiments.runner.config import make_config
 from experiments.runner.runrecord import arm_records
 from experiments.stats.planted import (
@@ -24,12 +25,12 @@ from integration.proof import plantedcost
 TRACE = Path(__file__).resolve().parents[2] / "traces" / "chat.jsonl"
 
 
-def _planted_run() -> dict:
+def _planted_run() -> Run:
     """run.json fields of a stock vs planted:500ns run of a 2-layer Llama (5 norm calls per step)."""
     cfg = make_config(TRACE, "cpu", arms=("stock", "planted:500ns"))
-    return {"arm_labels": list(cfg.labels), "arms": list(cfg.arms), "arm_definitions": arm_records(cfg),
-            "model": {"config": {"architectures": ["LlamaForCausalLM"], "hidden_size": 256,
-                                 "num_hidden_layers": 2, "num_attention_heads": 4}}}
+    return Run(arm_labels=list(cfg.labels), arms=list(cfg.arms), arm_definitions=arm_records(cfg),
+               model={"config": {"architectures": ["LlamaForCausalLM"], "hidden_size": 256,
+                                 "num_hidden_layers": 2, "num_attention_heads": 4}})
 
 
 def test_prediction_counts_the_measured_launch_not_only_the_delay(tmp_path: Path,
@@ -74,7 +75,7 @@ def test_decode_steps_weigh_by_their_requests_over_the_decode_time(tmp_path: Pat
     # stock ran, at 1x, 3 steps of 1 token and 2 steps of 2-4 tokens (midpoint 3) and one mixed step of
     # 200 tokens; the records hold 20 decode tokens (so 20 - 3 - 6 = 11 in the mixed step) over 40 ms
     hist = {"buckets": [1, 4, 16, 256, "+Inf"], "counts": [3, 2, 0, 1, 0]}
-    run["step_histograms"] = {"stock": {"1.0": hist}}
+    run.step_histograms = {"stock": {"1.0": hist}}
     latency = [{"arm": "stock", "load": 1.0, "tpot_p50_ms": 1.0}]
     paired = {"planted:500ns": {"tpot_ms": {"estimate_pct": 0.9, "ci95_pct": [0.5, 1.5]}}}
     monkeypatch.setattr(plantedcost, "TABLES_DIR", tmp_path)  # no plain-graph measurement
@@ -98,15 +99,15 @@ def test_decode_steps_weigh_by_their_requests_over_the_decode_time(tmp_path: Pat
     assert q["per_call_source"] == "the delay alone"
 
 
-def _twin_run() -> dict:
+def _twin_run() -> Run:
     """A CUDA run of stock, patched and planted:500ns whose policy fuses at 1-32 rows."""
     cfg = make_config(TRACE, "cpu", arms=("stock", "patched", "planted:500ns"))
     run = {"arm_labels": list(cfg.labels), "arms": list(cfg.arms), "arm_definitions": arm_records(cfg),
-           "device": "cuda", "model": _planted_run()["model"],
+           "device": "cuda", "model": _planted_run().model,
            "patched_policy": {"segments": {"rms_norm": [[1, 32, True], [33, 16384, False]],
                                            "fused_add_rms_norm": [[1, 32, True], [33, 16384, False]]}}}
     run["step_histograms"] = {"patched": {"2.0": {"buckets": [1, 16, 64, "+Inf"], "counts": [4, 2, 1, 0]}}}
-    return run
+    return Run(**run)
 
 
 def test_the_planted_arm_is_compared_with_its_twin_by_the_delay_alone(
@@ -136,7 +137,7 @@ def test_the_planted_arm_is_compared_with_its_twin_by_the_delay_alone(
     assert "vs patched" in text and "minus patched's" in text
     assert "against stock +2.00% [+1.00, +3.00]%" in text
     earlier = "positive control: 500 ns of GPU delay inside every norm call (the fused kernel at every call)"
-    run["arm_definitions"]["planted:500ns"]["description"] = earlier  # an earlier design, recorded so
+    run.arm_definitions["planted:500ns"]["description"] = earlier  # an earlier design, recorded so
     assert reference_label(run, "planted:500ns") == "stock"
 
 
@@ -172,7 +173,7 @@ def test_the_committed_planted_step_time_is_found_by_gpu_and_model() -> None:
     assert profiles.default_planted_steps("h200", "qwen3-8b") is None
     assert profiles.default_planted_steps(None, "llama-3.1-8b") is None
     assert has_planted_arm(_planted_run())
-    assert not has_planted_arm({"arm_labels": ["stock", "patched"], "arms": ["stock", "patched"]})
+    assert not has_planted_arm(Run(arm_labels=["stock", "patched"], arms=["stock", "patched"]))
 
 
 def test_a_bucket_after_an_empty_one_takes_its_own_midpoint() -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from experiments.core.runfile import Run
 from experiments.runner import cli as run_cli
 from experiments.runner import config, orchestrate, readiness, runrecord, sizing
 from experiments.runner.config import DEVICE_DEFAULTS, GIB, ConfigError, RunConfig
@@ -140,7 +141,7 @@ def test_the_printed_plan_says_per_arm_memory_and_length(on_gpu, capsys) -> None
     assert [line.split(":")[0] for line in plan["arms_run"]] == ["stock", "patched", "planted", "stock-b"]
     assert plan["memory"]["model"] == "llama-3.2-1b" and plan["memory"]["fits"] and plan["duration_s"] > 0
     assert any(line.startswith("GPU a100-sxm4-40gb: 4 x llama-3.2-1b") for line in readiness.summary(plan))
-    assert "resident_sets" not in plan and "resident" not in plan["config"]
+    assert "resident_sets" not in plan and plan["config"]["resident"] is None
 
 
 def test_the_plan_says_which_servers_share_an_80_gb_gpu_in_turn(on_gpu, capsys) -> None:
@@ -172,7 +173,7 @@ def test_the_plan_says_when_the_servers_fit_only_with_sleep_mode(on_gpu, capsys)
     plan = json.loads(capsys.readouterr().out)
     m = plan["memory"]
     assert plan["config"]["sleep_mode"] is True and m["model"] == "llama-3.1-8b" and m["fits"]
-    assert "resident_sets" not in plan and "resident" not in plan["config"]
+    assert "resident_sets" not in plan and plan["config"]["resident"] is None
     assert (m["servers"], m["asleep"], m["all_awake_fit"], m["start_awake"]) == (1, 3, False, 2)
     lines = readiness.summary(plan)
     assert any(line.startswith("GPU a100-sxm4-40gb: 4 x llama-3.1-8b servers with --sleep-mode, one awake of")
@@ -249,8 +250,8 @@ def test_fuse_all_is_recorded_with_an_all_fused_policy_and_keeps_the_planted_twi
     assert defs["patched"]["env"] == {"RMSNORM_FUSED_POLICY": "all", "RMSNORM_FUSED_POLICY_COMPILED": "all"}
     assert defs["patched"]["description"].endswith("; --fuse-all: instead, every norm call fused, whatever "
                                                    "the GPU's policy table says")
-    run = {"arm_labels": list(cfg.labels), "arms": list(cfg.arms), "arm_definitions": defs}
+    run = Run(arm_labels=list(cfg.labels), arms=list(cfg.arms), arm_definitions=defs)
     assert reference_label(run, "planted:3us") == "patched"  # the same policy, the delay alone differs
-    assert cfg.to_json()["fuse_all"] is True and "fuse_all" not in cuda_cfg().to_json()
+    assert cfg.to_json()["fuse_all"] is True and cuda_cfg().to_json()["fuse_all"] is False
     idle = cuda_cfg(arms=("stock", "plugin-idle"), fuse_all=True).arm_definitions[1]
     assert dict(idle.extra_env)["RMSNORM_FUSED_POLICY"] == "none"  # an arm's own policy stays

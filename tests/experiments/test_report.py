@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 
 from common.jsonfile import read_json
+from experiments.core.runfile import Run
 from experiments.reporting.report import aa_reason, verdict
 from experiments.reporting.schema import Report
 
@@ -52,10 +53,10 @@ def test_verdict_saturated_slo_is_not_an_mde_claim():
 
 
 def test_aa_reason():
-    assert aa_reason({"arms": ["stock", "patched"], "mode_note": None}) is None
-    assert aa_reason({"arms": ["stock", "stock"], "mode_note": None}) == "every arm is 'stock'"
-    assert aa_reason({"arms": ["stock", "patched", "stock"], "mode_note": None}) is None
-    assert aa_reason({"arms": ["stock", "patched"], "mode_note": "cpu fallback"}) == "cpu fallback"
+    assert aa_reason(Run(arms=["stock", "patched"])) is None
+    assert aa_reason(Run(arms=["stock", "stock"])) == "every arm is 'stock'"
+    assert aa_reason(Run(arms=["stock", "patched", "stock"])) is None
+    assert aa_reason(Run(arms=["stock", "patched"], mode_note="cpu fallback")) == "cpu fallback"
 
 
 def test_clipping_is_stated_beside_the_design():
@@ -98,7 +99,8 @@ def test_paired_lines_lead_with_the_change_its_intervals_and_the_floor_of_the_sa
          "downweighted_cells": 7, "least_squares_pct": 0.5, "least_squares_ci95_pct": [0.1, 0.9]}
     f = {"estimate_pct": 0.02, "ci95_pct": [-0.2, 0.24]}
     r = typed(comparison=["stock", "patched"], paired_latency={"patched": {"tpot_ms": c}},
-              aa_in_run={"pair": ["stock", "stock-b"], "paired_latency": {"tpot_ms": f}})
+              aa_in_run={"pair": ["stock", "stock-b"], "paired_latency": {"tpot_ms": f}, "goodput": {},
+                         "secondary": {}})
     assert paired_lines(r) == [
         "- TPOT, paired per request: patched +0.41% vs stock, 95% CI [+0.12, +0.70]% (Huber M-estimate with "
         "load effects, order-adjusted t over 48 cells (7 downweighted), primary; least squares +0.50% "
@@ -141,11 +143,12 @@ def test_an_aa_floor_off_zero_says_the_servers_differ():
          "n_cells": 21}
     off = {"estimate_pct": 0.55, "ci95_pct": [0.20, 0.90]}
     r = typed(comparison=["stock", "patched"], paired_latency={"patched": {"tpot_ms": c}},
-              aa_in_run={"pair": ["stock", "stock-b"], "paired_latency": {"tpot_ms": off}})
+              aa_in_run={"pair": ["stock", "stock-b"], "paired_latency": {"tpot_ms": off}, "goodput": {},
+                         "secondary": {}})
     assert paired_lines(r)[0].endswith("A/A floor (stock-b vs stock, this run) +0.55% [+0.20, +0.90]% — the "
                                        "A/A interval excludes 0: the two servers of one arm differ, so a "
                                        "change of that size is not the arms'")
-    r.aa_in_run["paired_latency"]["tpot_ms"] = {"estimate_pct": 0.1, "ci95_pct": [-0.2, 0.4]}
+    r.aa_in_run.paired_latency["tpot_ms"] = {"estimate_pct": 0.1, "ci95_pct": [-0.2, 0.4]}
     assert "excludes 0" not in paired_lines(r)[0]
 
 

@@ -62,7 +62,7 @@ def test_the_title_then_the_table_open_the_report(report, run_dir):
     assert change == f"{tpot['estimate_pct']:+.2f}%" and tpot["estimate_pct"] == pytest.approx(2.0, abs=0.3)
     assert ci == f"[{tpot['ci95_pct'][0]:+.2f}, {tpot['ci95_pct'][1]:+.2f}]%" and verdict == "patched higher"
     # the A/A band is the interleaved pair's own interval, as the noise floor and the forest plot give it
-    lo, hi = report.aa_in_run["paired_latency"]["tpot_ms"]["ci95_pct"]
+    lo, hi = report.aa_in_run.paired_latency["tpot_ms"]["ci95_pct"]
     assert band.startswith(f"[{lo:+.2f}, {hi:+.2f}]%") and lo < 0 < hi
     assert rows["goodput chat (TTFT<=2000 ms, TPOT<=100 ms)"][3] == "never stressed at these loads"
     # the synthetic model has no config, so the planted arm gets no prediction, and the row says why

@@ -10,7 +10,7 @@ import pytest
 import statsmodels.api as sm
 from scipy import stats as sps
 
-from common.jsonfile import read_json
+from experiments.core.runfile import read_run
 from experiments.stats import goodput, paired, robust, runframe
 from experiments.stats.comparisons import cell_orders
 
@@ -79,7 +79,7 @@ def test_aa_from_the_measured_cells_of_an_h200_run_excludes_zero_about_five_perc
     """The stock-b vs stock cells of the committed H200 run, centred on their fit and given 1,000
     seeded random signs (an A/A null with the run's own heavy tails): 54 of 1,000 intervals (5.4%)
     excluded 0, at a median half-width of 0.19%."""
-    run = read_json(TWIN_AA / "run.json", None, "run record")
+    run = read_run(TWIN_AA)
     df = runframe.load_run(TWIN_AA).rename(columns={"succeeded": "ok"})
     measured, _ = goodput.split_phases(df)
     cells = paired.cell_medians(paired.request_pairs(measured, "stock", "stock-b", "tpot_ms"))

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.analyze import run_slos
 from experiments.core.rundir import load_records
+from experiments.core.runfile import read_run
 from experiments.runner.config import make_config
 from experiments.runner.orchestrate import run_experiment
 from experiments.stats import goodput
@@ -43,7 +43,7 @@ def test_a_planted_delay_is_detected_with_its_prediction_beside_it(tmp_path: Pat
     assert line["norm_calls_per_step"] == 5 and line["added_us_per_decode_token"] == 1000 * ADDED_MS
     assert line["step_source"].startswith("stock's decode time per token (its records)")
     records, _ = load_records(run_dir)
-    frame = goodput.records_frame(records, run_slos(run))
+    frame = goodput.records_frame(records, read_run(run_dir).slos())
     totals = decode_totals(frame[frame["phase"] == "measure"])  # the measured replays, as compared
     per_token = [ms / tokens for (arm, _), (ms, tokens) in sorted(totals.items()) if arm == "stock"]
     mean_log = sum(math.log1p(ADDED_MS / ms) for ms in per_token) / len(per_token)  # over each load's

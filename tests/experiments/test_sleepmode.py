@@ -77,15 +77,15 @@ def test_only_puts_the_awake_ones_to_sleep_and_wakes_the_arm(plan: Plan, record:
     awake.only("c", fakes, "window 0 at load 1 on c")
     assert [asleep(fakes[k]) for k in "abc"] == [True, True, False]
     awake.only("c", fakes, "window 1 at load 1 on c")  # already the one awake: nothing to switch
-    first, second = record.data["sleep_mode"]["switches"]
-    assert record.data["sleep_mode"]["level"] == 1
+    first, second = record.run.sleep_mode["switches"]
+    assert record.run.sleep_mode["level"] == 1
     assert (first["before"], first["slept"], first["woken"], first["wake_s"]) == (
         "window 0 at load 1 on b", ["a", "c"], None, None)
     assert (second["slept"], second["woken"]) == (["b"], "c")
     assert all(s > 0 for s in first["sleep_s"] + second["sleep_s"] + [second["wake_s"]])
     assert len(first["sleep_s"]) == 2 and first["at_s"] >= 0
     awake.sleep(["a", "c"], fakes, "the next start group")  # only c is awake of the two
-    assert record.data["sleep_mode"]["switches"][-1]["slept"] == ["c"]
+    assert record.run.sleep_mode["switches"][-1]["slept"] == ["c"]
     assert all(asleep(f) for f in fakes.values())
 
 
@@ -94,7 +94,7 @@ def test_a_server_that_joins_asleep_is_woken_before_its_replay(plan: Plan, recor
     awake = sleepmode.Awake(plan, record, 0.0)
     awake.only("a", {"a": fakes["a"]}, "the warm-up on a")
     assert not asleep(fakes["a"])
-    assert [(s["slept"], s["woken"]) for s in record.data["sleep_mode"]["switches"]] == [([], "a")]
+    assert [(s["slept"], s["woken"]) for s in record.run.sleep_mode["switches"]] == [([], "a")]
 
 
 def test_a_wake_that_fails_names_the_server_and_the_status(plan: Plan, record: RunRecord) -> None:
@@ -129,7 +129,8 @@ def test_without_sleep_mode_nothing_is_switched_or_recorded(cfg: RunConfig, tmp_
         awake = sleepmode.Awake(plan, record, 0.0)
         awake.only("a", server, "the warm-up on a")
         awake.sleep(["a"], server, "the next start group")
-    assert awake.start_awake is None and "sleep_mode" not in record.data and "sleep_mode" not in off.to_json()
+    assert awake.start_awake is None and record.run.sleep_mode is None
+    assert off.to_json()["sleep_mode"] is False
 
 
 def test_servers_start_with_sleep_mode_on(cfg: RunConfig) -> None:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from common.jsonfile import read_json, write_json
+from experiments.core.runfile import Run, read_run
 from experiments.reporting.reportdiff import same_figures
 from research import plantedsim
 
@@ -65,12 +66,11 @@ def test_bad_input_gets_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_the_kv_cache_size_comes_from_the_reference_servers_log(tmp_path: Path) -> None:
-    run = {"servers": {"patched": {"log": "server-patched.log"}, "stock": {"log": "server-stock.log"}}}
+    run = Run(servers={"patched": {"log": "server-patched.log"}, "stock": {"log": "server-stock.log"}})
     (tmp_path / "server-patched.log").write_text("INFO x\n"
                                                  "INFO [kv] GPU KV cache size: 1,234 tokens\n")
     assert plantedsim.logged_kv_tokens(tmp_path, run, "patched") == 1234
     assert plantedsim.logged_kv_tokens(tmp_path, run, "stock") is None  # no log kept
-    assert plantedsim.logged_kv_tokens(tmp_path, {}, "patched") is None  # no servers recorded
+    assert plantedsim.logged_kv_tokens(tmp_path, Run(), "patched") is None  # no servers recorded
     committed = ROOT / "experiments" / "results" / "h200-llama8b-confirm3"  # gzipped beside the name
-    assert plantedsim.logged_kv_tokens(committed, read_json(committed / "run.json", None, "run record"),
-                                       "patched") == 81920
+    assert plantedsim.logged_kv_tokens(committed, read_run(committed), "patched") == 81920
