@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from importlib.resources import files
 from pathlib import Path
+
+import pytest
 
 import runtime_tables
 from common.jsonfile import stored
@@ -30,12 +33,14 @@ def test_every_table_is_noted_in_the_readme() -> None:
                            .replace(re.escape("<model>"), r"[\w.-]+") + r"(\.xz)?")
                 for name in re.findall(r"`([\w<>.-]+\.(?:json|md))`", readme)]
     kept = sorted(p.name for p in runtime_tables.DIR.iterdir() if p.name not in ("__init__.py", "README.md")
-                  and not p.name.startswith((".", "__")))
+                  and p.is_file() and not p.name.startswith((".", "__")))
     assert kept and [name for name in kept if not any(p.fullmatch(name) for p in patterns)] == []
 
 
 def test_tables_are_read_from_the_package() -> None:
     assert runtime_tables.DIR == Path(str(files("runtime_tables")))
+    assert runtime_tables.resolve("kernels/results/policy-h200-in-graph-v1.json").is_file()
+    assert runtime_tables.resolve("integration/results/h200.json") == Path("integration/results/h200.json")
     assert all(runtime_tables.path(name).is_file()
                for name in ("profiles.json", "instance-prior.json", "policy-h200-in-graph.json"))
 
@@ -70,3 +75,27 @@ def test_no_default_path_lies_under_a_results_folder() -> None:
             "graph steps h100-80gb-hbm3 llama-3.2-1b", "graph steps h200 llama-3.1-8b"} <= set(paths)
     assert {what: str(p) for what, p in paths.items() if "results" in p.parts} == {}
     assert all(stored(p).is_file() and p.parent == runtime_tables.DIR for p in paths.values())
+
+
+# what a table is, by its file name: policy tables (and a run's record of one), calibration records,
+# planted costs, the profile index, the instance prior
+TABLE_KINDS = re.compile(r"(policy-[^/]*|patched-policy|policy-used|calibration-[^/]*|[^/]*planted-cost[^/]*"
+                         r"|profiles|[^/]*prior[^/]*)\.json(\.xz|\.gz)?")
+
+
+def test_no_table_is_tracked_under_a_results_folder() -> None:
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True)
+    if listed.returncode != 0:
+        pytest.skip(f"not a git checkout ({listed.stderr.decode().strip()})")
+    tracked = [p for p in listed.stdout.decode().split("\0") if p]
+    assert [p for p in tracked if "results" in Path(p).parts and TABLE_KINDS.fullmatch(Path(p).name)] == []
+    tables = [p for p in tracked if p.startswith("runtime_tables/") and TABLE_KINDS.fullmatch(Path(p).name)]
+    assert len(tables) >= 20, tables
+
+
+def test_every_moved_table_is_kept_here_and_nothing_else_is_in_its_folders() -> None:
+    moved = json.loads(runtime_tables.MOVED.read_text(encoding="utf-8"))["moved"]
+    assert all("results" in Path(old).parts and runtime_tables.resolve(old).is_file() for old in moved)
+    nested = sorted(p.relative_to(runtime_tables.DIR).as_posix() for p in runtime_tables.DIR.rglob("*.json*")
+                    if p.parent != runtime_tables.DIR)
+    assert nested == sorted(moved.values())
