@@ -20,6 +20,7 @@ from integration import calibrate
 SCHEMA_VERSION = 1  # written by integration.proof.evidence.profile_from_raw
 # {"schema_version", "profiles": {gpu: {mode: name}}, ...}, names of runtime_tables files
 INDEX = runtime_tables.path("profiles.json")
+PROJECT_ROOT = Path(__file__).resolve().parents[2]  # research tools read evidence files from here
 
 
 def load_profile(path: str | Path) -> list[dict]:
