@@ -172,8 +172,9 @@ def _shown(path: Path | None) -> str | None:
 
 
 def _from_root(text: str | None) -> Path | None:
-    """A path recorded in a report: relative ones are relative to the project root."""
-    return None if text is None else PROJECT_ROOT / text
+    """A path recorded in a report: relative ones are relative to the project root; a table once kept in
+    a results folder is found where it is kept now (runtime_tables.resolve)."""
+    return None if text is None else PROJECT_ROOT / runtime_tables.resolve(text)
 
 
 def recorded_inputs(run_dir: Path) -> Inputs:

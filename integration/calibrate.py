@@ -14,7 +14,8 @@ run by hand; docs/DESIGN.md, "A new GPU"):
 4. `integration.proof.plantedcost`: what the planted control's delay adds per norm call.
 
 What the kit reads at run time goes to the runtime_tables package (runtime_tables/README.md): the
-isolated and the in-graph policy tables, the planted cost and the record
+isolated and the in-graph policy tables, the benchmark's per-call figures, the planted cost, the
+prove step's CUDA-graph step times (`graph-steps-<gpu>-<model>.json`) and the record
 `runtime_tables/calibration-<gpu>.json`, which holds the key (GPU name and memory, driver, torch,
 vLLM, CuPy, the kernel source's hash, the model shape), each step's command, wall time and outputs.
 The evidence (the benchmark, the in-vLLM timings) goes to `--out` (default:
@@ -27,6 +28,7 @@ hold one model shape at a time: calibrating another shape rewrites them (the key
 from __future__ import annotations
 
 import hashlib
+import shutil
 import subprocess
 import sys
 import time
@@ -67,18 +69,24 @@ def record_path(gpu: str) -> Path:
     return runtime_tables.path(f"calibration-{gpu}.json")
 
 
+def graph_steps_table(gpu: str, model: str) -> Path:
+    """Where the calibration keeps the GPU's CUDA-graph step times for `model` (the runtime_tables
+    package), a copy of its prove step's graph-steps file."""
+    return runtime_tables.path(f"graph-steps-{gpu}-{model}.json")
+
+
 def graph_steps_file(gpu: str, model: str) -> Path | None:
     """The graph-steps file (the stock and all-fused engines' CUDA-graph decode steps) of the GPU's
-    committed calibration where it was made for `model` (the model directory's name), relative to the
-    project root; None where there is none."""
+    committed calibration where it was made for `model` (the model directory's name), kept in the
+    runtime_tables package; None where there is none."""
     try:
         rec = read_json(record_path(gpu), SCHEMA_VERSION, "calibration record")
     except ResultFileError:
         return None
     if ((rec.get("key") or {}).get("model") or {}).get("name") != model:
         return None
-    outputs = [out for step in rec.get("steps") or [] for out in step.get("outputs") or []]
-    return next((Path(out) for out in outputs if out.endswith(f"{gpu}-graph-steps.json")), None)
+    kept = graph_steps_table(gpu, model)
+    return kept if stored(kept).is_file() else None
 
 
 def kernel_source_hash() -> str:
@@ -265,6 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         done = run_steps(todo, expected, log_dir)
     except RuntimeError as exc:
         return fail(PROG, str(exc))
+    shutil.copyfile(out_dir / f"{gpu}-graph-steps.json", graph_steps_table(gpu, model["name"]))
     write_json(record_path(gpu), {"schema_version": SCHEMA_VERSION, "key": key, "steps": done,
                                   "command": command_line(PROG, argv)})
     print(f"{PROG}: wrote {_relative(record_path(gpu))}", file=sys.stderr)

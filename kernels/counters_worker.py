@@ -16,7 +16,7 @@ from typing import Callable
 
 import runtime_tables
 from common.jsonfile import read_json, stored
-from kernels.policy import load_policy
+from kernels.policy import calls_out, load_policy
 
 EPS = 1e-6
 VLLM_SO_ENV = "COUNTERS_VLLM_SO"  # path of vLLM's _C_stable_libtorch.abi3.so where vllm is not importable
@@ -28,12 +28,12 @@ _ADD = ("_ZN4vllm25fused_add_rms_norm_kernelIN3c108BFloat16ELi{w}ELb1EEENSt9enab
 ADD_KERNEL = {8: _ADD.format(w=8, cond="aagtT0_Li0Esr4vllm12_typeConvertIT_EE6exists"),
               0: _ADD.format(w=0, cond="ooeqT0_Li0Entsr4vllm12_typeConvertIT_EE6exists")}
 POLICY_FILE = runtime_tables.path("policy-h200.json")
-ROOT = Path(__file__).resolve().parents[1]  # the project, which a table's source is relative to
 
 
 def bench_file() -> Path:
-    """The benchmark POLICY_FILE was built from (its `source`, relative to the project)."""
-    return ROOT / read_json(POLICY_FILE, None, "policy table")["source"]
+    """The per-call figures of the benchmark POLICY_FILE was built from (kernel-calls-h200.json beside it,
+    whose `source` names the benchmark)."""
+    return calls_out(POLICY_FILE)
 
 
 def fused_variant(op: str, rows: int, hidden: int, policy, bench_rows: list[dict]) -> tuple[str | None, str]:  # noqa: ANN001

@@ -135,6 +135,22 @@ def default_out(source: str | Path) -> Path:
     return runtime_tables.path(f"policy-{name.removesuffix('.json')}.json")
 
 
+CALL_FIELDS = ("op", "dtype", "rows", "hidden", "variant", "median_us", "stock", "policy")
+
+
+def calls_out(policy_path: str | Path) -> Path:
+    """Where the per-call figures go beside the isolated table policy-<gpu>.json: kernel-calls-<gpu>.json."""
+    path = Path(policy_path)
+    return path.with_name(path.name.replace("policy-", "kernel-calls-", 1))
+
+
+def calls_document(results: dict, source: str) -> dict:
+    """The benchmark's per-call figures the attribution reads (per benchmarked shape: the fused median,
+    the stock arms' medians, what the table dispatches), with the results file and command behind them."""
+    return {"schema_version": results["schema_version"], "source": source, "command": results.get("command"),
+            "bench": [{k: row[k] for k in CALL_FIELDS if k in row} for row in results["bench"]]}
+
+
 def load_policy(path: str | Path) -> Policy:
     """Read a policy table file (integration.choice finds the one for the GPU it runs on)."""
     path = Path(path)

@@ -179,10 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(results["targets"], indent=1))
     try:
         write_json(pol_path, policy.table_document(results, project_relative(out, ROOT)), allow_nan=True)
+        write_json(policy.calls_out(pol_path), policy.calls_document(results, project_relative(out, ROOT)),
+                   allow_nan=True)
     except ValueError as exc:
         print(f"suite: wrote {out}, no policy table: {exc}", file=sys.stderr)
         return 1
-    print(f"wrote {out} and {pol_path} in {time.perf_counter() - t0:.0f} s")
+    print(f"wrote {out}, {pol_path} and {policy.calls_out(pol_path)} in {time.perf_counter() - t0:.0f} s")
     return 0 if val["passed"] else 1
 
 

@@ -64,7 +64,7 @@ def test_the_wheel_holds_every_module_and_table_and_no_evidence(wheel: Path) -> 
     names = set(zipfile.ZipFile(wheel).namelist())
     modules = {p.relative_to(ROOT).as_posix() for room in INSTALLED for p in (ROOT / room).rglob("*.py")
                if "__pycache__" not in p.parts}
-    tables = {p.relative_to(ROOT).as_posix() for p in (ROOT / "runtime_tables").glob("*.json*")}
+    tables = {p.relative_to(ROOT).as_posix() for p in (ROOT / "runtime_tables").rglob("*.json*")}
     assert tables and modules - names == set() and tables - names == set()
     assert [n for n in names if "results/" in n or n.startswith(("research/", "tests/"))] == []
 

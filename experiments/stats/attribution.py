@@ -6,8 +6,9 @@ Inputs:
 - the in-model step profile of the run's GPU and mode (``integration.proof.profiles``: found by
   ``default_profile``, read by ``load_profile``),
 - the kernel benchmark of the run's GPU, the one its isolated table ``runtime_tables/policy-<gpu>.json`` was
-  built from (``default_kernel_results``; docs/DESIGN.md format): per-shape medians of the fused
-  kernel and of the stock kernels,
+  built from, as its per-call figures ``runtime_tables/kernel-calls-<gpu>.json``
+  (``default_kernel_results``; docs/DESIGN.md format, the "bench" rows only): per-shape medians of
+  the fused kernel and of the stock kernels,
 - the policy the patched arm dispatched by (run.json "patched_policy": row ranges per op), so a
   step size the policy left to stock saves nothing; a run.json without it (older runs) is read as
   fused at every size, and the result says so,
@@ -170,14 +171,11 @@ def predict_from_kernels(points: list[tuple[float, int]], bench: list[dict], mod
             "stock_kernel": "vllm_c" if eager else "inductor"}
 
 
-def default_kernel_results(gpu: str, root: Path) -> Path | None:
-    """The benchmark the GPU's isolated table (runtime_tables/policy-<gpu>.json) was built from: its `source`,
-    relative to `root`; None where the GPU has no such table."""
-    try:
-        source = read_json(runtime_tables.path(f"policy-{gpu}.json"), None, "policy table").get("source")
-    except ResultFileError:
-        return None
-    return root / source if isinstance(source, str) else None
+def default_kernel_results(gpu: str) -> Path | None:
+    """The per-call figures of the benchmark the GPU's isolated table was built from
+    (runtime_tables/kernel-calls-<gpu>.json, its `source` naming the benchmark); None where there are none."""
+    path = runtime_tables.path(f"kernel-calls-{gpu}.json")  # kernels.policy.calls_out, by kernels.suite
+    return path if stored(path).is_file() else None
 
 
 def _kernel_bench(path: Path, shown: str) -> list[dict]:
@@ -219,7 +217,7 @@ def attribute(run: Run, baseline: str, root: Path, gpu: str | None, profile_path
         found = profiles.default_profile(gpu, "eager" if eager else "compiled")
         profile_path = root / found if found else None
     if kernel_path is None and gpu is not None:
-        kernel_path = default_kernel_results(gpu, root)
+        kernel_path = default_kernel_results(gpu)
     base = {"upper_bound": True, "gpu": gpu,
             "profile": project_relative(profile_path, root) if profile_path else None,
             "kernel_results": project_relative(kernel_path, root) if kernel_path else None,
@@ -241,7 +239,7 @@ def attribute(run: Run, baseline: str, root: Path, gpu: str | None, profile_path
                 "reason": f"run.json has no step-size histogram for arm {baseline!r}: nothing to weight by"}
     result = {**base, "policy_note": policy_note, "histogram": [{"tokens": t, "steps": c} for t, c in points]}
     if kernel_path is None or not stored(kernel_path).is_file():
-        where = kernel_path or f"no runtime_tables/policy-{gpu}.json names them"
+        where = kernel_path or f"no runtime_tables/kernel-calls-{gpu}.json"
         result["kernel_estimate"] = {"status": "unavailable",
                                      "reason": f"no kernel results for GPU {gpu} ({where})"}
     else:

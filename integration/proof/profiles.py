@@ -4,8 +4,9 @@ A profile holds, per decode or prefill step of `batch_tokens` tokens, the stock 
 norm kernels' GPU time per step in the stock and the patched engine. experiments/ reads profiles
 only through `load_profile` and finds the committed ones through `default_profile`, which looks
 them up in the index runtime_tables/profiles.json by GPU and mode (data, not code: a new GPU's profiles
-are added there; it names the prove runs' files, project-relative); `default_graph_steps` finds a
-GPU's and model's CUDA-graph step times there or in the GPU's calibration record.
+are added there; it names files of the runtime_tables package, each copied from a prove run named in
+its "copied_from"); `default_graph_steps` finds a GPU's and model's CUDA-graph step times there or
+beside the GPU's calibration record.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from common.jsonfile import ResultFileError, read_json
 from integration import calibrate
 
 SCHEMA_VERSION = 1  # written by integration.proof.evidence.profile_from_raw
-# {"schema_version", "profiles": {gpu: {mode: path}}, ...}, paths from the project root
+# {"schema_version", "profiles": {gpu: {mode: name}}, ...}, names of runtime_tables files
 INDEX = runtime_tables.path("profiles.json")
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]  # research tools read evidence files from here
 
 
 def load_profile(path: str | Path) -> list[dict]:
@@ -47,32 +48,32 @@ def load_profile(path: str | Path) -> list[dict]:
 
 def default_profile(gpu: str | None, mode: str) -> Path | None:
     """The committed profile the attribution uses for this GPU (short name, e.g. h200) and mode
-    ('compiled' or 'eager'), relative to the project root; None where there is none."""
+    ('compiled' or 'eager'), a runtime_tables file; None where there is none."""
     if gpu is None or not INDEX.is_file():
         return None
     index = read_json(INDEX, SCHEMA_VERSION, "profile index").get("profiles") or {}
-    path = (index.get(gpu) or {}).get(mode)
-    return Path(path) if path else None
+    name = (index.get(gpu) or {}).get(mode)
+    return runtime_tables.path(name) if name else None
 
 
 def _indexed(section: str, gpu: str | None, model: str | None) -> Path | None:
-    """The index's file of `section` for this GPU and model, relative to the project root."""
+    """The index's file of `section` for this GPU and model, a runtime_tables file."""
     if gpu is None or model is None or not INDEX.is_file():
         return None
-    path = ((read_json(INDEX, SCHEMA_VERSION, "profile index").get(section) or {}).get(gpu) or {}).get(model)
-    return Path(path) if path else None
+    name = ((read_json(INDEX, SCHEMA_VERSION, "profile index").get(section) or {}).get(gpu) or {}).get(model)
+    return runtime_tables.path(name) if name else None
 
 
 def default_planted_steps(gpu: str | None, model: str | None) -> Path | None:
     """The committed graph-steps file with a planted arm's step time for this GPU and model (its
-    directory name, e.g. llama-3.1-8b), relative to the project root; None where there is none."""
+    directory name, e.g. llama-3.1-8b), a runtime_tables file; None where there is none."""
     return _indexed("planted_steps", gpu, model)
 
 
 def default_graph_steps(gpu: str | None, model: str | None) -> Path | None:
     """The committed graph-steps file with the stock engine's CUDA-graph decode step times for this GPU
-    and model: the index's "graph_steps" entry (files made by hand), else the one the GPU's calibration
-    record names for that model (integration.calibrate); None where neither has one."""
+    and model: the index's "graph_steps" entry (files made by hand), else the one integration.calibrate
+    kept beside the GPU's calibration record for that model; None where neither has one."""
     found = _indexed("graph_steps", gpu, model)
     if found is None and gpu is not None and model is not None:
         found = calibrate.graph_steps_file(gpu, model)

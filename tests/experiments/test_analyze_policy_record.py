@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import runtime_tables
 from common.jsonfile import read_json
 from experiments import analyze
 
@@ -17,9 +18,11 @@ RUN = ROOT / "experiments" / "results" / "h200-llama8b-chat"
 
 
 def test_the_committed_record_is_what_the_report_used() -> None:
-    record = json.loads((RUN / "patched-policy.json").read_text())
+    kept = "runtime_tables/h200/patched-policy-h200-llama8b-chat.json"  # kept with the tables, by GPU
+    assert runtime_tables.resolve("experiments/results/h200-llama8b-chat/patched-policy.json") == ROOT / kept
+    record = json.loads((ROOT / kept).read_text())
     report = read_json(RUN / "report.json", None, "report")
-    assert report["inputs"]["patched_policy"] == "experiments/results/h200-llama8b-chat/patched-policy.json"
+    assert report["inputs"]["patched_policy"] == kept
     assert set(analyze.POLICY_RECORD_KEYS) <= set(record)
     assert record["segments"]["rms_norm"] == [[1, 16384, True]]  # kernel v1's table: fused everywhere
 

@@ -2,6 +2,7 @@ import json
 
 import pytest
 
+import runtime_tables
 from experiments.core.runfile import Run
 from experiments.stats import attribution
 
@@ -140,9 +141,9 @@ def test_default_inputs_follow_the_runs_gpu(tmp_path):
     a = attribution.attribute(Run(**run_json()), "stock", tmp_path, "gpu-without-results")
     assert a["status"] == "no profile available" and "gpu-without-results" in a["reason"]
     assert a["kernel_results"] is None  # no isolated table names a benchmark of this GPU
-    assert "runtime_tables/policy-gpu-without-results.json" in a["kernel_estimate"]["reason"]
-    h200 = attribution.attribute(Run(**run_json()), "stock", tmp_path, "h200")  # its table source, under root
-    assert h200["kernel_results"] == "kernels/results/h200.json"
+    assert "runtime_tables/kernel-calls-gpu-without-results.json" in a["kernel_estimate"]["reason"]
+    h200 = attribution.attribute(Run(**run_json()), "stock", tmp_path, "h200")  # the package's per-call figures
+    assert h200["kernel_results"] == str(runtime_tables.path("kernel-calls-h200.json"))
 
 
 def test_graph_timed_decode_sizes_replace_the_profiles_norm_time(files):

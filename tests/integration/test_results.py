@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import runtime_tables
-from common.jsonfile import read_json, stored
+from common.jsonfile import read_json
 
 pytestmark = pytest.mark.evidence  # re-derives committed files (make test-fast leaves it out)
 
@@ -42,20 +42,18 @@ def test_evidence_names_the_provider_and_the_graph_replays() -> None:
                for ln in ev["arms"]["patched-compiled"]["log_lines"])
 
 
-KERNEL_RESULTS = RESULTS.parents[1] / "kernels" / "results"
-TABLES = runtime_tables.DIR  # the tables the code reads (runtime_tables/README.md)
+TABLES = runtime_tables.DIR  # the tables the code reads (runtime_tables/README.md), past ones by GPU
 
 
 @pytest.mark.parametrize("profile, table", [
-    ("h200-ingraph-all-fused/h200-profile.json", "policy-h200-in-graph-v1.json"),
+    ("h200-ingraph-all-fused/h200-profile.json", "h200/policy-h200-in-graph-v1.json"),
     ("h200-shipped-policy/h200-profile-eager.json", "policy-h200-in-vllm-eager.json"),
 ])
 def test_shipped_in_vllm_tables_rebuild_from_their_committed_profiles(profile: str, table: str) -> None:
     from integration.proof import ingraph
 
     prof = _load(profile)
-    shipped = read_json(stored(TABLES / table) if (TABLES / table).exists() else KERNEL_RESULTS / table,
-                        None, table)
+    shipped = read_json(TABLES / table, None, table)
     rebuilt = ingraph.document(prof, "bf16", 4096, source=shipped["source"])
     assert rebuilt["table"] == shipped["table"] and rebuilt["mode"] == prof["mode"] == shipped["mode"]
 
@@ -75,7 +73,7 @@ def test_shipped_compiled_table_rebuilds_from_the_graph_timed_run_and_was_verifi
     assert rebuilt["table"] == shipped["table"]
     assert str(run.relative_to(RESULTS.parents[1])) in shipped["source"]
     a = load_policy(TABLES / "policy-h200-in-graph.json")
-    b = load_policy(RESULTS / "h200-llama8b-graph-policy" / "policy-used.json")
+    b = load_policy(runtime_tables.resolve("integration/results/h200-llama8b-graph-policy/policy-used.json"))
     for op in ("rms_norm", "fused_add_rms_norm"):
         assert all(a.choose(op, "bf16", n, 4096) == b.choose(op, "bf16", n, 4096) for n in range(1, 17000))
     verified = {r["batch_tokens"]: r["arms"]["patched"]
@@ -88,7 +86,7 @@ def test_verification_run_ran_the_fused_kernel_exactly_where_its_table_said() ->
     from kernels.policy import load_policy
 
     prof = _load("h200-ingraph-policy/h200-profile.json")
-    pol = load_policy(RESULTS / "h200-ingraph-policy" / "policy-used.json")
+    pol = load_policy(runtime_tables.resolve("integration/results/h200-ingraph-policy/policy-used.json"))
     assert prof["compile_ranges_endpoints"], "the verification needs more than one compile range"
     for row in prof["steps"]:
         fused = pol.choose("fused_add_rms_norm", "bf16", row["batch_tokens"], 4096) != "stock"
@@ -123,7 +121,7 @@ def test_the_pdl_off_table_is_the_shipped_one_without_pdl() -> None:
     from kernels.policy import load_policy
 
     shipped = load_policy(TABLES / "policy-h200-in-graph.json")
-    nopdl = load_policy(KERNEL_RESULTS / "policy-h200-in-graph-nopdl.json")
+    nopdl = load_policy(TABLES / "h200" / "policy-h200-in-graph-nopdl.json")
     for op in ("rms_norm", "fused_add_rms_norm"):
         for n in range(1, 17000):
             a, b = shipped.choose(op, "bf16", n, 4096), nopdl.choose(op, "bf16", n, 4096)

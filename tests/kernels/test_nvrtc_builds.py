@@ -19,13 +19,13 @@ import pytest
 
 nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (the test extra) is not installed")
 
+import runtime_tables  # noqa: E402 (after the skip)
 from kernels import bench, cases, shapes  # noqa: E402 (after the skip)
 from kernels.plans import BuildKey, build_key  # noqa: E402 (after the skip)
 from kernels.plantedbounds import build_flag  # noqa: E402 (after the skip)
 from kernels.rmsnorm import NEGATIVE_CONTROLS, SOURCE_DIR, kernel_source  # noqa: E402 (after the skip)
 
 ARCH = b"--gpu-architecture=sm_90"
-RESULTS = Path(__file__).resolve().parents[2] / "kernels" / "results"
 
 
 def _vecs(dtype: str) -> tuple[int, ...]:
@@ -41,7 +41,7 @@ def _add(keys: set[BuildKey], op: str, dtype: str, hidden: int, vec: int, shape:
 
 def _policy_shapes() -> set[tuple[str, str, int, shapes.LaunchShape]]:
     out = set()
-    for path in sorted(RESULTS.glob("policy-*.json")):
+    for path in sorted(runtime_tables.DIR.rglob("policy-*.json")):  # every table, past runs' too
         for name, entries in json.loads(path.read_text(encoding="utf-8"))["table"].items():
             op, dtype, hidden = name.split("/")
             for _, choice in entries:

@@ -12,6 +12,8 @@ import runtime_tables
 from kernels.policy import (
     Policy,
     build_table,
+    calls_document,
+    calls_out,
     decide,
     default_out,
     load_policy,
@@ -146,3 +148,19 @@ def test_no_table_from_results_whose_validation_failed(tmp_path: Path, capsys: p
     assert policy_main(["--from", str(src), "--out", str(tmp_path / "p.json")]) == 2
     assert "no policy table from a kernel that failed validation" in capsys.readouterr().err
     assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize("gpu", ["h200", "h100-80gb-hbm3"])
+def test_the_kernel_calls_table_is_the_benchmark_its_source_names(gpu: str) -> None:
+    from common.jsonfile import read_json
+
+    table = runtime_tables.path(f"policy-{gpu}.json")
+    calls = read_json(calls_out(table), None, "kernel calls")
+    source = read_json(table, None, "policy table")["source"]
+    assert calls["source"] == source
+    results = read_json(Path(__file__).resolve().parents[2] / source, None, "kernel results")
+    assert calls == calls_document(results, source)
+    assert calls["command"].startswith("python -m kernels.suite")
+    assert len(calls["bench"]) == len(results["bench"])
+    assert {k for row in calls["bench"] for k in row} == {"op", "dtype", "rows", "hidden", "variant",
+                                                          "median_us", "stock", "policy"}

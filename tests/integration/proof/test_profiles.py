@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
+import runtime_tables
 from common.jsonfile import ResultFileError, read_json
 from integration import calibrate
 from integration.proof import profiles
 
 
 def test_committed_h200_profile_is_read_as_written() -> None:
-    path = profiles.PROJECT_ROOT / profiles.default_profile("h200", "compiled")
+    path = profiles.default_profile("h200", "compiled")
     raw = read_json(path, None, "step profile")["steps"]
     rows = profiles.load_profile(path)
     assert [r["batch_tokens"] for r in rows] == sorted(float(s["batch_tokens"]) for s in raw)
@@ -29,7 +30,7 @@ def test_every_indexed_profile_exists_and_loads() -> None:
     index = json.loads(profiles.INDEX.read_text())["profiles"]
     for gpu, modes in index.items():
         for mode in modes:
-            assert profiles.load_profile(profiles.PROJECT_ROOT / profiles.default_profile(gpu, mode))
+            assert profiles.load_profile(profiles.default_profile(gpu, mode))
 
 
 def test_unknown_gpu_has_no_default_profile() -> None:
@@ -49,14 +50,14 @@ def test_wrong_version_and_truncated_files_name_the_file(tmp_path) -> None:
 
 
 def test_graph_step_times_come_from_the_index_else_the_gpus_calibration_record() -> None:
-    # H200 files were made by hand and are indexed; the H100's calibration record names its own
-    assert profiles.default_graph_steps("h200", "llama-3.1-8b") == Path(
-        "integration/results/h200-llama8b-graph/h200-graph-steps.json")
+    # H200 files were made by hand and are indexed; the H100's calibration kept its own beside its record
+    assert profiles.default_graph_steps("h200", "llama-3.1-8b") == runtime_tables.path(
+        "graph-steps-h200-llama-3.1-8b.json")
     record = json.loads(calibrate.record_path("h100-80gb-hbm3").read_text())
     model = record["key"]["model"]["name"]
     found = profiles.default_graph_steps("h100-80gb-hbm3", model)
-    assert found is not None and str(found) in [o for s in record["steps"] for o in s["outputs"]]
-    assert (profiles.PROJECT_ROOT / found).is_file() and str(found).endswith("-graph-steps.json")
+    assert found == calibrate.graph_steps_table("h100-80gb-hbm3", model) and found.is_file()
+    assert model in json.loads(found.read_text())["model"]
     assert profiles.default_graph_steps("h100-80gb-hbm3", "a-model-never-calibrated") is None
     assert profiles.default_graph_steps("b200", "llama-3.1-8b") is None
     assert profiles.default_graph_steps(None, "llama-3.1-8b") is None
@@ -65,5 +66,16 @@ def test_graph_step_times_come_from_the_index_else_the_gpus_calibration_record()
 def test_every_indexed_graph_steps_file_has_stock_decode_steps() -> None:
     for gpu, models in json.loads(profiles.INDEX.read_text())["graph_steps"].items():
         for model in models:
-            doc = json.loads((profiles.PROJECT_ROOT / profiles.default_graph_steps(gpu, model)).read_text())
+            doc = json.loads((profiles.default_graph_steps(gpu, model)).read_text())
             assert model in doc["model"] and all(s["baseline"] == "stock" for s in doc["sizes"])
+
+
+def test_every_indexed_file_is_the_prove_run_it_was_copied_from() -> None:
+    index = json.loads(profiles.INDEX.read_text())
+    named = {name for section in ("profiles", "planted_steps", "graph_steps")
+             for by_gpu in index[section].values() for name in by_gpu.values()}
+    copied = index["copied_from"]
+    assert named <= set(copied)
+    root = Path(__file__).resolve().parents[3]
+    for name, evidence in copied.items():
+        assert read_json(runtime_tables.path(name), None, name) == read_json(root / evidence, None, evidence)
