@@ -142,7 +142,7 @@ def test_default_inputs_follow_the_runs_gpu(tmp_path):
     assert a["status"] == "no profile available" and "gpu-without-results" in a["reason"]
     assert a["kernel_results"] is None  # no isolated table names a benchmark of this GPU
     assert "runtime_tables/kernel-calls-gpu-without-results.json" in a["kernel_estimate"]["reason"]
-    h200 = attribution.attribute(Run(**run_json()), "stock", tmp_path, "h200")  # the package's per-call figures
+    h200 = attribution.attribute(Run(**run_json()), "stock", tmp_path, "h200")  # per-call figures
     assert h200["kernel_results"] == str(runtime_tables.path("kernel-calls-h200.json"))
 
 
