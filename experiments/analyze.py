@@ -199,9 +199,9 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
                 patched_policy: Path | None = None, profile: Path | None = None,
                 kernel_results: Path | None = None, planted_steps: Path | None = None,
                 graph_steps: Path | None = None, gpu_steps: Path | None = None, out_dir: Path | None = None,
-                accept_damaged: bool = False) -> dict:
-    """Analyse RUN_DIR, write report.json, report.md and PNGs into out_dir (default RUN_DIR itself) and
-    return the report dict.
+                accept_damaged: bool = False, draw_plots: bool = True) -> dict:
+    """Analyse RUN_DIR, write report.json, report.md and (with ``draw_plots``) PNGs into out_dir
+    (default RUN_DIR itself) and return the report dict.
 
     ``slos`` defaults to the tiers in run.json, else experiments/slos.toml; ``aa_report`` is an A/A
     run's report.json whose per-window spread is drawn as the noise floor (an A/A run is its own noise
@@ -297,7 +297,8 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
         if path is not None:  # recorded only when given, so earlier reports re-derive unchanged
             result.inputs[key] = _shown(path)
     out_dir.mkdir(parents=True, exist_ok=True)
-    result.plots = plots.write_plots(out_dir, complete, per_slo, secondary, labels, result)
+    if draw_plots:
+        result.plots = plots.write_plots(out_dir, complete, per_slo, secondary, labels, result)
     report.write_report(out_dir, result)
     return result.to_json()
 
@@ -342,6 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--accept-damaged", action="store_true",
                     help="analyse records that fail their integrity checks instead of refusing them "
                          "(report titled damaged)")
+    ap.add_argument("--no-plots", action="store_true", help="write report.json and report.md only, no PNGs")
     add_debug_flag(ap)
     return ap
 
@@ -385,7 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for note in inputs.notes:
             print(note)
         result = analyze_run(args.run_dir, inputs.slos, out_dir=out, accept_damaged=args.accept_damaged,
-                             **{k: getattr(inputs, k) for k in PATH_INPUTS})
+                             draw_plots=not args.no_plots, **{k: getattr(inputs, k) for k in PATH_INPUTS})
     except (OSError, ValueError) as exc:
         if args.debug:
             raise

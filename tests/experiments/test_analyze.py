@@ -55,6 +55,7 @@ def test_ab_report_json_and_markdown(tmp_path):
     first = next(x for x in lines if x.startswith("- chat"))
     assert first.startswith("- chat (TTFT<=2000 ms, TPOT<=100 ms): patched goodput +")
     assert "over 12 paired windows" in first and "MDE" in first
+    assert len(r["plots"]) == 4
     for png in r["plots"]:
         assert (run_dir / png).stat().st_size > 1000
 
@@ -63,7 +64,7 @@ def test_aa_run_says_so_first(tmp_path):
     note = "no CUDA GPU: the patched arm falls back to the stock norm everywhere"
     run_dir = write_run(tmp_path / "aa", aa_cell, labels=("stock-a", "stock-b"), arms=("stock", "stock"),
                         device="cpu", mode_note=note, seed=4)
-    r = analyze_run(run_dir, [CHAT])
+    r = analyze_run(run_dir, [CHAT], draw_plots=False)
     lines = (run_dir / "report.md").read_text().splitlines()
     first = lines.index(next(x for x in lines if x.startswith("**")))  # the first notice, under the table
     assert lines[0].endswith("; A/A run)") and lines[first].startswith("**A/A run**") and note in lines[first]
@@ -82,7 +83,7 @@ def test_partial_run_lists_what_is_missing(tmp_path):
     skip = {("patched", 4, 2.0), ("stock", 5, 1.0), ("patched", 5, 1.0), ("stock", 5, 2.0),
             ("patched", 5, 2.0)}
     run_dir = write_run(tmp_path / "partial", ab_cell, skip=skip, status="partial", stopped_reason=reason)
-    r = analyze_run(run_dir, [CHAT])
+    r = analyze_run(run_dir, [CHAT], draw_plots=False)
     assert r["status"] == "partial"
     assert {(m["arm"], m["window"], m["load"]) for m in r["missing"]} == skip
     assert r["slos"][0]["unpaired"] == [{"window": 4, "load": 2.0, "arm": "stock"}]
@@ -100,7 +101,7 @@ def test_empty_run_reports_no_comparison(tmp_path):
                         skip={(a, w, ld) for a in ("stock", "patched") for w in range(2)
                               for ld in (1.0, 2.0)},
                         status="running")
-    r = analyze_run(run_dir, [CHAT])
+    r = analyze_run(run_dir, [CHAT], draw_plots=False)
     assert r["status"] == "partial" and r["slos"][0]["delta_goodput_pct"] is None
     assert "no goodput comparison" in r["slos"][0]["verdict"]
 
@@ -111,7 +112,7 @@ def test_run_stopped_before_its_first_request_still_gets_a_report(tmp_path):
                         skip={(a, w, ld) for a in ("stock", "patched") for w in range(2)
                               for ld in (1.0, 2.0)},
                         status="partial", stopped_reason="server stock failed to start: boom")
-    r = analyze_run(run_dir, [CHAT])
+    r = analyze_run(run_dir, [CHAT], draw_plots=False)
     assert r["status"] == "partial" and r["paired_latency"]["patched"]["tpot_ms"]["ci95_pct"] is None
     md = (run_dir / "report.md").read_text()
     assert "server stock failed to start: boom" in md and "no goodput comparison" in md
@@ -130,7 +131,7 @@ def test_cli(tmp_path, capsys):
 def test_noise_floor_from_an_aa_report(tmp_path):
     aa_dir = write_run(tmp_path / "aa", aa_cell, labels=("stock-a", "stock-b"), arms=("stock", "stock"),
                        seed=4)
-    aa = analyze_run(aa_dir, [CHAT])
+    aa = analyze_run(aa_dir, [CHAT], draw_plots=False)
     assert aa["noise_floor"]["source"] == "this run (A/A)"
     sd = aa["slos"][0]["sd_diff_pct"]
     assert aa["noise_floor"]["sd_pct"]["goodput:chat"] == sd
@@ -141,21 +142,21 @@ def test_noise_floor_from_an_aa_report(tmp_path):
     assert need["range"] == [stats.windows_needed(lo, 0.25), stats.windows_needed(hi, 0.25)]
     assert need["range"][0] < need["windows"] < need["range"][1]
     ab_dir = write_run(tmp_path / "ab", ab_cell)
-    ab = analyze_run(ab_dir, [CHAT], aa_report=aa_dir / "report.json")
+    ab = analyze_run(ab_dir, [CHAT], aa_report=aa_dir / "report.json", draw_plots=False)
     assert ab["noise_floor"]["source"] == str(aa_dir / "report.json") and ab["noise_floor"]["applied"]
     assert "A/A noise floor (" in (ab_dir / "report.md").read_text()
     with pytest.raises(ValueError, match="not the report of an A/A run"):
-        analyze_run(write_run(tmp_path / "ab2", ab_cell), [CHAT], aa_report=ab_dir / "report.json")
-    assert analyze_run(ab_dir, [CHAT])["noise_floor"]["source"] is None
+        analyze_run(write_run(tmp_path / "ab2", ab_cell), [CHAT], aa_report=ab_dir / "report.json", draw_plots=False)
+    assert analyze_run(ab_dir, [CHAT], draw_plots=False)["noise_floor"]["source"] is None
     with pytest.raises(ValueError, match="its own A/A noise floor .the run itself, an A/A run."):
-        analyze_run(aa_dir, [CHAT], aa_report=aa_dir / "report.json")
+        analyze_run(aa_dir, [CHAT], aa_report=aa_dir / "report.json", draw_plots=False)
 
 
 def test_an_aa_floor_of_another_design_is_flagged_and_not_applied(tmp_path):
     aa_dir = write_run(tmp_path / "aa", aa_cell, labels=("stock-a", "stock-b"), arms=("stock", "stock"),
                        loads=(1.0, 4.0), seed=4)
-    analyze_run(aa_dir, [CHAT])
-    ab = analyze_run(write_run(tmp_path / "ab", ab_cell), [CHAT], aa_report=aa_dir / "report.json")
+    analyze_run(aa_dir, [CHAT], draw_plots=False)
+    ab = analyze_run(write_run(tmp_path / "ab", ab_cell), [CHAT], aa_report=aa_dir / "report.json", draw_plots=False)
     nf = ab["noise_floor"]
     assert nf["applied"] is False and nf["band_pct"] == {}
     assert [d["key"] for d in nf["design_differences"]] == ["loads"]
@@ -165,7 +166,7 @@ def test_an_aa_floor_of_another_design_is_flagged_and_not_applied(tmp_path):
 def test_an_slo_never_stressed_gets_no_interval_and_no_window_count(tmp_path):
     run_dir = write_run(tmp_path / "run", ab_cell)
     loose = SLO("loose", 60_000.0, 10_000.0)  # every request meets it, none comes near
-    r = analyze_run(run_dir, [CHAT, loose])
+    r = analyze_run(run_dir, [CHAT, loose], draw_plots=False)
     s = r["slos"][1]
     assert s["stressed"] is False and s["n_near_bound"] == 0 and s["sd_diff_pct"] == 0.0
     assert s["ci95_pct"] is None and s["significant"] is None and s["mde_pct"] is None
@@ -192,7 +193,7 @@ def test_interleaved_aa_arm_is_the_noise_floor_of_the_same_run(tmp_path):
     assert first.startswith("- TPOT, paired per request: patched +2.00% vs stock")
     assert "forest.png" in r["plots"]
     with pytest.raises(ValueError, match=r"--aa-report .*: this run has its own A/A noise floor \(stock-b\)"):
-        analyze_run(run_dir, [CHAT], aa_report=run_dir / "report.json")  # was ignored, and recorded
+        analyze_run(run_dir, [CHAT], aa_report=run_dir / "report.json", draw_plots=False)  # was ignored, and recorded
 
 
 def test_the_floor_says_which_load_its_noise_comes_from():

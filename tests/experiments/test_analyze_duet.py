@@ -41,7 +41,7 @@ def _duet_run(run_dir: Path, labels: tuple[str, str], arms: tuple[str, str], eff
 
 def test_an_ab_duet_finds_the_effect_with_the_gpu_bias_removed_and_reports_both(tmp_path: Path) -> None:
     run_dir, _ = _duet_run(tmp_path / "ab", ("stock", "patched"), ("stock", "patched"), 0.01, 0.03, seed=4)
-    report = analyze_run(run_dir)
+    report = analyze_run(run_dir, draw_plots=False)
     tpot = report["paired_latency"]["patched"]["tpot_ms"]
     assert tpot["covariate"] == "gpu" and tpot["ci95_pct"][0] < 1.0 < tpot["ci95_pct"][1]
     lay = report["layout"]
@@ -62,7 +62,7 @@ def test_an_ab_duet_finds_the_effect_with_the_gpu_bias_removed_and_reports_both(
 
 def test_an_aa_duet_gives_its_half_width_and_an_ab_duet_takes_it_from_the_aa_report(tmp_path: Path) -> None:
     aa_dir, _ = _duet_run(tmp_path / "aa", ("stock-a", "stock-b"), ("stock", "stock"), 0.0, 0.03, seed=5)
-    aa = analyze_run(aa_dir)
+    aa = analyze_run(aa_dir, draw_plots=False)
     ci = aa["paired_latency"]["stock-b"]["tpot_ms"]["ci95_pct"]
     assert ci[0] < 0.0 < ci[1]  # the crossover keeps the GPU's 3% out of the A/A difference
     half = aa["layout"]["aa_half_width_tpot_pct"]
@@ -71,7 +71,7 @@ def test_an_aa_duet_gives_its_half_width_and_an_ab_duet_takes_it_from_the_aa_rep
     assert aa["layout"]["aa_half_width_x_sqrt_gpu_minutes"] == pytest.approx(half * np.sqrt(8.0))
     assert f"+-{half:.2f}% (this run (A/A)) over 8.00 GPU-minutes" in (aa_dir / "report.md").read_text()
     ab_dir, _ = _duet_run(tmp_path / "ab", ("stock", "patched"), ("stock", "patched"), 0.01, 0.03, seed=6)
-    ab = analyze_run(ab_dir, aa_report=aa_dir / "report.json")
+    ab = analyze_run(ab_dir, aa_report=aa_dir / "report.json", draw_plots=False)
     assert ab["noise_floor"]["applied"], ab["noise_floor"]["design_differences"]
     assert (ab["layout"]["aa_half_width_tpot_pct"]
             == pytest.approx(ab["noise_floor"]["band_pct"]["paired:tpot_ms"][1]))
@@ -81,7 +81,7 @@ def test_a_turns_run_has_no_layout_entry_and_counts_one_gpu_per_replay(tmp_path:
     run_dir = write_run(tmp_path / "turns",
                         lambda lab, w, ld, rng: [(50.0, 20.0 + rng.normal(0, 0.1), None)] * 40,
                         windows=4, loads=(1.0,))
-    report = analyze_run(run_dir)
+    report = analyze_run(run_dir, draw_plots=False)
     assert "layout" not in report and "layout" not in report["design"]["fingerprint"]
     assert "Duet layout" not in (run_dir / "report.md").read_text()
     run = read_run(run_dir)

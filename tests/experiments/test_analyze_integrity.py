@@ -34,7 +34,7 @@ def run_dir(tmp_path):
 
 
 def test_a_whole_run_passes_and_is_complete(run_dir):
-    r = analyze_run(run_dir, [CHAT])
+    r = analyze_run(run_dir, [CHAT], draw_plots=False)
     assert r["status"] == "complete" and "damage" not in r["records"]
 
 
@@ -55,15 +55,15 @@ def test_a_torn_last_line_is_refused_then_left_out_when_accepted(run_dir, capsys
 
 
 def test_repeated_records_are_refused_and_the_first_of_each_kept(run_dir, tmp_path):
-    before = analyze_run(run_dir, [CHAT], out_dir=tmp_path / "before")
+    before = analyze_run(run_dir, [CHAT], out_dir=tmp_path / "before", draw_plots=False)
     path = run_dir / "requests.jsonl"
     lines = path.read_text().splitlines(keepends=True)
     patched = [ln for ln in lines if '"arm": "patched"' in ln and '"measure"' in ln]
     with gzip.open(run_dir / "requests.jsonl.gz", "wt") as f:  # the longer file is the one analysed
         f.writelines(lines + patched[:30])
     with pytest.raises(DamagedRecords, match="30 records repeat an .arm, window, load, phase, index."):
-        analyze_run(run_dir, [CHAT])
-    r = analyze_run(run_dir, [CHAT], accept_damaged=True, out_dir=tmp_path / "after")
+        analyze_run(run_dir, [CHAT], draw_plots=False)
+    r = analyze_run(run_dir, [CHAT], accept_damaged=True, out_dir=tmp_path / "after", draw_plots=False)
     assert r["status"] == "damaged" and r["records"]["file"] == "requests.jsonl.gz"
     assert r["slos"][0]["patched"] == before["slos"][0]["patched"]  # the repeats were not counted
 
@@ -71,8 +71,8 @@ def test_repeated_records_are_refused_and_the_first_of_each_kept(run_dir, tmp_pa
 def test_a_missing_records_file_is_not_a_complete_report(run_dir):
     (run_dir / "requests.jsonl").unlink()
     with pytest.raises(DamagedRecords, match="no records file .* run.json lists 8 finished cells"):
-        analyze_run(run_dir, [CHAT])
-    assert analyze_run(run_dir, [CHAT], accept_damaged=True)["status"] == "damaged"
+        analyze_run(run_dir, [CHAT], draw_plots=False)
+    assert analyze_run(run_dir, [CHAT], accept_damaged=True, draw_plots=False)["status"] == "damaged"
 
 
 def test_a_finished_cell_with_the_wrong_count_is_refused(run_dir):
@@ -80,7 +80,7 @@ def test_a_finished_cell_with_the_wrong_count_is_refused(run_dir):
     lines = path.read_text().splitlines(keepends=True)
     path.write_text("".join(lines[:-1]))  # one record of the last cell gone, whole lines only
     with pytest.raises(DamagedRecords, match=r"1 cells .* \(first: stock window 1 load 2: 39 of 40\)"):
-        analyze_run(run_dir, [CHAT])
+        analyze_run(run_dir, [CHAT], draw_plots=False)
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["RUN", "--slo", "chat:2000:100"]])
@@ -93,7 +93,7 @@ def test_the_analysis_and_its_help_need_no_torch(run_dir, argv):
 
 
 def test_out_onto_the_run_folder_is_refused_before_analysing(run_dir, capsys):
-    analyze_run(run_dir, [CHAT])
+    analyze_run(run_dir, [CHAT], draw_plots=False)
     before = (run_dir / "report.json").read_bytes()
     assert main([str(run_dir), "--out", str(run_dir / "."), "--slo", "chat:1:1"]) == 2
     err = capsys.readouterr().err
@@ -105,7 +105,7 @@ def test_a_read_only_run_folder_is_refused_before_analysing(tmp_path, capsys, fl
     with tmpfs(tmp_path / "ro", "size=4m") as ro:  # written by a first analysis, or not yet analysed
         run = write_run(ro / "run", cell, windows=2)
         if analysed:
-            analyze_run(run, [CHAT])
+            analyze_run(run, [CHAT], draw_plots=False)
         before = sorted(p.name for p in run.iterdir())
         make_read_only(ro)
         assert main([str(run), "--slo", "chat:2000:100", *flags]) == 2

@@ -29,7 +29,7 @@ def cell(arm: str, win: int, load: float, rng) -> list:
 def analysed(tmp_path: Path) -> Path:
     """A run analysed as the orchestrator does after the replays: report files in the run folder."""
     run_dir = write_run(tmp_path / "run", cell, windows=3)
-    analyze_run(run_dir, [TIGHT, CHAT])
+    analyze_run(run_dir, [TIGHT, CHAT], draw_plots=False)
     return run_dir
 
 
@@ -40,12 +40,13 @@ def _files(folder: Path) -> dict[str, bytes]:
 def test_reanalysis_writes_beside_the_report_and_reproduces_it(analysed: Path,
                                                                capsys: pytest.CaptureFixture) -> None:
     before = _files(analysed)
-    assert main([str(analysed)]) == 0
+    assert main([str(analysed), "--no-plots"]) == 0
     out = capsys.readouterr().out
     assert _files(analysed) == before  # nothing in the run folder was rewritten
     again = analysed / REANALYSIS
     assert (again / "report.json").read_bytes() == before["report.json"]
     assert (again / "report.md").read_bytes() == before["report.md"]
+    assert not list(again.glob("*.png"))  # --no-plots: the report files only
     assert f"inputs as recorded in {analysed / 'report.json'}" in out
     assert f"report.json identical to {analysed / 'report.json'}" in out
 
@@ -65,11 +66,11 @@ def test_a_report_whose_floats_moved_by_an_ulp_has_the_same_figures(analysed: Pa
 def test_out_and_in_place(analysed: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     before = _files(analysed)
     elsewhere = tmp_path / "elsewhere" / "deeper"
-    assert main([str(analysed), "--out", str(elsewhere), "--slo", "chat:2000:100"]) == 0
+    assert main([str(analysed), "--out", str(elsewhere), "--slo", "chat:2000:100", "--no-plots"]) == 0
     assert _files(analysed) == before
     assert [s["name"] for s in json.loads((elsewhere / "report.json").read_text())["slos"]] == ["chat"]
     assert "differs from" in capsys.readouterr().out
-    assert main([str(analysed), "--in-place", "--slo", "chat:2000:100"]) == 0
+    assert main([str(analysed), "--in-place", "--slo", "chat:2000:100", "--no-plots"]) == 0
     assert [s["name"] for s in json.loads((analysed / "report.json").read_text())["slos"]] == ["chat"]
     assert not (analysed / REANALYSIS).exists()
     with pytest.raises(SystemExit) as exc:
@@ -92,7 +93,7 @@ def test_tiers_recorded_in_run_json_are_the_default(tmp_path: Path) -> None:
     run = json.loads((run_dir / "run.json").read_text())
     run["config"] = {"slos": [TIGHT.to_json()]}  # the run was made with --slo tight:150:30
     (run_dir / "run.json").write_text(json.dumps(run))
-    assert main([str(run_dir)]) == 0  # no report yet: written into the run folder
+    assert main([str(run_dir), "--no-plots"]) == 0  # no report yet: written into the run folder
     assert [s["name"] for s in json.loads((run_dir / "report.json").read_text())["slos"]] == ["tight"]
 
 

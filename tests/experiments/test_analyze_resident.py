@@ -35,7 +35,7 @@ def _cell(arm: str, window: int, load: float, rng: np.random.Generator) -> list:
 def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
     run_dir = write_run(tmp_path_factory.mktemp("resident") / "run", _cell, labels=LABELS, arms=ARMS,
                         windows=3 * PER, sets=SETS, instances=3, seed=2)
-    result = analyze_run(run_dir, [SLO("chat", 2000.0, 100.0)])
+    result = analyze_run(run_dir, [SLO("chat", 2000.0, 100.0)], draw_plots=False)
     return result, (run_dir / "report.md").read_text()
 
 
@@ -73,7 +73,7 @@ def test_the_pair_never_measured_together_is_said_not_measured(report: tuple[dic
 
 def test_a_run_without_sets_says_nothing_of_them(tmp_path: Path) -> None:
     run_dir = write_run(tmp_path / "run", _cell, labels=LABELS, arms=ARMS, windows=4)
-    r = analyze_run(run_dir, [SLO("chat", 2000.0, 100.0)])
+    r = analyze_run(run_dir, [SLO("chat", 2000.0, 100.0)], draw_plots=False)
     assert "resident_sets" not in r["design"] and "resident_sets" not in r["design"]["fingerprint"]
     assert set(r["paired_latency"]) == {"patched", "planted:3us", "stock-b"}
     assert "not measured" not in (run_dir / "report.md").read_text()

@@ -30,7 +30,7 @@ def host(arm: str, window: int, load: float) -> dict:
 
 def test_a_replay_in_a_slow_host_episode_is_named_not_adjusted(tmp_path: Path) -> None:
     run_dir = write_run(tmp_path / "run", cell, itl=True, host=host)
-    r = analyze_run(run_dir, [CHAT])
+    r = analyze_run(run_dir, [CHAT], draw_plots=False)
     s = r["slow_host"]
     assert s["replays"] == 24 and s["episodes"] == 1 and s["not_recorded"] == []
     (e,) = s["slow"]
@@ -42,20 +42,20 @@ def test_a_replay_in_a_slow_host_episode_is_named_not_adjusted(tmp_path: Path) -
     assert "**Slow host episodes** — 1 of 24 measured replays ran in one" in head
     assert "## Slow host episodes" in body and f"Rule: {s['rule']}." in body
     assert "| patched | 2 | 2x | 0.8 | 30.00 | +" in body and "| yes: steal |" in body
-    unflagged = analyze_run(write_run(tmp_path / "plain", cell, itl=True), [CHAT])  # no host entries
+    unflagged = analyze_run(write_run(tmp_path / "plain", cell, itl=True), [CHAT], draw_plots=False)  # no host entries
     assert unflagged["paired_latency"] == r["paired_latency"]  # the episode's replay kept, not adjusted
 
 
 def test_a_run_without_host_signals_has_no_entry_and_no_section(tmp_path: Path) -> None:
     run_dir = write_run(tmp_path / "run", cell, itl=True)
-    r = analyze_run(run_dir, [CHAT])
+    r = analyze_run(run_dir, [CHAT], draw_plots=False)
     assert "slow_host" not in r and "slow_host" not in json.loads((run_dir / "report.json").read_text())
     assert "Slow host" not in (run_dir / "report.md").read_text(encoding="utf-8")
 
 
 def test_servers_the_user_started_get_the_spacing_and_say_the_host_was_not_recorded(tmp_path: Path) -> None:
     run_dir = write_run(tmp_path / "run", cell, itl=True, host=lambda arm, w, load: None)
-    s = analyze_run(run_dir, [CHAT])["slow_host"]
+    s = analyze_run(run_dir, [CHAT], draw_plots=False)["slow_host"]
     assert s["episodes"] == 0 and [e["causes"] for e in s["slow"]] == [None]
     md = (run_dir / "report.md").read_text(encoding="utf-8")
     assert ("Not recorded: host signals (servers the user started): not recorded in 24 of 24 replays."

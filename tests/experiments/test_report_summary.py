@@ -35,7 +35,7 @@ def run_dir(tmp_path_factory) -> Path:
     run_dir = write_run(tmp_path_factory.mktemp("summary") / "run", _cell,
                         labels=("stock", "patched", "planted:500ns", "stock-b"),
                         arms=("stock", "patched", "planted:500ns", "stock"), seed=5)
-    analyze_run(run_dir, [CHAT])
+    analyze_run(run_dir, [CHAT], draw_plots=False)
     return run_dir
 
 
