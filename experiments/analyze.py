@@ -297,8 +297,8 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
         if path is not None:  # recorded only when given, so earlier reports re-derive unchanged
             result.inputs[key] = _shown(path)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if draw_plots:
-        result.plots = plots.write_plots(out_dir, complete, per_slo, secondary, labels, result)
+    result.plots = (plots.write_plots(out_dir, complete, per_slo, secondary, labels, result) if draw_plots
+                    else None)
     report.write_report(out_dir, result)
     return result.to_json()
 

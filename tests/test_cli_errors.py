@@ -11,6 +11,8 @@ import pytest
 
 from tests.test_layout import ROOT
 
+pytestmark = pytest.mark.e2e  # whole runs or commands in a fresh Python: seconds each
+
 # module -> its arguments; {gone} is a path that does not exist
 CASES = {
     "experiments.run": ["--trace", "{gone}/t.jsonl", "--device", "cpu", "--dry-run"],

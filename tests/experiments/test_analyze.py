@@ -120,7 +120,7 @@ def test_run_stopped_before_its_first_request_still_gets_a_report(tmp_path):
 
 def test_cli(tmp_path, capsys):
     run_dir = write_run(tmp_path / "cli", ab_cell, windows=2)
-    assert main([str(run_dir), "--slo", "tight:150:30", "--slo", "loose:5000:100"]) == 0
+    assert main([str(run_dir), "--slo", "tight:150:30", "--slo", "loose:5000:100", "--no-plots"]) == 0
     names = [s["name"] for s in json.loads((run_dir / "report.json").read_text())["slos"]]
     assert names == ["tight", "loose"]
     assert main([str(run_dir), "--slo", "tight:150"]) == 2
@@ -146,7 +146,8 @@ def test_noise_floor_from_an_aa_report(tmp_path):
     assert ab["noise_floor"]["source"] == str(aa_dir / "report.json") and ab["noise_floor"]["applied"]
     assert "A/A noise floor (" in (ab_dir / "report.md").read_text()
     with pytest.raises(ValueError, match="not the report of an A/A run"):
-        analyze_run(write_run(tmp_path / "ab2", ab_cell), [CHAT], aa_report=ab_dir / "report.json", draw_plots=False)
+        analyze_run(write_run(tmp_path / "ab2", ab_cell), [CHAT], aa_report=ab_dir / "report.json",
+                    draw_plots=False)
     assert analyze_run(ab_dir, [CHAT], draw_plots=False)["noise_floor"]["source"] is None
     with pytest.raises(ValueError, match="its own A/A noise floor .the run itself, an A/A run."):
         analyze_run(aa_dir, [CHAT], aa_report=aa_dir / "report.json", draw_plots=False)
@@ -156,7 +157,8 @@ def test_an_aa_floor_of_another_design_is_flagged_and_not_applied(tmp_path):
     aa_dir = write_run(tmp_path / "aa", aa_cell, labels=("stock-a", "stock-b"), arms=("stock", "stock"),
                        loads=(1.0, 4.0), seed=4)
     analyze_run(aa_dir, [CHAT], draw_plots=False)
-    ab = analyze_run(write_run(tmp_path / "ab", ab_cell), [CHAT], aa_report=aa_dir / "report.json", draw_plots=False)
+    ab = analyze_run(write_run(tmp_path / "ab", ab_cell), [CHAT], aa_report=aa_dir / "report.json",
+                     draw_plots=False)
     nf = ab["noise_floor"]
     assert nf["applied"] is False and nf["band_pct"] == {}
     assert [d["key"] for d in nf["design_differences"]] == ["loads"]
@@ -193,7 +195,8 @@ def test_interleaved_aa_arm_is_the_noise_floor_of_the_same_run(tmp_path):
     assert first.startswith("- TPOT, paired per request: patched +2.00% vs stock")
     assert "forest.png" in r["plots"]
     with pytest.raises(ValueError, match=r"--aa-report .*: this run has its own A/A noise floor \(stock-b\)"):
-        analyze_run(run_dir, [CHAT], aa_report=run_dir / "report.json", draw_plots=False)  # was ignored, and recorded
+        # was ignored, and recorded
+        analyze_run(run_dir, [CHAT], aa_report=run_dir / "report.json", draw_plots=False)
 
 
 def test_the_floor_says_which_load_its_noise_comes_from():

@@ -46,7 +46,7 @@ def test_a_torn_last_line_is_refused_then_left_out_when_accepted(run_dir, capsys
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"requests.jsonl:{len(whole.splitlines()) + 1}: torn last line" in err
     assert "--accept-damaged" in err and not (run_dir / "report.json").exists()
-    assert main([str(run_dir), "--slo", "chat:2000:100", "--accept-damaged"]) == 0
+    assert main([str(run_dir), "--slo", "chat:2000:100", "--accept-damaged", "--no-plots"]) == 0
     report = json.loads((run_dir / "report.json").read_text())
     assert report["status"] == "damaged" and report["records"]["total"] == len(whole.splitlines())
     md = (run_dir / "report.md").read_text()
@@ -83,6 +83,7 @@ def test_a_finished_cell_with_the_wrong_count_is_refused(run_dir):
         analyze_run(run_dir, [CHAT], draw_plots=False)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("argv", [["--help"], ["RUN", "--slo", "chat:2000:100"]])
 def test_the_analysis_and_its_help_need_no_torch(run_dir, argv):
     argv = [str(run_dir) if a == "RUN" else a for a in argv]

@@ -84,7 +84,7 @@ def test_the_report_shows_every_arm_over_instances_with_the_components(tmp_path:
 
     run_dir = _labelled_run(tmp_path, _aa_cell, labels=("stock", "patched", "stock-b"),
                             arms=("stock", "patched", "stock"))
-    assert main([str(run_dir), "--out", str(tmp_path / "out")]) == 0
+    assert main([str(run_dir), "--out", str(tmp_path / "out"), "--no-plots"]) == 0
     report = json.loads((tmp_path / "out" / "report.json").read_text())["over_instances"]
     assert report["source"] == "this run's 3 server instance pairs"
     rows = {r["comparison"]: r for r in report["rows"]}

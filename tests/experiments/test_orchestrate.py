@@ -29,6 +29,8 @@ from experiments.stats.runframe import load_run
 from integration.launcher import MODELS_DIR, ServerConfig, VllmServer, free_port
 from loadgen.records import LATENESS_TARGET_P99_MS, lateness_ms, read_records
 
+pytestmark = pytest.mark.e2e  # whole runs or commands in a fresh Python: seconds each
+
 LENIENT_MS = 1000.0  # a lateness target no replay here misses: the test is of what the attainment does
 FAKE = "from loadgen.fakeserver import FakeServerConfig as C, serve_forever as s; s(C(**{kw}), {port})"
 

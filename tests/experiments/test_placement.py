@@ -21,6 +21,8 @@ from integration.launcher import MODELS_DIR, ServerConfig, VllmServer, free_port
 from loadgen.records import read_records
 from tests.experiments.test_orchestrate import _fake_server, _trace
 
+pytestmark = pytest.mark.e2e  # whole runs or commands in a fresh Python: seconds each
+
 
 @pytest.fixture
 def cfg(tmp_path: Path) -> RunConfig:

@@ -136,6 +136,7 @@ def test_request_longer_than_max_model_len_is_named_by_line(tmp_path: Path) -> N
         prepare(cfg)
 
 
+@pytest.mark.e2e
 def test_script_runs_from_any_directory(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, str(REPO / "experiments" / "run.py"), "--help"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=120)

@@ -42,7 +42,8 @@ def test_a_replay_in_a_slow_host_episode_is_named_not_adjusted(tmp_path: Path) -
     assert "**Slow host episodes** — 1 of 24 measured replays ran in one" in head
     assert "## Slow host episodes" in body and f"Rule: {s['rule']}." in body
     assert "| patched | 2 | 2x | 0.8 | 30.00 | +" in body and "| yes: steal |" in body
-    unflagged = analyze_run(write_run(tmp_path / "plain", cell, itl=True), [CHAT], draw_plots=False)  # no host entries
+    plain = write_run(tmp_path / "plain", cell, itl=True)  # no host entries
+    unflagged = analyze_run(plain, [CHAT], draw_plots=False)
     assert unflagged["paired_latency"] == r["paired_latency"]  # the episode's replay kept, not adjusted
 
 

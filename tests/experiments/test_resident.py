@@ -21,6 +21,8 @@ from tests.experiments.test_config import TRACE
 from tests.experiments.test_orchestrate import _trace
 from tests.experiments.test_placement import cfg, fake_starts  # noqa: F401 (fixtures)
 
+pytestmark = pytest.mark.e2e  # whole runs or commands in a fresh Python: seconds each
+
 
 def test_sets_swap_within_every_instance_and_tag_each_record_with_its_instance(
         cfg: RunConfig, fake_starts: tuple[list[str], list[VllmServer]]) -> None:  # noqa: F811

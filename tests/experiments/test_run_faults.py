@@ -26,6 +26,8 @@ from tests.experiments.test_orchestrate import _fake_server, _trace
 from tests.loadgen.serving import serving
 from tests.mounts import tmpfs
 
+pytestmark = pytest.mark.e2e  # whole runs or commands in a fresh Python: seconds each
+
 REPO = Path(__file__).resolve().parents[2]
 FAST = FakeServerConfig(ttft_s=0.001, itl_s=0.001, model="tiny-llama")
 # a server that, asked to stop (SIGTERM), goes on serving while the user presses Ctrl-C again (SIGINT

@@ -32,6 +32,8 @@ from loadgen.records import read_records, succeeded
 from tests.experiments.test_orchestrate import _fake_server, _trace
 from tests.loadgen.serving import serving
 
+pytestmark = pytest.mark.e2e  # whole runs or commands in a fresh Python: seconds each
+
 
 def asleep(server) -> bool:
     """What the server itself says (GET /is_sleeping), not what the kit thinks."""

@@ -11,6 +11,7 @@ from integration import launcher
 from tests.conftest import tiny_server_config
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("module", ["integration.proof.prove", "integration.proof.prove_arm"])
 def test_help(module: str) -> None:
     out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True,

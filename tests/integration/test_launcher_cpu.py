@@ -29,6 +29,7 @@ def test_bad_config_is_rejected(tmp_path) -> None:
         ServerConfig(model_dir=TINY_MODEL, arm="stock", port=1, host="0.0.0.0")
 
 
+@pytest.mark.e2e
 def test_server_that_dies_surfaces_its_log(tmp_path) -> None:
     cfg = tiny_server_config("stock", extra_args=("--max-logprobs", "not-a-number"))
     server = VllmServer(cfg, tmp_path / "dead.log")

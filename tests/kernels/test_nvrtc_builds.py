@@ -146,6 +146,7 @@ def test_staged_builds_stage_through_shared_memory_and_register_builds_do_not(fu
     assert "cp.async.ca.shared.global" in narrow and "cp.async.cg" not in narrow
 
 
+@pytest.mark.slow  # every bf16 candidate compiled at every model width
 def test_no_bf16_candidate_at_model_widths_spills_registers() -> None:
     """ptxas's own report (-v) for every launch shape the benchmark times on bf16 rows at hidden 2048,
     4096 and 8192, both ops, both families: a spill would put the row's registers in local memory."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 from loadgen import bench
 from loadgen.records import RequestRecord
 
@@ -36,6 +38,7 @@ def _two_free_ports() -> int:
     raise RuntimeError("no two consecutive free ports")
 
 
+@pytest.mark.e2e
 def test_two_streams_on_one_loop_replay_the_whole_schedule_each() -> None:
     args = bench.build_parser().parse_args(["--streams", "2", "--rate", "40", "--duration", "1",
                                             "--tokens", "4", "--port", str(_two_free_ports())])

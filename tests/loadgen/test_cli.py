@@ -136,6 +136,7 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_leaves_one_record_per_request(sig, tmp_path):
     port = _closed_port()

@@ -99,6 +99,7 @@ def test_a_file_size_limit_stops_the_cli_with_whole_lines(tmp_path):
     assert "records are not in it" in done.stdout
 
 
+@pytest.mark.e2e
 def test_sighup_stops_like_sigterm_with_a_record_per_request(tmp_path):
     out = tmp_path / "r.jsonl"
     with serving(FakeServerConfig(ttft_s=0.01, itl_s=0.05, model="tiny")) as url:
@@ -236,6 +237,7 @@ def test_uvloop_missing_is_one_line(tmp_path, capsys, monkeypatch):
     assert "--event-loop uvloop: the uvloop package is not installed" in capsys.readouterr().err
 
 
+@pytest.mark.e2e
 def test_a_run_with_duplicated_records_is_refused_by_the_analysis(tmp_path, capsys):
     from experiments.analyze import main as analyze
     from tests.experiments.synthetic_run import write_run

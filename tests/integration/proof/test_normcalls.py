@@ -117,6 +117,7 @@ def test_the_counts_match_the_layers_only_when_every_norm_is_there() -> None:
     assert normcalls.check({"hidden": 57, "head": 56, "other": 1}, qwen)["matches"] is False
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("model", ["qwen3-0.6b", "qwen3-8b", "llama-3.2-1b"])
 def test_prove_dry_run_checks_the_model_and_starts_nothing(model: str, tmp_path, capsys) -> None:
     rc = prove.main(["--out", str(tmp_path / "out"), "--model", str(MODELS_DIR / model), "--dry-run"])
