@@ -3,6 +3,7 @@
 # make lint  : ruff over the whole tree (pyproject.toml [tool.ruff])
 # make test  : lint, then the whole test suite (what CI runs)
 # make test-fast : the inner loop: lint, then every test but servers, GPU, evidence, slow and e2e, in parallel
+#                  (bytecode and pytest's assertion rewrites cached in __pycache__, even under PYTHONDONTWRITEBYTECODE)
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -31,4 +32,4 @@ test: lint
 	$(PY) -m pytest -q
 
 test-fast: lint
-	$(PY) -m pytest -q -n 2 -m "not server and not gpu and not evidence and not slow and not e2e"
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n 2 -m "not server and not gpu and not evidence and not slow and not e2e"
