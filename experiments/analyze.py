@@ -30,7 +30,7 @@ from experiments.core.runfile import Run, read_run
 from experiments.core.slo import DEFAULT_SLO_FILE, SLO, load_slo_file, parse_slo
 from experiments.reporting import duetreport, hostbound, noisefloor, plots, report, schema
 from experiments.reporting.reportdiff import report_change
-from experiments.stats import attribution, comparisons, goodput, hostslow, instances, knee, planted
+from experiments.stats import attribution, comparisons, goodput, hostslow, instances, knee, plantedline
 from integration.proof import profiles
 from kernels.environment import gpu_slug
 
@@ -255,7 +255,7 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
     attrib = attribution.attribute(run, labels[0], PROJECT_ROOT, gpu, profile_path=profile,
                                    kernel_path=kernel_results, policy=policy, graph_path=graph_steps)
     model = run.model.get("name")
-    if planted_steps is None and planted.has_planted_arm(run):  # the GPU's committed one, if any
+    if planted_steps is None and plantedline.has_planted_arm(run):  # the GPU's committed one, if any
         found = profiles.default_planted_steps(gpu, model)
         planted_steps = PROJECT_ROOT / found if found else None
     if gpu_steps is None and run.device == "cuda":
@@ -263,12 +263,12 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
         gpu_steps = PROJECT_ROOT / found if found else None
     latency_rows = goodput.latency_table(complete)
     paired_lat = comparisons.paired_latency(complete, run)
-    planted_lines = planted.planted_lines(
+    planted_lines = plantedline.planted_lines(
         run, latency_rows, paired_lat, attrib,
         None if planted_steps is None else (_shown(planted_steps), read_json(planted_steps, None,
                                                                              "graph-steps file")),
-        planted.reference_comparisons(complete, run, comparisons.cell_orders(run)),
-        planted.decode_totals(complete))
+        plantedline.reference_comparisons(complete, run, comparisons.cell_orders(run)),
+        plantedline.decode_totals(complete))
     analysis = report.Analysis(
         run=run, env=env, slos=slos, per_slo=per_slo, secondary=secondary,
         latency=latency_rows, attribution=attrib, missing=missing,

@@ -8,7 +8,7 @@ reads the run's records and report.json (run experiments.analyze first), replays
 requests of every cell (window, load) through the scheduler model twice: with the forward times of
 `--step-times` (a graph-steps file of integration.proof.prove with CUDA-graph decode steps and
 wall-clock prefill steps of the run's model and GPU) plus the fitted host overhead, and with the
-planted delay added where the report's prediction adds it (experiments.stats.planted.call_cost). Per load
+planted delay added where the report's prediction adds it (experiments.stats.plantedline.call_cost). Per load
 it prints the simulated change (median per-request log ratio per cell, mean over cells) beside the
 report's prediction and the measured interval; the simulated and measured reference (median TPOT and
 inter-token gap) as a check of the model; and where the time went: the change of the time requests
@@ -34,7 +34,7 @@ from common.jsonfile import ResultFileError, open_text, project_relative, read_j
 from experiments.analyze import PROJECT_ROOT as ROOT
 from experiments.core.rundir import load_records
 from experiments.core.runfile import Run, read_run
-from experiments.stats import planted
+from experiments.stats import plantedline
 from integration.proof.normcalls import norm_shape
 from loadgen.records import RequestRecord, succeeded, tpot_ms
 from research import stepsim
@@ -203,7 +203,7 @@ def simulate_run(run_dir: Path, label: str, step_times: Path, kv_tokens: int | N
     names = dict(zip(run.arm_labels, run.arms))
     steps_path = (rep.get("inputs") or {}).get("planted_steps")
     graph = (steps_path, read_json(ROOT / steps_path, None, "graph-steps file")) if steps_path else None
-    cost, _, source = planted.call_cost(run, label, rep.get("attribution") or {}, graph)
+    cost, _, source = plantedline.call_cost(run, label, rep.get("attribution") or {}, graph)
     calls = sum(norm_shape(run.model.get("config") or {}).expected().values())
     points = forward_points(doc, names[ref] if names[ref] != "stock" else None)
     records, _ = load_records(run_dir)

@@ -2,7 +2,7 @@
 token times, the prefill feedback included. Pure functions; research.plantedsim applies it to
 a run's planted control.
 
-The planted control's prediction (experiments.stats.planted) divides the decode time a delay adds by the
+The planted control's prediction (experiments.stats.plantedline) divides the decode time a delay adds by the
 reference's decode time: it holds the steps fixed. A slower decode step also keeps every request
 decoding longer, so more requests arrive meanwhile and their prefills join its steps. `simulate`
 replays requests (due time, prompt and output tokens) through this model of the server, step by

@@ -41,7 +41,7 @@ class Analysis:
     burnin: list[dict]
     drift: dict
     knee: dict | None  # experiments.stats.knee.summary
-    planted: list[dict] | None = None  # experiments.stats.planted.planted_lines
+    planted: list[dict] | None = None  # experiments.stats.plantedline.planted_lines
     over_instances: dict | None = None  # analyze._over_instances: intervals that carry the instance variance
     slow_host: dict | None = None  # experiments.stats.hostslow.episodes (None: a run without host signals)
     damage: tuple[str, ...] = ()  # what the records' integrity checks found (analysed anyway when set)

@@ -20,7 +20,7 @@ from experiments.reporting.report_latency import (
 from experiments.reporting.schema import Report
 from experiments.reporting.summary import summary_lines
 from experiments.stats import knee
-from experiments.stats.planted import planted_text
+from experiments.stats.plantedline import planted_text
 
 LATENESS_BOUND_MS = 10.0  # a send later than this no longer replays the trace's arrival process
 UNOBSERVED_SHARE = 0.01  # above this share of a cell's replies without observed token timing, say so

@@ -4,7 +4,7 @@ drift summaries. Pure functions of run.json (a core.runfile.Run) and records fra
 Every arm is compared with the first (the baseline). An arm that runs the baseline's kernel on a
 second server (the interleaved A/A arm, e.g. "stock-b") is the run's own noise floor; the primary
 comparison is the first arm that is not such a control, or, in a pure A/A run, the A/A pair itself.
-A planted arm is compared with its twin too (experiments.stats.planted). In a run of resident sets
+A planted arm is compared with its twin too (experiments.stats.plantedline). In a run of resident sets
 (--resident) two labels are compared only where they replayed cells together; every pair the report
 would compare and that never did is named (`not_measured`).
 """
@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.core.runfile import Run
-from experiments.stats import duet, paired, planted
+from experiments.stats import duet, paired, plantedline
 
 
 def arm_roles(run: Run) -> dict:
@@ -56,7 +56,7 @@ def required_pairs(run: Run) -> list[tuple[str, str]]:
     labels = list(run.arm_labels)
     out = [(labels[0], arm_roles(run)["primary"])]
     for label in labels[1:]:
-        pair = (planted.reference_label(run, label), label)
+        pair = (plantedline.reference_label(run, label), label)
         if pair not in out:
             out.append(pair)
     return out

@@ -13,7 +13,7 @@ from experiments.reporting.report_md import arm_lines
 from experiments.runner import cli as run_cli
 from experiments.runner.config import ConfigError, RunConfig, make_config
 from experiments.runner.runrecord import arm_records, mode_note
-from experiments.stats.planted import planted_lines, planted_text
+from experiments.stats.plantedline import planted_lines, planted_text
 
 REPO = Path(__file__).resolve().parents[2]
 TRACE = REPO / "traces" / "chat.jsonl"

@@ -238,7 +238,7 @@ def test_named_arms_on_a_table_that_fuses_nothing_are_refused_naming_fuse_all(on
 
 
 def test_fuse_all_is_recorded_with_an_all_fused_policy_and_keeps_the_planted_twin(monkeypatch) -> None:
-    from experiments.stats.planted import reference_label
+    from experiments.stats.plantedline import reference_label
 
     monkeypatch.setattr(choice, "current_gpu", lambda: H100)
     cfg = cuda_cfg(model="llama-3.2-1b", fuse_all=True)

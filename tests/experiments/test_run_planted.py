@@ -15,7 +15,7 @@ from experiments.core.runfile import read_run
 from experiments.runner.config import make_config
 from experiments.runner.orchestrate import run_experiment
 from experiments.stats import goodput
-from experiments.stats.planted import decode_totals
+from experiments.stats.plantedline import decode_totals
 
 pytestmark = pytest.mark.server
 TRACE = Path(__file__).resolve().parents[2] / "traces" / "chat.jsonl"

@@ -12,7 +12,7 @@ from common.jsonfile import write_json
 from experiments.core.runfile import Run
 from experiments.runner.config import make_config
 from experiments.runner.runrecord import arm_records
-from experiments.stats.planted import (
+from experiments.stats.plantedline import (
     added_fraction,
     decode_totals,
     planted_lines,
@@ -165,7 +165,7 @@ def test_reference_comparisons_find_a_planted_effect_against_the_twin() -> None:
 
 
 def test_the_committed_planted_step_time_is_found_by_gpu_and_model() -> None:
-    from experiments.stats.planted import has_planted_arm
+    from experiments.stats.plantedline import has_planted_arm
     from integration.proof import profiles
 
     found = profiles.default_planted_steps("h200", "llama-3.1-8b")
