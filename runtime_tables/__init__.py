@@ -8,6 +8,7 @@ runs' records name through `resolve` (moved.json)."""
 from __future__ import annotations
 
 import json
+from functools import cache
 from importlib.resources import files
 from pathlib import Path
 
@@ -20,9 +21,14 @@ def path(name: str) -> Path:
     return DIR / name
 
 
+@cache
+def _moved() -> dict[str, str]:
+    """moved.json's map, read once per process (it changes only with the package)."""
+    return json.loads(MOVED.read_text(encoding="utf-8"))["moved"]
+
+
 def resolve(recorded: str | Path) -> Path:
     """Where a table a committed record names (project-relative, as written when the run was made) is
     kept now: the file of this package moved.json maps it to, else the path as recorded."""
-    moved = json.loads(MOVED.read_text(encoding="utf-8"))["moved"]
-    name = moved.get(Path(recorded).as_posix())
+    name = _moved().get(Path(recorded).as_posix())
     return path(name) if name else Path(recorded)
