@@ -26,8 +26,8 @@ from experiments.stats.runframe import load_run
 
 
 def measured_requests(run_dir: Path) -> pd.DataFrame:
-    """The baseline arm's measured requests of a run (records frame, experiments.stats.runframe)."""
-    baseline = read_run(run_dir).arms[0]
+    """The measured requests of the run's first label, its baseline (experiments.stats.runframe)."""
+    baseline = read_run(run_dir).arm_labels[0]
     df = load_run(run_dir)
     m = df[(df.phase == "measure") & (df.arm == baseline)]
     if m.empty:

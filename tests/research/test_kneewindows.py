@@ -49,3 +49,9 @@ def test_cli_prints_each_set_and_names_bad_input(tmp_path: Path, capsys: pytest.
     with pytest.raises(SystemExit):
         kneewindows.main([str(RESULTS / "h200-llama8b-twin-aa"), "--quantiles", "0.5,2"])
     assert "quantiles must lie in [0, 1]" in capsys.readouterr().err
+
+
+def test_an_aa_run_takes_its_first_label_as_the_baseline() -> None:
+    run = RESULTS / "h100-aa3-baseline"  # arms stock, stock, stock labelled stock-a, stock-b, stock-c
+    m = kneewindows.measured_requests(run)
+    assert set(m.arm) == {"stock-a"} and (m.phase == "measure").all()
