@@ -27,7 +27,7 @@ from common.cliargs import OneLineParser, add_debug_flag, fail, same_file
 from common.jsonfile import ResultFileError, project_relative, read_json, stored
 from experiments.core.rundir import check_records
 from experiments.core.runfile import Run, read_run
-from experiments.core.slo import DEFAULT_SLO_FILE, SLO, load_slo_file, parse_slo
+from experiments.core.slo import SLO, load_slo_file, parse_slo
 from experiments.reporting import duetreport, hostbound, noisefloor, plots, report, schema
 from experiments.reporting.reportdiff import report_change
 from experiments.stats import attribution, comparisons, goodput, hostslow, instances, knee, plantedline
@@ -203,7 +203,7 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
     """Analyse RUN_DIR, write report.json, report.md and (with ``draw_plots``) PNGs into out_dir
     (default RUN_DIR itself) and return the report dict.
 
-    ``slos`` defaults to the tiers in run.json, else experiments/slos.toml; ``aa_report`` is an A/A
+    ``slos`` defaults to the tiers run.json records; ``aa_report`` is an A/A
     run's report.json whose per-window spread is drawn as the noise floor (an A/A run is its own noise
     floor); ``patched_policy`` is a record of what the patched arm dispatched (run.json's patched_policy
     format), for a run.json that does not record it; ``profile`` and ``kernel_results`` replace the
@@ -318,8 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
     tiers.add_argument("--slo", action="append", default=[], metavar="NAME:TTFT_MS:TPOT_MS[:E2E_MS]",
                        help="an SLO tier to evaluate (repeatable); replaces the recorded tiers")
     tiers.add_argument("--slo-file", type=Path, default=None,
-                       help=f"TOML file of [[slo]] tiers (default: as recorded, else "
-                            f"{DEFAULT_SLO_FILE.name})")
+                       help="TOML file of [[slo]] tiers; replaces the recorded tiers (default: those "
+                            "report.json recorded, else run.json's)")
     ap.add_argument("--aa-report", type=Path, default=None, metavar="REPORT_JSON",
                     help="report.json of an A/A run, its spread the noise floor (default: as recorded)")
     ap.add_argument("--patched-policy", type=Path, default=None, metavar="RECORD_JSON",

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.analyze import REANALYSIS, analyze_run, main, recorded_inputs
-from experiments.core.slo import SLO
+from experiments.analyze import REANALYSIS, analyze_run, build_parser, main, recorded_inputs
+from experiments.core.slo import DEFAULT_SLO_FILE, SLO
 from experiments.reporting.reportdiff import report_change
 from tests.experiments.synthetic_run import write_run
 
@@ -95,6 +95,13 @@ def test_tiers_recorded_in_run_json_are_the_default(tmp_path: Path) -> None:
     (run_dir / "run.json").write_text(json.dumps(run))
     assert main([str(run_dir), "--no-plots"]) == 0  # no report yet: written into the run folder
     assert [s["name"] for s in json.loads((run_dir / "report.json").read_text())["slos"]] == ["tight"]
+
+
+def test_slo_file_help_names_the_defaults_a_run_reaches() -> None:
+    # every run.json records its tiers (read_run gives a version-1 file slos.toml's), so the analysis
+    # never falls back to slos.toml itself: the help names the recorded tiers, then run.json's
+    flag = next(a for a in build_parser()._actions if "--slo-file" in a.option_strings)
+    assert "run.json" in flag.help and DEFAULT_SLO_FILE.name not in flag.help
 
 
 @pytest.mark.parametrize("suffix, module", [(".xz", lzma), (".gz", gzip)])
