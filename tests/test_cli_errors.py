@@ -43,6 +43,28 @@ def test_a_missing_input_is_one_error_line(module: str, tmp_path: Path) -> None:
     assert not gone.exists()
 
 
+# module -> its arguments before --slo-file (each reads its tiers file before any other work)
+SLO_FILE_READERS = {
+    "experiments.run": ["--trace", "traces/chat.jsonl", "--device", "cpu", "--dry-run"],
+    "experiments.analyze": ["experiments/results/h200-llama8b-chat-aa", "--out", "{tmp}/out"],
+}
+
+
+@pytest.mark.parametrize("module", sorted(SLO_FILE_READERS))
+@pytest.mark.parametrize("what", ["missing", "a folder", "not UTF-8"])
+def test_an_unreadable_slo_file_is_one_line_naming_the_flag(module: str, what: str, tmp_path: Path) -> None:
+    slo_file = {"missing": tmp_path / "gone.toml", "a folder": tmp_path}.get(what, tmp_path / "s.toml")
+    if what == "not UTF-8":
+        slo_file.write_bytes(b'[[slo]]\nname = "\xff"\n')
+    argv = [a.format(tmp=tmp_path) for a in SLO_FILE_READERS[module]] + ["--slo-file", str(slo_file)]
+    out = subprocess.run([sys.executable, "-m", module, *argv], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert out.returncode == 2 and len(lines) == 1, out.stderr
+    assert f"error: --slo-file {slo_file}: cannot read" in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
 # module -> its arguments with the input file {trace} or {results} also given as the output
 ONTO_INPUT = {
     "traces.info": ["{trace}", "--out", "{trace}"],

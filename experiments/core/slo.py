@@ -71,33 +71,40 @@ def parse_slo(text: str) -> SLO:
 
 
 def load_slo_file(path: str | Path = DEFAULT_SLO_FILE) -> list[SLO]:
-    """SLO tiers from a TOML file of [[slo]] tables (name, ttft_ms, tpot_ms, optional e2e_ms)."""
+    """SLO tiers from a TOML file of [[slo]] tables (name, ttft_ms, tpot_ms, optional e2e_ms); ValueError
+    naming the file, and --slo-file (how run.py and analyze.py are given one) for any but the default."""
     path = Path(path)
+    where = str(path) if path == DEFAULT_SLO_FILE else f"--slo-file {path}"
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"{where}: cannot read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{where}: cannot read (not UTF-8 text: byte {exc.start})") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{path}: not valid TOML: {exc}") from None
+        raise ValueError(f"{where}: not valid TOML: {exc}") from None
     tables = data.get("slo")
     if not isinstance(tables, list) or not tables:
-        raise ValueError(f"{path}: expected one or more [[slo]] tables")
+        raise ValueError(f"{where}: expected one or more [[slo]] tables")
     stray = sorted(set(data) - {"slo"})
     if stray:  # a misspelled [[sol]] would drop its tier from the report unseen
-        raise ValueError(f"{path}: unknown top-level key(s) {', '.join(stray)}; expected only [[slo]] tables")
+        raise ValueError(f"{where}: unknown top-level key(s) {', '.join(stray)}; expected only [[slo]] "
+                         "tables")
     slos: list[SLO] = []
     for i, table in enumerate(tables, start=1):
         if not isinstance(table, dict):
-            raise ValueError(f"{path}: [[slo]] #{i} is not a table, got {table!r}")
+            raise ValueError(f"{where}: [[slo]] #{i} is not a table, got {table!r}")
         unknown = sorted(set(table) - {"name", "ttft_ms", "tpot_ms", "e2e_ms"})
         missing = [k for k in ("name", "ttft_ms", "tpot_ms") if k not in table]
         if unknown or missing:
-            raise ValueError(f"{path}: [[slo]] #{i}: missing {missing}, unknown {unknown}")
+            raise ValueError(f"{where}: [[slo]] #{i}: missing {missing}, unknown {unknown}")
         try:
             slos.append(SLO(str(table["name"]), table["ttft_ms"], table["tpot_ms"], table.get("e2e_ms")))
         except ValueError as exc:
-            raise ValueError(f"{path}: [[slo]] #{i}: {exc}") from None
+            raise ValueError(f"{where}: [[slo]] #{i}: {exc}") from None
     names = [s.name for s in slos]
     if len(set(names)) != len(names):
-        raise ValueError(f"{path}: duplicate SLO names in {names}")
+        raise ValueError(f"{where}: duplicate SLO names in {names}")
     return slos
 
 
