@@ -4,7 +4,9 @@ argparse.ArgumentTypeError saying what was expected."""
 from __future__ import annotations
 
 import argparse
+import math
 import re
+import sys
 
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|TiB)?\s*$", re.IGNORECASE)
 _UNITS = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
@@ -19,12 +21,17 @@ def byte_size(text: str) -> int:
 
 
 def loads_list(text: str) -> tuple[float, ...]:
-    """'0.5,1,2' -> (0.5, 1.0, 2.0)."""
+    """'0.5,1,2' -> (0.5, 1.0, 2.0), each finite, > 0 and a normal float (a subnormal one has lost the
+    digits it was written with); whether a load fits the trace's windows is checked by the plan."""
     try:
-        return tuple(float(x) for x in text.split(","))
+        loads = tuple(float(x) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError("expected comma-separated numbers like 0.5,1,2, "
                                          f"got {text!r}") from None
+    if not all(math.isfinite(x) and x >= sys.float_info.min for x in loads):
+        raise argparse.ArgumentTypeError(f"expected finite numbers > 0, none subnormal (below "
+                                         f"{sys.float_info.min:.3g}), got {text!r}")
+    return loads
 
 
 def knee_list(text: str) -> tuple[float, ...]:

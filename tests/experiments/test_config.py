@@ -120,7 +120,8 @@ def test_cli_flags_reach_the_config() -> None:
 
 @pytest.mark.parametrize("argv", [
     ["--loads", "1,two"], ["--arms", "stock"], ["--kv-cache-memory-bytes", "20 gigs"],
-    ["--windows", "three"], ["--device", "tpu"],
+    ["--windows", "three"], ["--device", "tpu"], ["--loads", "1,inf"], ["--loads", "nan"], ["--loads", "0,1"],
+    ["--loads", "-2"], ["--loads", "1,5e-324"], ["--knee", "1,inf"], ["--knee", "0,2"],
 ])
 def test_cli_rejects_malformed_values(argv: list[str], capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exc:
