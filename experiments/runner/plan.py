@@ -20,7 +20,15 @@ from experiments.runner import readiness, resident
 from experiments.runner.config import ConfigError, RunConfig
 from experiments.stats import duet
 from traces.gaps import busy_spans, count_in, describe_spans
-from traces.trace import TraceError, TraceRequest, clip_tokens, read_trace, time_window
+from traces.trace import (
+    MAX_TIMESTAMP_S,
+    TraceError,
+    TraceRequest,
+    clip_tokens,
+    read_trace,
+    scale_rate,
+    time_window,
+)
 
 
 @dataclass(frozen=True)
@@ -114,6 +122,25 @@ def _check_lengths(cfg: RunConfig, reqs: list[TraceRequest], spans: list[tuple[f
                 "--max-input-tokens/--max-output-tokens")
 
 
+def _check_stretch(cfg: RunConfig, windows: Sequence[Window], warmup: Sequence[TraceRequest]) -> None:
+    """Raise ConfigError naming the flag for a load or knee factor so small that a stretch replayed at it
+    would put its last request past the ceiling a schedule may span (traces.trace.scale_rate)."""
+    w = max(windows, key=lambda w: w.requests[-1].timestamp)  # the window whose last request is latest
+    replays = [("--loads", k, f"window {w.id}", w.requests) for k in cfg.loads]
+    replays += [("--knee", k, f"window {w.id}", w.requests) for k in cfg.knee_factors or ()]
+    replays += [("--loads", max(cfg.loads), "the warm-up stretch", warmup)] if warmup else []
+    for flag, k, what, reqs in replays:
+        try:
+            scale_rate(reqs[-1:], k)  # sorted by time: the stretch's latest request
+        except ValueError:
+            need = reqs[-1].timestamp / MAX_TIMESTAMP_S
+            step = 10.0 ** (math.floor(math.log10(need)) - 2)  # shown to 3 digits, rounded up
+            raise ConfigError(f"{flag} {k:g}: {what} replayed at it puts its last request at "
+                              f"{reqs[-1].timestamp / k:g} s, past the {MAX_TIMESTAMP_S:,.0f} s a schedule "
+                              f"may span; it needs a load of at least {math.ceil(need / step) * step:.3g}"
+                              ) from None
+
+
 def prepare(cfg: RunConfig, n_instances: int = 1) -> Plan:
     """Read and check the trace, cut windows and warm-up, build the schedule.
 
@@ -138,6 +165,7 @@ def prepare(cfg: RunConfig, n_instances: int = 1) -> Plan:
                     for i in range(cfg.windows))
     warm_start = _warmup_span(cfg, first)
     warmup = tuple(time_window(reqs, warm_start, cfg.warmup_s)) if cfg.warmup_s > 0 else ()
+    _check_stretch(cfg, windows, warmup)
     spans = [(first, last_end)] + ([(warm_start, warm_start + cfg.warmup_s)] if warmup else [])
     _check_lengths(cfg, reqs, spans)
     changed = sum(a != b for a, b in zip(original, reqs) if any(lo <= a.timestamp < hi for lo, hi in spans))

@@ -13,7 +13,7 @@ from experiments.runner import cli as run_cli
 from experiments.runner.config import ConfigError, make_config
 from experiments.runner.plan import prepare
 from integration.launcher import VllmServer
-from traces.trace import TraceError
+from traces.trace import MAX_TIMESTAMP_S, TraceError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -71,6 +71,31 @@ def test_windows_past_the_trace_end_or_empty_are_refused(tmp_path: Path, no_serv
         prepare(make_config(trace, "cpu", windows=6, window_s=10.0, warmup_s=0.0, start_s=0.0))
     with pytest.raises(ConfigError, match=r"window 1 \[10, 20\) s .* has no requests"):
         prepare(make_config(trace, "cpu", windows=2, window_s=10.0, warmup_s=0.0, start_s=0.0))
+
+
+@pytest.mark.parametrize("flag, key", [("--loads", "loads"), ("--knee", "knee_factors")])
+def test_a_load_that_stretches_a_window_past_the_schedule_ceiling_is_refused(tmp_path: Path, flag: str,
+                                                                             key: str) -> None:
+    trace = _trace(tmp_path / "t.jsonl", [(float(t), 10, 5) for t in range(40)])
+    last = 9.0  # each 10 s window's last request, rebased: due at 9 / load s when replayed at that load
+    cfg = make_config(trace, "cpu", windows=2, window_s=10.0, warmup_s=5.0, **{key: (1e-300, 1.0)})
+    with pytest.raises(ConfigError, match=rf"^{flag} 1e-300: window 0 .* needs a load of at least") as exc:
+        prepare(cfg)
+    least = float(str(exc.value).rsplit(" ", 1)[1])  # the bound it names is one a run takes
+    assert last / MAX_TIMESTAMP_S <= least < 1.01 * last / MAX_TIMESTAMP_S
+    assert prepare(make_config(trace, "cpu", windows=2, window_s=10.0, warmup_s=5.0, **{key: (least, 1.0)}))
+    with pytest.raises(ConfigError, match=rf"^{flag} "):
+        prepare(make_config(trace, "cpu", windows=2, window_s=10.0, warmup_s=5.0,
+                            **{key: (0.99 * last / MAX_TIMESTAMP_S, 1.0)}))
+
+
+def test_a_top_load_that_stretches_the_warm_up_past_the_ceiling_is_refused(tmp_path: Path) -> None:
+    trace = _trace(tmp_path / "t.jsonl", [(float(t), 10, 5) for t in range(40)])
+    load = 5 / MAX_TIMESTAMP_S  # the 2 s windows' last requests (at 1 s) fit, the 20 s warm-up's (19 s) not
+    cfg = make_config(trace, "cpu", windows=2, window_s=2.0, warmup_s=20.0, start_s=25.0, loads=(load,))
+    with pytest.raises(ConfigError, match=rf"^--loads {load:g}: the warm-up stretch ") as exc:
+        prepare(cfg)
+    assert f"last request at {19 / load:g} s" in str(exc.value)
 
 
 def test_windows_in_a_gap_say_where_requests_are_and_which_start_works(tmp_path: Path,
