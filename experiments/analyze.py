@@ -17,25 +17,26 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 
 import runtime_tables
 from common.cliargs import OneLineParser, add_debug_flag, fail, same_file
-from common.jsonfile import ResultFileError, project_relative, read_json, stored
+from common.jsonfile import ResultFileError, read_json, stored
 from experiments.core.rundir import check_records
 from experiments.core.runfile import Run, read_run
 from experiments.core.slo import SLO, load_slo_file, parse_slo
 from experiments.reporting import duetreport, hostbound, noisefloor, plots, report, schema
+from experiments.reporting.inputs import PATH_INPUTS, Inputs, recorded_inputs, shown
 from experiments.reporting.reportdiff import report_change
 from experiments.stats import attribution, comparisons, goodput, hostslow, instances, knee, plantedline
 from integration.proof import profiles
+from integration.proof.profiles import PROJECT_ROOT
 from kernels.environment import gpu_slug
 
 PROG = "python -m experiments.analyze"
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # the external server-instance variance of each GPU and model (python -m research.instancefloor)
 INSTANCE_PRIOR = runtime_tables.path("instance-prior.json")
 SECONDARY = ("tpot_p50_ms", "ttft_p90_ms")  # per-window latency summaries, beside the paired ratios
@@ -138,61 +139,9 @@ def _over_instances(complete: pd.DataFrame, run: Run, env: dict, pair: list[str]
     if not rows:
         return None
     f = floors[key]
-    return {"source": f"external: {f['pairs']} in-run A/A pairs of {key} ({_shown(INSTANCE_PRIOR)}), "
+    return {"source": f"external: {f['pairs']} in-run A/A pairs of {key} ({shown(INSTANCE_PRIOR)}), "
                       "the server-instance variance added to each one-pair interval",
             "instance_sd_pct": f["instance_sd_pct"], "df": f["df"], "rows": rows}
-
-
-@dataclass(frozen=True)
-class Inputs:
-    """What a report is derived from besides run.json and the records (report.json "inputs").
-
-    Paths are read as given; report.json shows them relative to the project root when inside it.
-    ``profile``/``kernel_results`` None: the committed defaults for the run's GPU (environment.json).
-    """
-
-    slos: tuple[SLO, ...] = ()  # () : the run's own tiers (Run.slos)
-    aa_report: Path | None = None
-    patched_policy: Path | None = None
-    profile: Path | None = None
-    kernel_results: Path | None = None
-    planted_steps: Path | None = None
-    graph_steps: Path | None = None
-    gpu_steps: Path | None = None
-    notes: tuple[str, ...] = field(default=(), compare=False)  # where each came from, for the CLI
-
-
-PATH_INPUTS = ("aa_report", "patched_policy", "profile", "kernel_results", "planted_steps", "graph_steps",
-               "gpu_steps")
-REQUIRED_INPUTS = PATH_INPUTS[:4]  # in every report that records inputs; the last three came later
-
-
-def _shown(path: Path | None) -> str | None:
-    return None if path is None else project_relative(path, PROJECT_ROOT)
-
-
-def _from_root(text: str | None) -> Path | None:
-    """A path recorded in a report: relative ones are relative to the project root; a table once kept in
-    a results folder is found where it is kept now (runtime_tables.resolve)."""
-    return None if text is None else PROJECT_ROOT / runtime_tables.resolve(text)
-
-
-def recorded_inputs(run_dir: Path) -> Inputs:
-    """The inputs recorded in RUN_DIR/report.json (a run's own analysis or the last --in-place one);
-    Inputs() when there is no report, or one written before reports recorded their inputs."""
-    path = stored(Path(run_dir) / "report.json")
-    if not path.is_file():
-        return Inputs()
-    rec = schema.read_report(path).inputs  # the one reader of report.json, older versions upgraded
-    if rec is None:
-        return Inputs(notes=(f"{path} records no inputs (an older report): the run's SLO tiers and today's "
-                             "defaults are used",))
-    try:
-        return Inputs(slos=tuple(SLO(**s) for s in rec["slos"]),
-                      **{k: _from_root(rec[k] if k in REQUIRED_INPUTS else rec.get(k)) for k in PATH_INPUTS},
-                      notes=(f"inputs as recorded in {path}",))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ResultFileError(f"{path}: bad \"inputs\" entry ({exc!r})") from None
 
 
 def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: Path | None = None,
@@ -265,7 +214,7 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
     paired_lat = comparisons.paired_latency(complete, run)
     planted_lines = plantedline.planted_lines(
         run, latency_rows, paired_lat, attrib,
-        None if planted_steps is None else (_shown(planted_steps), read_json(planted_steps, None,
+        None if planted_steps is None else (shown(planted_steps), read_json(planted_steps, None,
                                                                              "graph-steps file")),
         plantedline.reference_comparisons(complete, run, comparisons.cell_orders(run)),
         plantedline.decode_totals(complete))
@@ -284,18 +233,18 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
     result = report.build_report(analysis)
     result.noise_floor = noisefloor.noise_floor(result, aa_report)
     result.gpu_share = schema.GpuShare.from_json(hostbound.entry(complete, run, gpu, None if gpu_steps is None
-                                                                  else (_shown(gpu_steps), read_json(
+                                                                  else (shown(gpu_steps), read_json(
                                                                       gpu_steps, None, "graph-steps file"))))
     if aa_report is not None and result.noise_floor["source"] == str(aa_report):
-        result.noise_floor["source"] = _shown(aa_report)  # the same wherever analyze runs from
+        result.noise_floor["source"] = shown(aa_report)  # the same wherever analyze runs from
     if duetreport.is_duet(run):
         result.layout = duetreport.layout_entry(result, run)
-    result.inputs = {"slos": [s.to_json() for s in slos], "aa_report": _shown(aa_report),
-                     "patched_policy": _shown(patched_policy), "profile": attrib["profile"],
+    result.inputs = {"slos": [s.to_json() for s in slos], "aa_report": shown(aa_report),
+                     "patched_policy": shown(patched_policy), "profile": attrib["profile"],
                      "kernel_results": attrib["kernel_results"]}
     for key, path in zip(PATH_INPUTS[4:], (planted_steps, graph_steps, gpu_steps)):
         if path is not None:  # recorded only when given, so earlier reports re-derive unchanged
-            result.inputs[key] = _shown(path)
+            result.inputs[key] = shown(path)
     out_dir.mkdir(parents=True, exist_ok=True)
     result.plots = (plots.write_plots(out_dir, complete, per_slo, secondary, labels, result) if draw_plots
                     else None)

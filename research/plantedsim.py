@@ -31,11 +31,11 @@ import numpy as np
 
 from common.cliargs import OneLineParser, command_line, fail
 from common.jsonfile import ResultFileError, open_text, project_relative, read_json, stored, write_json
-from experiments.analyze import PROJECT_ROOT as ROOT
 from experiments.core.rundir import load_records
 from experiments.core.runfile import Run, read_run
 from experiments.stats import plantedline
 from integration.proof.normcalls import norm_shape
+from integration.proof.profiles import PROJECT_ROOT as ROOT
 from loadgen.records import RequestRecord, succeeded, tpot_ms
 from research import stepsim
 

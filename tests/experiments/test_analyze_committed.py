@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from common.jsonfile import read_json, stored
-from experiments.analyze import main, recorded_inputs
+from experiments.analyze import main
 from experiments.reporting import schema
+from experiments.reporting.inputs import recorded_inputs
 from experiments.reporting.reportdiff import differing_entries
 from integration.proof import profiles
 from kernels.environment import gpu_slug

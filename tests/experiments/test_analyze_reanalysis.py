@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments.analyze import REANALYSIS, analyze_run, build_parser, main, recorded_inputs
+from experiments.analyze import REANALYSIS, analyze_run, build_parser, main
 from experiments.core.slo import DEFAULT_SLO_FILE, SLO
+from experiments.reporting.inputs import recorded_inputs
 from experiments.reporting.reportdiff import report_change
 from tests.experiments.synthetic_run import write_run
 
