@@ -38,7 +38,6 @@ class Inputs:
 
 PATH_INPUTS = ("aa_report", "patched_policy", "profile", "kernel_results", "planted_steps", "graph_steps",
                "gpu_steps")
-REQUIRED_INPUTS = PATH_INPUTS[:4]  # in every report that records inputs; the last three came later
 
 
 def shown(path: Path | None) -> str | None:
@@ -63,8 +62,8 @@ def recorded_inputs(run_dir: Path) -> Inputs:
         return Inputs(notes=(f"{path} records no inputs (an older report): the run's SLO tiers and today's "
                              "defaults are used",))
     try:
-        return Inputs(slos=tuple(SLO(**s) for s in rec["slos"]),
-                      **{k: _from_root(rec[k] if k in REQUIRED_INPUTS else rec.get(k)) for k in PATH_INPUTS},
+        return Inputs(slos=tuple(SLO(**s) for s in rec.slos),
+                      **{k: _from_root(getattr(rec, k)) for k in PATH_INPUTS},
                       notes=(f"inputs as recorded in {path}",))
-    except (KeyError, TypeError, ValueError) as exc:
+    except (TypeError, ValueError) as exc:
         raise ResultFileError(f"{path}: bad \"inputs\" entry ({exc!r})") from None

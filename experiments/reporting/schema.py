@@ -23,7 +23,8 @@ UPGRADES: dict[int, Callable[[dict], dict]] = {}
 OPTIONAL = ("noise_floor", "layout", "inputs", "plots", "over_instances", "slow_host", "gpu_share")
 
 Json = dict[str, Any]
-TYPED = ("aa", "records", "aa_in_run", "gpu_share")  # entries held as dataclasses (the rest: JSON as written)
+TYPED = ("aa", "records", "aa_in_run", "gpu_share", "inputs")  # entries held as dataclasses (the rest: JSON)
+LATER_INPUTS = ("planted_steps", "graph_steps", "gpu_steps")  # recorded only when given
 
 
 @dataclass
@@ -56,6 +57,29 @@ class Records:
     warmup_excluded: int
     burnin_excluded: int = 0
     damage: list[str] | None = None  # what the integrity checks found (analysed anyway: --accept-damaged)
+
+
+@dataclass
+class AnalysisInputs:
+    """What the report was derived from besides run.json and the records, as report.json names them
+    (paths relative to the project root where inside it; experiments.reporting.inputs reads them back).
+    The graph-steps files came later and are recorded only when given."""
+
+    slos: list[Json]
+    aa_report: str | None
+    patched_policy: str | None
+    profile: str | None
+    kernel_results: str | None
+    planted_steps: str | None = None
+    graph_steps: str | None = None
+    gpu_steps: str | None = None
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> AnalysisInputs:
+        try:
+            return cls(**doc)
+        except TypeError as exc:
+            raise ResultFileError(f"report: bad \"inputs\" entry ({exc})") from None
 
 
 @dataclass
@@ -128,7 +152,7 @@ class Report:
     command: list[str] | str | None
     noise_floor: Json | None = None
     layout: Json | None = None
-    inputs: Json | None = None
+    inputs: AnalysisInputs | None = None
     plots: list[str] | None = None
     over_instances: Json | None = None  # paired TPOT with the server-instance variance (stats.instances)
     slow_host: Json | None = None  # replays that ran in a slow host episode (stats.hostslow); new runs only
@@ -156,6 +180,8 @@ class Report:
             kw["aa_in_run"] = AAInRun(**doc["aa_in_run"])
         if doc.get("gpu_share") is not None:
             kw["gpu_share"] = GpuShare.from_json(doc["gpu_share"])
+        if doc.get("inputs") is not None:
+            kw["inputs"] = AnalysisInputs.from_json(doc["inputs"])
         return cls(**kw)
 
     def to_json(self) -> Json:
@@ -168,6 +194,9 @@ class Report:
             out[f.name] = asdict(value) if f.name in TYPED and value is not None else value
         if self.records.damage is None:  # only a damaged run's report has the entry
             del out["records"]["damage"]
+        for key in LATER_INPUTS if self.inputs else ():
+            if out["inputs"][key] is None:
+                del out["inputs"][key]
         return out
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from common.jsonfile import ResultFileError, open_text, read_json, stored
 from experiments.reporting import schema
-from experiments.reporting.schema import AA, Report, read_report, write_report_json
+from experiments.reporting.schema import AA, AnalysisInputs, Report, read_report, write_report_json
 
 RESULTS = Path(__file__).resolve().parents[2] / "experiments" / "results"
 REPORTS = sorted({stored(p.parent / "report.json") for p in RESULTS.glob("*/report.json*")})
@@ -51,6 +51,8 @@ def test_what_the_schema_does_not_know_is_refused(tmp_path: Path) -> None:
     doc = read_json(RESULTS / "cpu-tiny-aa" / "report.json", None, "report")
     with pytest.raises(ResultFileError, match="does not know: verdicts"):
         Report.from_json({**doc, "verdicts": []})
+    with pytest.raises(ResultFileError, match=r'bad "inputs" entry .*profile_steps'):
+        Report.from_json({**doc, "inputs": {**doc["inputs"], "profile_steps": "x.json"}})
     for version, message in ((2, "knows up to 1"), (0, "no upgrade from schema_version 0")):
         path = tmp_path / f"report-{version}.json"
         path.write_text(json.dumps({**doc, "schema_version": version}), encoding="utf-8")
@@ -64,3 +66,7 @@ def test_unset_optional_entries_are_left_out_and_set_ones_kept() -> None:
     duet = Report.from_json({**doc, "layout": {"name": "duet"}}).to_json()
     assert list(duet)[-4:] == ["layout", "inputs", "plots", "gpu_share"]
     assert duet["layout"] == {"name": "duet"}
+    r = Report.from_json(doc)
+    assert isinstance(r.inputs, AnalysisInputs) and "gpu_steps" not in r.to_json()["inputs"]
+    r.inputs.gpu_steps = "graph-steps.json"  # the later inputs are recorded when given, after the others
+    assert list(r.to_json()["inputs"])[-2:] == ["kernel_results", "gpu_steps"]
