@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from integration import arms
 from integration.launcher import MODELS_DIR, ServerConfig, VllmServer, free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -17,8 +18,8 @@ CPU_SERVER_ENV = (("VLLM_CPU_KVCACHE_SPACE", "1"), ("OMP_NUM_THREADS", str(min(2
 
 
 def tiny_server_config(arm: str = "stock", **overrides) -> ServerConfig:
-    """The CPU test server: tiny Llama, float32, dummy weights, short context."""
-    fields = dict(model_dir=TINY_MODEL, arm=arm, port=free_port(), dtype="float32",
+    """The CPU test server of the arm called `arm`: tiny Llama, float32, dummy weights, short context."""
+    fields = dict(model_dir=TINY_MODEL, arm=arms.get(arm), port=free_port(), dtype="float32",
                   max_model_len=4096, extra_env=CPU_SERVER_ENV)
     fields.update(overrides)
     return ServerConfig(**fields)

@@ -254,7 +254,7 @@ def describe_arm(cfg: RunConfig, label: str, arm: arm_defs.Arm, gpu: str | None)
 
 def describe_arms(cfg: RunConfig, gpu: str | None) -> list[str]:
     """describe_arm for every server of the run, in label order."""
-    return [describe_arm(cfg, label, arm, gpu) for label, arm in zip(cfg.labels, cfg.arm_definitions)]
+    return [describe_arm(cfg, label, arm, gpu) for label, arm in cfg.arms_by_label]
 
 
 def measured_loads(cfg: RunConfig) -> tuple[float, ...]:

@@ -31,7 +31,7 @@ def run_like(cfg: RunConfig) -> Run:
     """What experiments.stats reads of a run's arms (run.json's arm_labels, arms, arm_definitions), from
     the config, before any run.json exists."""
     return Run(arm_labels=list(cfg.labels), arms=list(cfg.arms),
-               arm_definitions={lab: arm.to_json() for lab, arm in zip(cfg.labels, cfg.arm_definitions)})
+               arm_definitions={lab: arm.to_json() for lab, arm in cfg.arms_by_label})
 
 
 def sets(cfg: RunConfig) -> Sets:
