@@ -268,27 +268,39 @@ def measured_loads(cfg: RunConfig) -> tuple[float, ...]:
     return at_knee if sum(1 / x for x in at_knee) > sum(1 / x for x in cfg.loads) else cfg.loads
 
 
-def duration_s(cfg: RunConfig, server_waves: int, sets: resident.Sets | None = None) -> float:
+def server_starts(cfg: RunConfig, n_instances: int, sets: resident.Sets) -> int:
+    """Server starts in the run, each warmed up and burnt in: every arm per block with --one-at-a-time,
+    else each instance's servers (with resident `sets`, the first set's and each later set's new ones)."""
+    if cfg.one_at_a_time:
+        return cfg.blocks * len(cfg.labels)
+    return n_instances * resident.servers_per_instance(sets)
+
+
+def duration_s(cfg: RunConfig, server_waves: int, sets: resident.Sets | None = None,
+               n_instances: int = 1) -> float:
     """About how long the run takes, server starts to report, at the rates of h200-llama8b-confirm3:
-    `server_waves` waves of server starts (each swap between resident `sets` a start), every cell
-    replayed by its set's arms; with a knee search an upper bound on the search (every factor up to
-    --knee-max searched, experiments.stats.knee.possible_factors) and on the loads it chooses
-    (measured_loads); with --sleep-mode each server's first sleep and a sleep and a wake (SWITCH_S)
-    before every measured, warm-up and burn-in replay."""
+    `server_waves` waves of server starts (each swap between resident `sets` a start), every start's
+    server warmed up and burnt in (server_starts, over `n_instances` instances), every cell replayed by
+    its set's arms; with a knee search an upper bound on the search (every factor up to --knee-max
+    searched, experiments.stats.knee.possible_factors) and on the loads it chooses (measured_loads);
+    with --sleep-mode each started server's first sleep and a sleep and a wake (SWITCH_S) before every
+    measured, warm-up and burn-in replay."""
     n = len(cfg.labels)
-    replays = resident.replays_per_window(sets) if sets else n
+    sets = sets or (tuple(cfg.labels),)
+    started = server_starts(cfg, n_instances, sets)
+    replays = resident.replays_per_window(sets)
     loads = measured_loads(cfg)
     measured = cfg.windows * replays * sum(cfg.window_s / k + REPLAY_OVERHEAD_S for k in loads)
     factors = knee.possible_factors(cfg.knee_factors, cfg.knee_max) if cfg.knee_factors else []
     search = sum(KNEE_WINDOWS * (cfg.window_s / f + REPLAY_OVERHEAD_S) for f in factors)
     top = max(cfg.loads)
-    warm = n * (cfg.warmup_s / top + cfg.window_s / top + 2 * REPLAY_OVERHEAD_S)
+    warm = started * (cfg.warmup_s / top + cfg.window_s / top + 2 * REPLAY_OVERHEAD_S)
     wave = SERVER_WAVE_S[cfg.device]
     if cfg.device == "cuda":  # the line through GPU_WAVES, extended past either end
         (w0, s0), (w1, s1) = GPU_WAVES
         wave = s1 + (s1 - s0) / (w1 - w0) * (sizing.shape(cfg.model_dir, cfg.dtype).weight_bytes - w1)
     starts = (cfg.blocks * n if cfg.one_at_a_time else server_waves) * wave
-    switches = (n * FIRST_SLEEP_S + (cfg.windows * replays * len(loads) + 2 * n) * SWITCH_S
+    switches = (started * FIRST_SLEEP_S + (cfg.windows * replays * len(loads) + 2 * started) * SWITCH_S
                 if cfg.sleep_mode else 0.0)
     return starts + warm + search + measured + switches + ANALYSIS_S
 
@@ -308,7 +320,7 @@ def design(cfg: RunConfig, n_instances: int, sets: resident.Sets) -> dict:
     server_waves = n_instances * (sum(len(start_waves(cfg, g)) for g in groups) if cfg.sleep_mode
                                   else resident.start_waves_per_instance(cfg, sets))
     out = {"gpu": gpu, "arms_run": describe_arms(cfg, gpu), "memory": fit and fit.to_json(),
-           "duration_s": round(duration_s(cfg, server_waves, sets)),
+           "duration_s": round(duration_s(cfg, server_waves, sets, n_instances)),
            **({"knee_max": cfg.knee_max} if cfg.knee_factors else {})}
     if len(sets) > 1:
         every = memory_fit(cfg, servers=len(cfg.labels)) if fit is not None else None

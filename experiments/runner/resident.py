@@ -70,15 +70,20 @@ def fit_windows(cfg: RunConfig, n_instances: int, windows_given: bool) -> RunCon
     return dataclasses.replace(cfg, windows=math.ceil(cfg.windows / per) * per)
 
 
+def new_per_set(found: Sets) -> list[list[str]]:
+    """The servers each set starts in one instance: the first set's, then each later set's new ones."""
+    return [[lab for lab in s if lab not in up] for up, s in zip(((),) + tuple(found[:-1]), found)]
+
+
 def start_waves_per_instance(cfg: RunConfig, found: Sets) -> int:
-    """Server start waves in one instance: the first set's servers, then each later set's new ones, in
-    the waves of experiments.runner.servers.start_waves (a wave's servers start together: one start time)."""
-    waves, up = 0, ()
-    for s in found:
-        new = [lab for lab in s if lab not in up]
-        waves += len(start_waves(cfg, new)) if new else 0
-        up = s
-    return waves
+    """Server start waves in one instance: each set's new servers (new_per_set), in the waves of
+    experiments.runner.servers.start_waves (a wave's servers start together: one start time)."""
+    return sum(len(start_waves(cfg, new)) for new in new_per_set(found) if new)
+
+
+def servers_per_instance(found: Sets) -> int:
+    """Servers started in one instance (new_per_set)."""
+    return sum(len(new) for new in new_per_set(found))
 
 
 def replays_per_window(found: Sequence[Sequence[str]]) -> float:
