@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -382,8 +383,10 @@ def detect_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def make_config(trace: str | Path, device: str | None = None, **overrides) -> RunConfig:
-    """A RunConfig with the device's defaults, where every override that is not None wins.
+def make_config(trace: str | Path, device: str | None = None, unset: Collection[str] = (),
+                **overrides) -> RunConfig:
+    """A RunConfig with the device's defaults, where every override that is not None wins and the
+    fields named in `unset` are None (--max-input-tokens none: no clip, whatever the default).
 
     device None: detected (CUDA GPU or not). Asking for "cuda" without one is a ConfigError.
     """
@@ -396,6 +399,7 @@ def make_config(trace: str | Path, device: str | None = None, **overrides) -> Ru
     fields = dict(DEVICE_DEFAULTS[device])
     given = {k: v for k, v in overrides.items() if v is not None}
     fields.update(given)
+    fields.update(dict.fromkeys(unset))
     if "knee_factors" not in given and (fields.get("one_at_a_time") or fields.get("layout") == "duet"):
         fields.pop("knee_factors", None)  # the default knee search needs resident servers in turns
     if given.get("knee_factors") == ():  # --knee none: measure at --loads
