@@ -33,11 +33,11 @@ class ServerDied(RuntimeError):
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """Everything that defines one server; two arms differ only in `arm` (a built-in arm's name or
-    an Arm, e.g. from an arm file)."""
+    """Everything that defines one server; two arms differ only in `arm` (integration.arms.get
+    resolves a name into one)."""
 
     model_dir: Path
-    arm: str | arms.Arm
+    arm: arms.Arm
     port: int
     host: str = "127.0.0.1"
     dtype: str = "auto"
@@ -52,13 +52,15 @@ class ServerConfig:
     cpus: tuple[int, ...] = ()  # the cores the server and every process it spawns run on (empty: any)
 
     def __post_init__(self) -> None:
-        arm_of(self)  # ValueError naming the known arms
+        if not isinstance(self.arm, arms.Arm):
+            raise TypeError(f"ServerConfig.arm: an integration.arms.Arm (integration.arms.get resolves a "
+                            f"name), got {self.arm!r}")
         if not (Path(self.model_dir) / "config.json").is_file():
             raise FileNotFoundError(f"model dir {self.model_dir} has no config.json")
         if self.host != "127.0.0.1":
             raise ValueError("servers listen on 127.0.0.1 only")
         check_server_args(self.extra_args)
-        serverflags.check_listen_address(arm_of(self).extra_args, f"arm {arm_of(self).name}: server_args")
+        serverflags.check_listen_address(self.arm.extra_args, f"arm {self.arm.name}: server_args")
 
 
 # the flags server_command sets itself, from the ServerConfig and the arm; in any spelling vLLM takes
@@ -79,18 +81,13 @@ def check_server_args(args: Sequence[str], where: str = "server arguments") -> N
                          "run.py's own flag where it has one (--max-model-len, --dtype, --seed, ...)")
 
 
-def arm_of(cfg: "ServerConfig") -> arms.Arm:
-    """The Arm a server config runs."""
-    return cfg.arm if isinstance(cfg.arm, arms.Arm) else arms.get(cfg.arm)
-
-
 def compile_range_args(cfg: "ServerConfig") -> list[str]:
     """`--compilation-config` of a compiled CUDA server (arms.compilation_config: the policy's compile
     ranges for the patched arm, vLLM's single range for stock); empty in eager mode and without
     CUDA, where the provider is unsupported."""
     if cfg.eager or not _cuda_available():
         return []
-    cc = arms.compilation_config(cfg.model_dir, cfg.dtype, arm=arm_of(cfg))
+    cc = arms.compilation_config(cfg.model_dir, cfg.dtype, arm=cfg.arm)
     return ["--compilation-config", json.dumps(cc)]
 
 
@@ -150,7 +147,7 @@ def server_command(cfg: ServerConfig) -> list[str]:
         cmd += ["--max-model-len", str(cfg.max_model_len)]
     if cfg.max_num_seqs is not None:
         cmd += ["--max-num-seqs", str(cfg.max_num_seqs)]
-    return cmd + compile_range_args(cfg) + arm_of(cfg).server_args(cfg.eager) + list(cfg.extra_args)
+    return cmd + compile_range_args(cfg) + cfg.arm.server_args(cfg.eager) + list(cfg.extra_args)
 
 
 def free_port() -> int:
@@ -172,7 +169,7 @@ class VllmServer:
 
     def start(self) -> None:
         """Launch the server in its own process group (so stop() reaches its workers too)."""
-        arm = arm_of(self.config)
+        arm = self.config.arm
         arms.check_plugin_installed(arm)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **arm.env(), **compilecache.cache_env(arm, self.config.eager, _cuda_available()),
@@ -202,7 +199,7 @@ class VllmServer:
 
     def _died(self) -> ServerDied:
         code = self.proc.returncode if self.proc else None
-        return ServerDied(f"vLLM server ({arm_of(self.config).name}, port {self.config.port}) exited "
+        return ServerDied(f"vLLM server ({self.config.arm.name}, port {self.config.port}) exited "
                           f"with code "
                           f"{code}; log {self.log_path}, last lines:\n{self.log_tail()}")
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from integration import arms
 from integration.launcher import MODELS_DIR, ServerConfig, VllmServer, free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -16,10 +17,11 @@ TINY_MODEL = MODELS_DIR / "tiny-llama"
 CPU_SERVER_ENV = (("VLLM_CPU_KVCACHE_SPACE", "1"), ("OMP_NUM_THREADS", str(min(2, os.cpu_count() or 1))))
 
 
-def tiny_server_config(arm: str = "stock", **overrides) -> ServerConfig:
-    """The CPU test server: tiny Llama, float32, dummy weights, short context."""
-    fields = dict(model_dir=TINY_MODEL, arm=arm, port=free_port(), dtype="float32",
-                  max_model_len=4096, extra_env=CPU_SERVER_ENV)
+def tiny_server_config(arm: str | arms.Arm = "stock", **overrides) -> ServerConfig:
+    """The CPU test server of `arm` (an Arm, or the name of one): tiny Llama, float32, dummy weights,
+    short context."""
+    fields = dict(model_dir=TINY_MODEL, arm=arms.get(arm) if isinstance(arm, str) else arm, port=free_port(),
+                  dtype="float32", max_model_len=4096, extra_env=CPU_SERVER_ENV)
     fields.update(overrides)
     return ServerConfig(**fields)
 

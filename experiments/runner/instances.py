@@ -48,8 +48,10 @@ _INIT_RE = re.compile(r"init engine .* took ([\d.]+) s(?: \(compilation: ([\d.]+
 _ALWAYS_DIFFERENT = ("index", "started_at", "ready_s", "pid", "engine_init_s", "compile_s")
 
 
-def check(cfg: RunConfig, n: int, handed_in: bool = False) -> None:
-    """ConfigError for an --instances the run cannot restart its servers for."""
+def check(cfg: RunConfig, n: int, handed_in: bool = False, windows: int | None = None) -> None:
+    """ConfigError for an --instances the run cannot restart its servers for (`windows`: the run's, where
+    chosen before its config is made, else cfg.windows)."""
+    windows = cfg.windows if windows is None else windows
     if n < 1:
         raise ConfigError(f"--instances must be 1 or more, got {n}")
     if n == 1:
@@ -62,8 +64,8 @@ def check(cfg: RunConfig, n: int, handed_in: bool = False) -> None:
     for bad, what in refused:
         if bad:
             raise ConfigError(f"--instances {n}: not with {what}")
-    if cfg.windows % n:
-        raise ConfigError(f"--instances {n}: --windows {cfg.windows} is not a multiple of it (every "
+    if windows % n:
+        raise ConfigError(f"--instances {n}: --windows {windows} is not a multiple of it (every "
                           "instance replays the same number of windows)")
 
 
@@ -149,15 +151,16 @@ class Instances:
 # --- the design: instances x windows from a wanted precision or a GPU-minute budget ---
 
 
-def prior(cfg: RunConfig, path: Path = PRIOR) -> tuple[design.Components, design.Costs, str]:
+def prior(cfg: RunConfig, path: Path = PRIOR,
+          found: resident.Sets | None = None) -> tuple[design.Components, design.Costs, str]:
     """The committed components and costs, the costs rescaled to this run's servers and loads (a
     server start and a replay cost what they cost in the prior's run; resident sets start their servers
     in more waves, each a start, and replay each window on their own arms only), and where they come
-    from."""
+    from; `found`: the resident sets (default: resident.sets)."""
     doc = read_json(path, 1, "instance floor")
     p = doc["plan"]
     base = design.Costs(**p["costs"])
-    servers, found = len(cfg.labels), resident.sets(cfg)
+    servers, found = len(cfg.labels), found or resident.sets(cfg)
     waves = (resident.start_waves_per_instance(cfg, found)
              / resident.start_waves_per_instance(cfg, (cfg.labels,)))  # 1 with every arm resident
     costs = dataclasses.replace(base, start_min=base.start_min * servers / base.arms * waves,
@@ -168,11 +171,12 @@ def prior(cfg: RunConfig, path: Path = PRIOR) -> tuple[design.Components, design
     return design.Components(**p["components"]), costs, source
 
 
-def layout(cfg: RunConfig) -> design.Resident:
+def layout(cfg: RunConfig, found: resident.Sets | None = None) -> design.Resident:
     """The resident sets as the design sees them: how many, and the smallest share of the windows in
     which the two arms of a required comparison (comparisons.required_pairs: the A/B, the planted twin,
-    the A/A) replay together, so that every one of them reaches the precision asked for."""
-    found = resident.sets(cfg)
+    the A/A) replay together, so that every one of them reaches the precision asked for; `found`: the
+    resident sets (default: resident.sets)."""
+    found = found or resident.sets(cfg)
     if len(found) == 1:
         return design.Resident()
     pairs = comparisons.required_pairs(resident.run_like(cfg))
@@ -190,16 +194,19 @@ def predict(c: design.Components, costs: design.Costs, instances: int, windows: 
 
 
 def choose(cfg: RunConfig, instances: int | None, windows_given: bool, precision: float | None,
-           budget_min: float | None, path: Path = PRIOR) -> tuple[RunConfig, int, dict | None]:
-    """(config, instances, the design's record or None): with --precision or --budget-min, the
-    cheapest design reaching it (or the narrowest the budget buys) at the run's window length, its
-    instances and windows taken where the user gave none; without them, the user's (default 1), a
-    default --windows rounded up to split into the resident sets (resident.fit_windows)."""
+           budget_min: float | None, path: Path = PRIOR,
+           most: int | None = None) -> tuple[int, int, dict | None]:
+    """(windows, instances, the design's record or None) of cfg's run, its servers resident `most` at
+    once where the GPU decides it (resident.sets): with --precision or --budget-min, the cheapest design
+    reaching it (or the narrowest the budget buys) at the run's window length, its instances and windows
+    taken where the user gave none; without them, the user's (default 1), a default --windows rounded
+    up to split into the resident sets (resident.fit_windows)."""
+    found = resident.sets(cfg, most)
     if precision is None and budget_min is None:
         n = instances or default_count(cfg)
-        return resident.fit_windows(cfg, n, windows_given), n, None
-    c, costs, source = prior(cfg, path)
-    sets = layout(cfg)
+        return resident.fit_windows(cfg.windows, n, windows_given, found), n, None
+    c, costs, source = prior(cfg, path, found)
+    sets = layout(cfg, found)
     if precision is not None:
         chosen = design.design_for_precision(c, costs, precision, window_s=(cfg.window_s,), resident=sets)
         goal = f"--precision {precision:g}%"
@@ -214,8 +221,7 @@ def choose(cfg: RunConfig, instances: int | None, windows_given: bool, precision
     if per < 1:
         raise ConfigError(f"--windows {cfg.windows} is fewer than {n} instances")
     run = predict(c, costs, n, per, cfg.window_s, sets)
-    record = {"goal": goal, "prior": source, "plan": chosen, "run": run}
-    return dataclasses.replace(cfg, windows=n * per), n, record
+    return n * per, n, {"goal": goal, "prior": source, "plan": chosen, "run": run}
 
 
 def describe(rec: dict) -> str:

@@ -4,11 +4,11 @@ arm runs, and how long the run will take."""
 
 from __future__ import annotations
 
-import dataclasses
 import shlex
 import subprocess
 import sys
 from collections.abc import Collection
+from dataclasses import dataclass
 from pathlib import Path
 
 from experiments.runner import resident, sizing
@@ -74,8 +74,18 @@ def memory_fit(cfg: RunConfig, memory: tuple[int, int] | None = None,
                       need_tokens(cfg), free, asleep)
 
 
-def sized(cfg: RunConfig, given: Collection[str], memory: tuple[int, int] | None = None) -> RunConfig:
-    """cfg with the model, KV cache, memory share and resident servers that fit this GPU where the user
+@dataclass(frozen=True)
+class Sizing:
+    """The settings that fit the GPU (sized): RunConfig fields by name."""
+
+    model: str
+    kv_cache_memory_bytes: int
+    gpu_memory_utilization: float
+    resident: int | None
+
+
+def sized(cfg: RunConfig, given: Collection[str], memory: tuple[int, int] | None = None) -> Sizing:
+    """The model, KV cache, memory share and resident servers that fit this GPU for cfg where the user
     gave none: the first of sizing.DESIGN_MODELS whose resident servers fit with the KV cache the trace
     needs, the largest whole-GiB cache up to sizing.DESIGN_KV_BYTES, with every arm resident or, where
     they do not fit (and neither --resident nor --one-at-a-time is given), the most that do, down to 2
@@ -100,9 +110,7 @@ def sized(cfg: RunConfig, given: Collection[str], memory: tuple[int, int] | None
             if fits[-1].fits:
                 util = cfg.gpu_memory_utilization if "gpu_memory_utilization" in given else \
                     sizing.utilization(fits[-1].server_bytes, total)
-                return dataclasses.replace(cfg, model=m, kv_cache_memory_bytes=kv,
-                                           gpu_memory_utilization=util,
-                                           resident=cfg.resident if servers == most else servers)
+                return Sizing(m, kv, util, cfg.resident if servers == most else servers)
     base = cfg.arms[0]
     aa = servers > 1 and len(cfg.arms) > 2 and cfg.arms[-1] == base and cfg.arms.count(base) == 2
     flags = sizing.flags_that_fit(shapes, fits[0].shape.model, cfg.arms[:-1] if aa else cfg.arms, aa, free,
@@ -118,25 +126,28 @@ def gpu_of(cfg: RunConfig) -> str | None:
     return arm_defs.current_gpu() if cfg.device == "cuda" else None
 
 
-def _record(cfg: RunConfig, table: str) -> dict:
-    """arm_defs.policy_record of a table for cfg's model: its row ranges [lo, hi, fused] per op."""
-    return arm_defs.policy_record(cfg.model_dir, cfg.dtype, "eager" if cfg.eager else "compiled", table)
+def _record(cfg: RunConfig, model: str, table: str) -> dict:
+    """arm_defs.policy_record of a table for `model` in cfg's dtype and mode: its row ranges [lo, hi,
+    fused] per op."""
+    mode = "eager" if cfg.eager else "compiled"
+    return arm_defs.policy_record(resolve_model(model), cfg.dtype, mode, table)
 
 
-def _empty_table(cfg: RunConfig, arm: arm_defs.Arm, gpu: str | None) -> dict | None:
+def _empty_table(cfg: RunConfig, model: str, arm: arm_defs.Arm, gpu: str | None) -> dict | None:
     """The policy record of the table a policy arm dispatches by on `gpu` when that table fuses no call
-    of cfg's model; None for a table that fuses some, 'all' or 'none', no table, or an arm off the table."""
+    of `model`; None for a table that fuses some, 'all' or 'none', no table, or an arm off the table."""
     table = arm_defs.policy_table(arm, cfg.eager, gpu) if arm_defs.uses_policy(arm) else None
     if table in (None, arm_defs.ALL_FUSED, arm_defs.NONE_FUSED):
         return None
-    rec = _record(cfg, table)
+    rec = _record(cfg, model, table)
     return None if any(fused for segs in rec["segments"].values() for *_, fused in segs) else rec
 
 
-def calibrate_command(cfg: RunConfig) -> str:
-    """The one command that makes this GPU's tables for the run's model (integration.calibrate)."""
-    model = cfg.model_dir.relative_to(ROOT) if cfg.model_dir.is_relative_to(ROOT) else cfg.model_dir
-    return f"python -m integration.calibrate --model {model} --dtype {cfg.dtype}"
+def calibrate_command(cfg: RunConfig, model: str) -> str:
+    """The one command that makes this GPU's tables for `model` in cfg's dtype (integration.calibrate)."""
+    model_dir = resolve_model(model)
+    shown = model_dir.relative_to(ROOT) if model_dir.is_relative_to(ROOT) else model_dir
+    return f"python -m integration.calibrate --model {shown} --dtype {cfg.dtype}"
 
 
 def needs_calibration(cfg: RunConfig, gpu: str | None) -> bool:
@@ -148,10 +159,10 @@ def needs_calibration(cfg: RunConfig, gpu: str | None) -> bool:
                for arm in dict.fromkeys(cfg.arm_definitions))
 
 
-def calibrate(cfg: RunConfig, gpu: str | None) -> None:
-    """Calibrate this GPU for the run's model before any server starts, in its own process (its progress
-    on stderr); ConfigError when it fails."""
-    command = calibrate_command(cfg)
+def calibrate(cfg: RunConfig, model: str, gpu: str | None) -> None:
+    """Calibrate this GPU for `model` before any server starts, in its own process (its progress on
+    stderr); ConfigError when it fails."""
+    command = calibrate_command(cfg, model)
     print(f"no policy table for GPU {gpu}: calibrating first ({command})", file=sys.stderr)
     rc = subprocess.call([sys.executable, *shlex.split(command)[1:]], cwd=ROOT)
     if rc != 0:
@@ -159,40 +170,41 @@ def calibrate(cfg: RunConfig, gpu: str | None) -> None:
                           "to run the policy arms as an explicit A/A")
 
 
-def fuses_nothing(cfg: RunConfig, gpu: str | None) -> str | None:
+def fuses_nothing(cfg: RunConfig, model: str, gpu: str | None) -> str | None:
     """The GPU's table (as run.json names it) when a policy arm of cfg would dispatch by one that fuses
-    no call of the run's model shape (a calibration found the fused kernel faster inside vLLM at no
-    size), else None; None on CPU, with --endpoint or --allow-no-table."""
+    no call of `model`'s shape (a calibration found the fused kernel faster inside vLLM at no size),
+    else None; None on CPU, with --endpoint or --allow-no-table."""
     if cfg.device != "cuda" or cfg.endpoints or cfg.allow_no_table:
         return None
-    empty = (_empty_table(cfg, arm, gpu) for arm in dict.fromkeys(cfg.arm_definitions))
+    empty = (_empty_table(cfg, model, arm, gpu) for arm in dict.fromkeys(cfg.arm_definitions))
     return next((rec["table"] for rec in empty if rec is not None), None)
 
 
-def fuse_all_note(cfg: RunConfig, gpu: str | None, table: str) -> str:
+def fuse_all_note(model: str, gpu: str | None, table: str) -> str:
     """Why a default run fuses every call: what the table says and what the run measures instead."""
-    return (f"{table} fuses no call of {cfg.model} on GPU {gpu} (where it was made, the fused kernel was "
+    return (f"{table} fuses no call of {model} on GPU {gpu} (where it was made, the fused kernel was "
             "faster inside vLLM at no size), so the patched arm would run stock: the run fuses every "
             "norm call in patched and its planted twin instead (--fuse-all), measuring what deploying "
             "the kernel's isolated win everywhere does to served latency and goodput")
 
 
-def tables(cfg: RunConfig, may_calibrate: bool, default_arms: bool, dry_run: bool) -> RunConfig | None:
-    """cfg once the GPU's tables are settled before any server starts: calibrated first where a policy
-    arm has none (unless `may_calibrate` is off; a dry run only says it would, and gives None), and with
-    the default arms on a table that fuses nothing, fusing every call (said on stderr)."""
+def tables(cfg: RunConfig, model: str, may_calibrate: bool, default_arms: bool, dry_run: bool) -> bool | None:
+    """Whether the run fuses every call, once the GPU's tables for `model` (the model the run serves:
+    sized may choose another than cfg's) are settled before any server starts: calibrated first where a
+    policy arm of cfg has none (unless `may_calibrate` is off; a dry run only says it would, and gives
+    None); cfg.fuse_all, or True with the default arms on a table that fuses nothing (said on stderr)."""
     gpu = gpu_of(cfg)
     if may_calibrate and needs_calibration(cfg, gpu):
         if dry_run:
-            print(f"no policy table for GPU {gpu}: a run calibrates first ({calibrate_command(cfg)}); "
+            print(f"no policy table for GPU {gpu}: a run calibrates first ({calibrate_command(cfg, model)}); "
                   "the plan follows from its tables", file=sys.stderr)
             return None
-        calibrate(cfg, gpu)
-    table = fuses_nothing(cfg, gpu) if default_arms and not cfg.fuse_all else None
+        calibrate(cfg, model, gpu)
+    table = fuses_nothing(cfg, model, gpu) if default_arms and not cfg.fuse_all else None
     if table is None:
-        return cfg
-    print(fuse_all_note(cfg, gpu, table), file=sys.stderr)
-    return dataclasses.replace(cfg, fuse_all=True)
+        return cfg.fuse_all
+    print(fuse_all_note(model, gpu, table), file=sys.stderr)
+    return True
 
 
 def check_tables(cfg: RunConfig, gpu: str | None) -> None:
@@ -204,7 +216,7 @@ def check_tables(cfg: RunConfig, gpu: str | None) -> None:
     mode = "eager" if cfg.eager else "compiled"
     stock = "so it would run stock, an A/A labelled as an A/B"
     model = cfg.model_dir.relative_to(ROOT) if cfg.model_dir.is_relative_to(ROOT) else cfg.model_dir
-    fix = (f"make the table first: {calibrate_command(cfg)} (or by hand: "
+    fix = (f"make the table first: {calibrate_command(cfg, cfg.model)} (or by hand: "
            f"{arm_defs.MAKE_TABLES.format(gpu=gpu)}, prove with --model {model}); or "
            f"pass {ALLOW_FLAG} to run it as an explicit A/A")
     for arm in dict.fromkeys(cfg.arm_definitions):
@@ -215,13 +227,13 @@ def check_tables(cfg: RunConfig, gpu: str | None) -> None:
             raise ConfigError(
                 f"--arm {arm.name}: no {mode} policy table for GPU {gpu} (runtime_tables/"
                 f"{arm_defs.TABLES[mode].format(gpu=gpu)}), {stock}; {fix}")
-        if (rec := _empty_table(cfg, arm, gpu)) is not None:
+        if (rec := _empty_table(cfg, cfg.model, arm, gpu)) is not None:
             raise ConfigError(
                 f"--arm {arm.name}: {rec['table']} fuses no call of {cfg.model} (hidden {rec['hidden']}, "
                 f"{rec['dtype']}): where it was made for this shape, the fused kernel was faster inside "
                 f"vLLM at no size; {stock}; pass {FUSE_ALL_FLAG} to fuse every call instead, "
                 f"{ALLOW_FLAG} to run it as an explicit A/A, or, if the table was made for another model, "
-                f"{calibrate_command(cfg)}")
+                f"{calibrate_command(cfg, cfg.model)}")
 
 
 def _ranges(segments: list[list]) -> str:
@@ -246,7 +258,7 @@ def describe_arm(cfg: RunConfig, label: str, arm: arm_defs.Arm, gpu: str | None)
     if table in (arm_defs.ALL_FUSED, arm_defs.NONE_FUSED):
         what = "every call fused" if table == arm_defs.ALL_FUSED else "every call declined (stock)"
         return f"{label}: policy {table}: {what}{planted}"
-    rec = _record(cfg, table)
+    rec = _record(cfg, cfg.model, table)
     ops = "; ".join(f"{op} fused at rows {_ranges(segs)}" for op, segs in rec["segments"].items())
     shape = f"hidden {rec['hidden']}, {rec['dtype']}"
     return f"{label}: {rec['table']} ({shape}): {ops}; stock elsewhere{planted}"
@@ -254,7 +266,7 @@ def describe_arm(cfg: RunConfig, label: str, arm: arm_defs.Arm, gpu: str | None)
 
 def describe_arms(cfg: RunConfig, gpu: str | None) -> list[str]:
     """describe_arm for every server of the run, in label order."""
-    return [describe_arm(cfg, label, arm, gpu) for label, arm in zip(cfg.labels, cfg.arm_definitions)]
+    return [describe_arm(cfg, label, arm, gpu) for label, arm in cfg.arms_by_label]
 
 
 def measured_loads(cfg: RunConfig) -> tuple[float, ...]:
@@ -268,27 +280,39 @@ def measured_loads(cfg: RunConfig) -> tuple[float, ...]:
     return at_knee if sum(1 / x for x in at_knee) > sum(1 / x for x in cfg.loads) else cfg.loads
 
 
-def duration_s(cfg: RunConfig, server_waves: int, sets: resident.Sets | None = None) -> float:
+def server_starts(cfg: RunConfig, n_instances: int, sets: resident.Sets) -> int:
+    """Server starts in the run, each warmed up and burnt in: every arm per block with --one-at-a-time,
+    else each instance's servers (with resident `sets`, the first set's and each later set's new ones)."""
+    if cfg.one_at_a_time:
+        return cfg.blocks * len(cfg.labels)
+    return n_instances * resident.servers_per_instance(sets)
+
+
+def duration_s(cfg: RunConfig, server_waves: int, sets: resident.Sets | None = None,
+               n_instances: int = 1) -> float:
     """About how long the run takes, server starts to report, at the rates of h200-llama8b-confirm3:
-    `server_waves` waves of server starts (each swap between resident `sets` a start), every cell
-    replayed by its set's arms; with a knee search an upper bound on the search (every factor up to
-    --knee-max searched, experiments.stats.knee.possible_factors) and on the loads it chooses
-    (measured_loads); with --sleep-mode each server's first sleep and a sleep and a wake (SWITCH_S)
-    before every measured, warm-up and burn-in replay."""
+    `server_waves` waves of server starts (each swap between resident `sets` a start), every start's
+    server warmed up and burnt in (server_starts, over `n_instances` instances), every cell replayed by
+    its set's arms; with a knee search an upper bound on the search (every factor up to --knee-max
+    searched, experiments.stats.knee.possible_factors) and on the loads it chooses (measured_loads);
+    with --sleep-mode each started server's first sleep and a sleep and a wake (SWITCH_S) before every
+    measured, warm-up and burn-in replay."""
     n = len(cfg.labels)
-    replays = resident.replays_per_window(sets) if sets else n
+    sets = sets or (tuple(cfg.labels),)
+    started = server_starts(cfg, n_instances, sets)
+    replays = resident.replays_per_window(sets)
     loads = measured_loads(cfg)
     measured = cfg.windows * replays * sum(cfg.window_s / k + REPLAY_OVERHEAD_S for k in loads)
     factors = knee.possible_factors(cfg.knee_factors, cfg.knee_max) if cfg.knee_factors else []
     search = sum(KNEE_WINDOWS * (cfg.window_s / f + REPLAY_OVERHEAD_S) for f in factors)
     top = max(cfg.loads)
-    warm = n * (cfg.warmup_s / top + cfg.window_s / top + 2 * REPLAY_OVERHEAD_S)
+    warm = started * (cfg.warmup_s / top + cfg.window_s / top + 2 * REPLAY_OVERHEAD_S)
     wave = SERVER_WAVE_S[cfg.device]
     if cfg.device == "cuda":  # the line through GPU_WAVES, extended past either end
         (w0, s0), (w1, s1) = GPU_WAVES
         wave = s1 + (s1 - s0) / (w1 - w0) * (sizing.shape(cfg.model_dir, cfg.dtype).weight_bytes - w1)
     starts = (cfg.blocks * n if cfg.one_at_a_time else server_waves) * wave
-    switches = (n * FIRST_SLEEP_S + (cfg.windows * replays * len(loads) + 2 * n) * SWITCH_S
+    switches = (started * FIRST_SLEEP_S + (cfg.windows * replays * len(loads) + 2 * started) * SWITCH_S
                 if cfg.sleep_mode else 0.0)
     return starts + warm + search + measured + switches + ANALYSIS_S
 
@@ -308,7 +332,7 @@ def design(cfg: RunConfig, n_instances: int, sets: resident.Sets) -> dict:
     server_waves = n_instances * (sum(len(start_waves(cfg, g)) for g in groups) if cfg.sleep_mode
                                   else resident.start_waves_per_instance(cfg, sets))
     out = {"gpu": gpu, "arms_run": describe_arms(cfg, gpu), "memory": fit and fit.to_json(),
-           "duration_s": round(duration_s(cfg, server_waves, sets)),
+           "duration_s": round(duration_s(cfg, server_waves, sets, n_instances)),
            **({"knee_max": cfg.knee_max} if cfg.knee_factors else {})}
     if len(sets) > 1:
         every = memory_fit(cfg, servers=len(cfg.labels)) if fit is not None else None

@@ -14,7 +14,6 @@ cell's order, which holds only the arms that replay it.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -31,18 +30,20 @@ def run_like(cfg: RunConfig) -> Run:
     """What experiments.stats reads of a run's arms (run.json's arm_labels, arms, arm_definitions), from
     the config, before any run.json exists."""
     return Run(arm_labels=list(cfg.labels), arms=list(cfg.arms),
-               arm_definitions={lab: arm.to_json() for lab, arm in zip(cfg.labels, cfg.arm_definitions)})
+               arm_definitions={lab: arm.to_json() for lab, arm in cfg.arms_by_label})
 
 
-def sets(cfg: RunConfig) -> Sets:
+def sets(cfg: RunConfig, most: int | None = None) -> Sets:
     """The run's resident sets in the order they take the GPU: every label as one set unless --resident
-    is below the number of arms; ConfigError when no order of sets of that size covers the comparisons."""
-    if cfg.resident is None or cfg.resident >= len(cfg.labels):
+    (or `most`, a count decided before the run's config is made: readiness.sized) is below the number of
+    arms; ConfigError when no order of sets of that size covers the comparisons."""
+    most = cfg.resident if most is None else most
+    if most is None or most >= len(cfg.labels):
         return (tuple(cfg.labels),)
     try:
-        return cover(cfg.labels, required_pairs(run_like(cfg)), cfg.resident)
+        return cover(cfg.labels, required_pairs(run_like(cfg)), most)
     except ValueError as exc:
-        raise ConfigError(f"--resident {cfg.resident}: {exc}") from None
+        raise ConfigError(f"--resident {most}: {exc}") from None
 
 
 def describe(found: Sets) -> str:
@@ -61,24 +62,29 @@ def check(cfg: RunConfig, n_instances: int) -> None:
                           f"every set replaying the same number of windows: give a multiple of {per}")
 
 
-def fit_windows(cfg: RunConfig, n_instances: int, windows_given: bool) -> RunConfig:
-    """cfg with a default --windows rounded up to the next multiple of instances x resident sets (said on
-    stderr by the CLI); as it is when the windows were given (check refuses them) or already split."""
-    per = len(sets(cfg)) * n_instances
-    if windows_given or cfg.windows % per == 0:
-        return cfg
-    return dataclasses.replace(cfg, windows=math.ceil(cfg.windows / per) * per)
+def fit_windows(windows: int, n_instances: int, windows_given: bool, found: Sets) -> int:
+    """The run's windows: a default --windows rounded up to the next multiple of instances x resident
+    sets `found` (said on stderr by the CLI); as they are when given (check refuses them) or already split."""
+    per = len(found) * n_instances
+    if windows_given or windows % per == 0:
+        return windows
+    return math.ceil(windows / per) * per
+
+
+def new_per_set(found: Sets) -> list[list[str]]:
+    """The servers each set starts in one instance: the first set's, then each later set's new ones."""
+    return [[lab for lab in s if lab not in up] for up, s in zip(((),) + tuple(found[:-1]), found)]
 
 
 def start_waves_per_instance(cfg: RunConfig, found: Sets) -> int:
-    """Server start waves in one instance: the first set's servers, then each later set's new ones, in
-    the waves of experiments.runner.servers.start_waves (a wave's servers start together: one start time)."""
-    waves, up = 0, ()
-    for s in found:
-        new = [lab for lab in s if lab not in up]
-        waves += len(start_waves(cfg, new)) if new else 0
-        up = s
-    return waves
+    """Server start waves in one instance: each set's new servers (new_per_set), in the waves of
+    experiments.runner.servers.start_waves (a wave's servers start together: one start time)."""
+    return sum(len(start_waves(cfg, new)) for new in new_per_set(found) if new)
+
+
+def servers_per_instance(found: Sets) -> int:
+    """Servers started in one instance (new_per_set)."""
+    return sum(len(new) for new in new_per_set(found))
 
 
 def replays_per_window(found: Sequence[Sequence[str]]) -> float:

@@ -20,7 +20,7 @@ from experiments.runner.plan import Plan
 from experiments.runner.servers import Server, endpoint_urls
 from integration.arms import is_planted, policy_table, uses_policy
 from integration.endpoint import Endpoint
-from integration.launcher import arm_of, server_command
+from integration.launcher import server_command
 from integration.names import PROVIDER
 from loadgen.records import RequestRecord
 
@@ -66,7 +66,7 @@ def arm_records(cfg: RunConfig) -> dict[str, dict]:
                     "vs_baseline": arm.differences_from(base), "shared_flags_set": arm.shared_flags_set(),
                     "endpoint": urls.get(label),
                     "identity": USER_DECLARED if label in urls else "started by the kit with this definition"}
-            for label, arm in zip(cfg.labels, cfg.arm_definitions)}
+            for label, arm in cfg.arms_by_label}
 
 
 def patched_policy(cfg: RunConfig) -> dict | None:
@@ -158,7 +158,7 @@ class RunRecord:
         cfg = server.config
         log = server.log_path
         entry.update({
-            "arm": arm_of(cfg).name,
+            "arm": cfg.arm.name,
             "log": log.name if log.parent.resolve() == self.run_dir.resolve() else str(log),
             "cmd": server_command(cfg), "env": dict(cfg.extra_env), "port": cfg.port,
             "kv_cache_memory_bytes": cfg.kv_cache_memory_bytes,

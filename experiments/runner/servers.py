@@ -22,7 +22,6 @@ from integration.endpoint import Endpoint
 from integration.launcher import (
     ServerConfig,
     VllmServer,
-    arm_of,
     compile_cache,
     free_port,
     has_tokenizer,
@@ -103,7 +102,7 @@ def cache_waves(cfg: RunConfig, servers: Sequence[T], label_of: Callable[[T], st
     """`servers` (in start order) in at most two waves: the first server of each compile cache
     (integration.launcher.compile_cache), then those whose cache a first-wave server fills, which
     load its compiled graphs instead of racing it for the same files (in eager mode: one wave)."""
-    by_label = dict(zip(cfg.labels, cfg.arm_definitions))
+    by_label = dict(cfg.arms_by_label)
     first: list[T] = []
     rest: list[T] = []
     seen: set[tuple[tuple[str, str], ...]] = set()
@@ -144,17 +143,17 @@ def start_servers(cfg: RunConfig, labels: list[str], run_dir: Path,
     most that)."""
     times = {} if times is None else times
     cpus = cpus or {}
-    arm_of = dict(zip(cfg.labels, cfg.arm_definitions))
+    by_label = dict(cfg.arms_by_label)
     servers: dict[str, Server] = {}
     label = labels[0] if labels else ""
     try:
         for wave in start_waves(cfg, labels):
             if len(wave) == 1:
                 label, at = wave[0], time.time()
-                servers[label] = start_arm(cfg, label, arm_of[label], run_dir, tuple(cpus.get(label, ())))
+                servers[label] = start_arm(cfg, label, by_label[label], run_dir, tuple(cpus.get(label, ())))
                 times[label] = (at, time.time() - at)
                 continue
-            servers.update(launch_waves([{label: VllmServer(server_config(cfg, arm_of[label],
+            servers.update(launch_waves([{label: VllmServer(server_config(cfg, by_label[label],
                                                                           cpus=tuple(cpus.get(label, ()))),
                                                             Path(run_dir) / f"server-{label}.log")
                                           for label in wave}], cfg.server_timeout_s, times))
@@ -174,7 +173,7 @@ def launch_waves(waves: Sequence[Mapping[str, VllmServer]], timeout_s: float,
     try:
         for wave in waves:
             for key, server in wave.items():
-                log.info("starting %s server (%s) on port %d", key, arm_of(server.config).name,
+                log.info("starting %s server (%s) on port %d", key, server.config.arm.name,
                          server.config.port)
                 at[key] = time.time()
                 server.start()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 
 from experiments.core.slo import DEFAULT_SLO_FILE, load_slo_file
 from experiments.runner import cli as run_cli
+from experiments.runner import config, instances, placement, readiness, resident
 from experiments.runner.config import GIB, ConfigError, RunConfig, arm_labels, make_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -162,3 +164,16 @@ def test_dry_run_prints_the_plan(tmp_path: Path, capsys: pytest.CaptureFixture) 
     plan = json.loads(capsys.readouterr().out)
     assert [w["id"] for w in plan["windows"]] == [0, 1] and len(plan["schedule"]) == 4
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_run_config_is_made_once_from_the_flags_and_their_decisions() -> None:
+    """The clips, what fits the GPU, the instance design's windows and fuse_all from the tables are values
+    the run's config is made with (cli.setup_from_args), never copies of a config with one field changed."""
+    path = [run_cli.main, run_cli.setup_from_args, run_cli.flag_settings, config.make_config,
+            readiness.sized, readiness.tables, instances.choose, instances.check, resident.sets,
+            resident.fit_windows, placement.placement_for]
+    assert [f.__qualname__ for f in path if "replace(" in inspect.getsource(f)] == []
+    cfg = run_cli.config_from_args(run_cli.build_parser().parse_args(
+        ["--trace", str(TRACE), "--device", "cpu", "--max-input-tokens", "none", "--instances", "3"]))
+    assert cfg.max_input_tokens is None and cfg.max_output_tokens == 32  # the default clip stays
+    assert cfg.windows == 6  # the default 4, rounded up to split into the 3 instances

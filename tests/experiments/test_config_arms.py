@@ -3,6 +3,7 @@ refusal names its flag, and run.json / the report carry each arm's definition an
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -205,3 +206,19 @@ def test_a_flag_every_arm_shares_or_the_run_sets_is_refused_in_any_spelling(
     err = capsys.readouterr().err
     assert code == 2 and named in err and len(err.strip().splitlines()) == 1, err
     assert _parse("--server-arg=--tensor-parallel-size=2").extra_server_args == ("--tensor-parallel-size=2",)
+
+
+def test_only_the_config_resolves_a_run_arm_from_its_name() -> None:
+    """An arm's name becomes its Arm in one place, config.resolve_arms, as the config is made; the runner
+    and the launcher read cfg.arm_definitions, cfg.arms_by_label or the Arm a ServerConfig holds."""
+    files = [*sorted((REPO / "experiments" / "runner").glob("*.py")),
+             *(REPO / "integration" / f for f in ("launcher.py", "endpoint.py"))]
+    pattern = (r"\b(arms|arm_defs)\.get\(|from integration\.arms import .*\bget\b"
+               r"|zip\([^)]*labels[^)]*arm_definitions")
+    found = [f"{p.relative_to(REPO)}:{i}" for p in files
+             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+             if re.search(pattern, line)]
+    assert {f.rsplit(":", 1)[0] for f in found} == {"experiments/runner/config.py"}, found
+    cfg = make_config(TRACE, "cpu", arms=("stock", "patched", "stock"), fuse_all=True)
+    assert [(label, arm.name) for label, arm in cfg.arms_by_label] == [
+        ("stock", "stock"), ("patched", "patched"), ("stock-b", "stock")]

@@ -26,6 +26,7 @@ from experiments.runner.config import RunConfig, make_config
 from experiments.runner.orchestrate import run_experiment
 from experiments.stats import knee
 from experiments.stats.runframe import load_run
+from integration import arms
 from integration.launcher import MODELS_DIR, ServerConfig, VllmServer, free_port
 from loadgen.records import LATENESS_TARGET_P99_MS, lateness_ms, read_records
 
@@ -46,7 +47,8 @@ def _fake_server(log: Path, code: str = FAKE, **kw: object) -> VllmServer:
     """A VllmServer object whose process is loadgen's fake server (no /metrics, answers in ms), started
     by `code` (FAKE, formatted with `kw` and the port)."""
     port = free_port()
-    server = VllmServer(ServerConfig(model_dir=MODELS_DIR / "tiny-llama", arm="stock", port=port), log)
+    stock = arms.get("stock")
+    server = VllmServer(ServerConfig(model_dir=MODELS_DIR / "tiny-llama", arm=stock, port=port), log)
     server.proc = subprocess.Popen([sys.executable, "-c", code.format(kw=kw, port=port)],
                                    stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
     server.model_name = "fake-model"

@@ -17,6 +17,7 @@ from experiments.runner import placement
 from experiments.runner.config import ConfigError, RunConfig, make_config
 from experiments.runner.flagtypes import knee_list
 from experiments.runner.orchestrate import run_experiment
+from integration import arms
 from integration.launcher import MODELS_DIR, ServerConfig, VllmServer, free_port
 from loadgen.records import read_records
 from tests.experiments.test_orchestrate import _fake_server, _trace
@@ -95,8 +96,8 @@ def test_knee_none_measures_at_the_loads(tmp_path: Path) -> None:
 
 def test_a_pinned_server_process_runs_on_its_cores(tmp_path: Path) -> None:
     core = min(os.sched_getaffinity(0))
-    server = VllmServer(ServerConfig(model_dir=MODELS_DIR / "tiny-llama", arm="stock", port=free_port(),
-                                     cpus=(core,)), tmp_path / "server.log")
+    server = VllmServer(ServerConfig(model_dir=MODELS_DIR / "tiny-llama", arm=arms.get("stock"),
+                                     port=free_port(), cpus=(core,)), tmp_path / "server.log")
     server.start()
     try:
         assert os.sched_getaffinity(server.proc.pid) == {core}  # set before vLLM's code runs

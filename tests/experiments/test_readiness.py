@@ -11,7 +11,7 @@ import pytest
 
 from experiments.core.runfile import Run
 from experiments.runner import cli as run_cli
-from experiments.runner import config, orchestrate, readiness, runrecord, sizing
+from experiments.runner import config, orchestrate, readiness, resident, runrecord, sizing
 from experiments.runner.config import DEVICE_DEFAULTS, GIB, ConfigError, RunConfig
 from integration import choice, names
 from tests.experiments.test_config import TRACE
@@ -88,6 +88,16 @@ def test_the_run_length_is_said() -> None:
     lines = readiness.summary({"arms_run": [], "memory": None, "duration_s": 1425, "knee_max": 64.0})
     assert lines[-1] == ("about 24 min at most (the knee search to 64x and the loads of a knee at its first "
                          "factor), server starts to report")
+
+
+def test_the_run_length_counts_a_warm_up_per_server_instance() -> None:
+    cfg = config.make_config(TRACE, "cpu", arms=("stock", "patched", "stock"))
+    sets = resident.sets(cfg)
+    one, three = (readiness.design(cfg, n, sets)["duration_s"] for n in (1, 3))
+    top = max(cfg.loads)
+    warm = cfg.warmup_s / top + cfg.window_s / top + 2 * readiness.REPLAY_OVERHEAD_S  # warm-up, burn-in
+    # two more instances: each of the three servers started (one at a time on CPU) and warmed up again
+    assert three - one == pytest.approx(2 * 3 * (readiness.SERVER_WAVE_S["cpu"] + warm), abs=1)
 
 
 def test_the_gpu_default_is_the_confirm3_design_sized_to_the_gpu(on_gpu) -> None:

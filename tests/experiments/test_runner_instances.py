@@ -57,8 +57,8 @@ def test_precision_picks_the_cheapest_design_from_the_prior(cfg) -> None:
     c, costs, source = instances.prior(cfg)
     assert costs.arms == 2 and costs.loads == 3 and "h200-llama8b-confirm3" in source
     want = design.design_for_precision(c, costs, 0.5, window_s=(10.0,))
-    out, n, rec = instances.choose(cfg, None, False, 0.5, None)
-    assert (n, out.windows) == (want["instances"], want["instances"] * want["windows"])
+    windows, n, rec = instances.choose(cfg, None, False, 0.5, None)
+    assert (n, windows) == (want["instances"], want["instances"] * want["windows"])
     assert rec["run"]["half_width_pct"] == pytest.approx(want["half_width_pct"])
     assert rec["run"]["gpu_minutes"] == pytest.approx(want["gpu_minutes"])
     text = instances.describe(rec)
@@ -67,8 +67,8 @@ def test_precision_picks_the_cheapest_design_from_the_prior(cfg) -> None:
 
 
 def test_flags_given_win_over_the_design_and_the_cost_is_restated(cfg) -> None:
-    out, n, rec = instances.choose(cfg, 2, True, None, 30.0)
-    assert (n, out.windows) == (2, 4) and rec["run"]["windows_per_instance"] == 2
+    windows, n, rec = instances.choose(cfg, 2, True, None, 30.0)
+    assert (n, windows) == (2, 4) and rec["run"]["windows_per_instance"] == 2
     assert "running 2 instances x 2 windows (the flags given)" in instances.describe(rec)
     with pytest.raises(ValueError, match="--windows 4 is not a multiple of 3 instances"):
         instances.choose(cfg, 3, True, 0.5, None)
@@ -77,14 +77,14 @@ def test_flags_given_win_over_the_design_and_the_cost_is_restated(cfg) -> None:
 
 
 def test_without_design_flags_nothing_changes(cfg) -> None:
-    assert instances.choose(cfg, None, False, None, None) == (cfg, 1, None)
-    assert instances.choose(cfg, 2, True, None, None) == (cfg, 2, None)
+    assert instances.choose(cfg, None, False, None, None) == (cfg.windows, 1, None)
+    assert instances.choose(cfg, 2, True, None, None) == (cfg.windows, 2, None)
 
 
 def test_a_gpu_run_has_three_instances_unless_told_otherwise(cfg) -> None:
     gpu = dataclasses.replace(cfg, device="cuda", windows=6)
-    assert instances.choose(gpu, None, False, None, None) == (gpu, 3, None)
-    assert instances.choose(gpu, 1, True, None, None) == (gpu, 1, None)
+    assert instances.choose(gpu, None, False, None, None) == (gpu.windows, 3, None)
+    assert instances.choose(gpu, 1, True, None, None) == (gpu.windows, 1, None)
     assert instances.default_count(dataclasses.replace(gpu, one_at_a_time=True)) == 1
     with pytest.raises(ValueError, match=r"^--windows 4: a GPU run has 3 server instances per arm"):
         instances.default_count(dataclasses.replace(gpu, windows=4))

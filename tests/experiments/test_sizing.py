@@ -46,7 +46,9 @@ def test_in_flight_tokens_counts_requests_held_at_once() -> None:
 
 
 def _sized(cfg: RunConfig, gb: float, given: set[str]) -> RunConfig:
-    return readiness.sized(cfg, {"arms", *given}, (int(gb * GB), int(gb * GB)))
+    """cfg with what fits a GPU of `gb` GB (readiness.sized), as the CLI makes the run's config."""
+    fit = readiness.sized(cfg, {"arms", *given}, (int(gb * GB), int(gb * GB)))
+    return dataclasses.replace(cfg, **dataclasses.asdict(fit))
 
 
 def _apply(cfg: RunConfig, flags: str) -> tuple[RunConfig, set[str]]:
@@ -151,7 +153,8 @@ def test_sleep_mode_fits_the_8b_design_on_an_h100_one_server_awake(design: RunCo
                            f"--sleep-mode --kv-cache-memory-bytes {kv // GIB}GiB"]
     beside = sizing.flags_that_fit(shapes, "llama-3.1-8b", arms, True, h100[0], need, may_sleep=False)
     assert not any("--sleep-mode" in f for f in beside)  # not offered beside a given --resident
-    out = readiness.sized(dataclasses.replace(design, sleep_mode=True), {"arms"}, h100)
+    asleep = dataclasses.replace(design, sleep_mode=True)
+    out = dataclasses.replace(asleep, **dataclasses.asdict(readiness.sized(asleep, {"arms"}, h100)))
     assert out.resident is None  # every arm stays resident: no sets chosen
     assert (out.model, out.kv_cache_memory_bytes) == ("llama-3.1-8b", kv)
     fit = readiness.memory_fit(out, h100)

@@ -21,12 +21,13 @@ def test_arms_differ_only_in_kernel_selection() -> None:
 
 
 def test_bad_config_is_rejected(tmp_path) -> None:
-    with pytest.raises(ValueError, match="unknown arm"):
-        ServerConfig(model_dir=TINY_MODEL, arm="fast", port=1)
+    stock = arms.get("stock")
+    with pytest.raises(TypeError, match=r"ServerConfig.arm: an integration.arms.Arm .*got 'stock'"):
+        ServerConfig(model_dir=TINY_MODEL, arm="stock", port=1)  # a name is resolved where it is given
     with pytest.raises(FileNotFoundError, match="config.json"):
-        ServerConfig(model_dir=tmp_path, arm="stock", port=1)
+        ServerConfig(model_dir=tmp_path, arm=stock, port=1)
     with pytest.raises(ValueError, match="127.0.0.1"):
-        ServerConfig(model_dir=TINY_MODEL, arm="stock", port=1, host="0.0.0.0")
+        ServerConfig(model_dir=TINY_MODEL, arm=stock, port=1, host="0.0.0.0")
 
 
 @pytest.mark.e2e
