@@ -27,6 +27,7 @@ from pathlib import Path
 
 from common.cliargs import command_line
 from common.jsonfile import write_json
+from integration import arms
 from integration.launcher import ServerConfig, VllmServer, free_port
 from loadgen.replay import ReplayOptions, replay_sync
 from traces.trace import TraceRequest
@@ -44,7 +45,7 @@ def used_mib() -> int:
 
 
 def server(args: argparse.Namespace, log_dir: Path, name: str, sleep_mode: bool = False) -> VllmServer:
-    cfg = ServerConfig(Path(args.model), "stock", free_port(), dtype="bfloat16",
+    cfg = ServerConfig(Path(args.model), arms.get("stock"), free_port(), dtype="bfloat16",
                        gpu_memory_utilization=args.utilization, kv_cache_memory_bytes=args.kv_gib * GIB,
                        max_model_len=16384,
                        extra_args=("--enable-sleep-mode",) if sleep_mode else (),
