@@ -23,13 +23,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from integration import choice, serverflags
-
-# re-exported for experiments/, which reads the policy through this module
-from integration.choice import ALL_FUSED as ALL_FUSED
-from integration.choice import MAKE_TABLES as MAKE_TABLES
-from integration.choice import NONE_FUSED as NONE_FUSED
-from integration.choice import TABLES as TABLES
-from integration.names import IR_OPS, PLANTED_NS_ENV, PLUGIN_NAME, POLICY_ENV, POLICY_ENV_COMPILED, PROVIDER
+from integration.names import (
+    ALL_FUSED,
+    IR_OPS,
+    PLANTED_NS_ENV,
+    PLUGIN_NAME,
+    POLICY_ENV,
+    POLICY_ENV_COMPILED,
+    PROVIDER,
+)
 from kernels.shapes import CONFIG_DTYPES
 
 # how a planted arm that is the patched arm plus the delay describes itself (run records keep it;

@@ -16,7 +16,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Callable
 
-from integration.names import IR_OPS, POLICY_ENV, POLICY_ENV_COMPILED
+from integration.names import (
+    ALL_FUSED,
+    IR_OPS,
+    MAKE_TABLES,
+    NONE_FUSED,
+    POLICY_ENV,
+    POLICY_ENV_COMPILED,
+    TABLES,
+)
 
 MAX_SCAN_ROWS = 1 << 17  # a range reaching past this is declined (no policy scan that long)
 
@@ -26,16 +34,7 @@ class PolicyUnavailable(RuntimeError):
 
 
 MODES = ("compiled", "eager")
-ALL_FUSED = "all"  # as either variable's value: every call fused at the kernel's own launch shape
-NONE_FUSED = "none"  # as either variable's value: every call declined (stock), the plugin idle
 GPU_ENV = "RMSNORM_FUSED_GPU"  # whose tables to use, e.g. h200 (default: the GPU this process sees)
-# Tables built by integration/proof/ingraph.py from timings inside vLLM, per GPU, beside the kernel
-# results: under torch.compile stock is Inductor's kernel inside vLLM's graph; in eager mode vLLM's
-# CUDA kernel, where the host cost of each call counts too.
-TABLES = {"compiled": "policy-{gpu}-in-graph.json", "eager": "policy-{gpu}-in-vllm-eager.json"}
-MAKE_TABLES = ("python -m kernels.suite --out OUT/{gpu}.json, then "
-               "python -m integration.proof.prove --all-fused and python -m integration.proof.ingraph "
-               "--out runtime_tables/policy-{gpu}-in-graph.json (integration/README.md, 'Policy')")
 logger = logging.getLogger("vllm.plugins.rmsnorm_fused")
 
 

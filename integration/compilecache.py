@@ -21,7 +21,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from integration import arms, choice
+from integration import arms, choice, names
 
 CACHE_VARS = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR")
 
@@ -33,7 +33,7 @@ def table_key(env: Mapping[str, str]) -> str:
     parts = []
     for mode in choice.MODES:
         path = choice.policy_path(mode, env=env)
-        if path is None or str(path) in (choice.ALL_FUSED, choice.NONE_FUSED):
+        if path is None or str(path) in (names.ALL_FUSED, names.NONE_FUSED):
             parts.append(f"{mode}={path}")
         elif path.is_file():
             parts.append(f"{mode}={hashlib.sha256(path.read_bytes()).hexdigest()}")

@@ -158,3 +158,9 @@ def test_the_shared_names_are_imported_from_their_home_only() -> None:
                if isinstance(node, ast.ImportFrom) and node.module == "integration.names"
                for a in node.names if a.asname]
     assert renamed == []
+    # nor re-exports any name of the kit (`from integration.choice import TABLES as TABLES`)
+    reexported = [f"{path.relative_to(ROOT)}: {node.module}.{a.name}" for path in _sources()
+                  for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                  if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in KIT
+                  for a in node.names if a.asname == a.name]
+    assert reexported == []

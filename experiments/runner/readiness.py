@@ -16,6 +16,7 @@ from experiments.runner.config import SIZED, ConfigError, RunConfig, resolve_mod
 from experiments.runner.servers import start_groups, start_waves
 from experiments.stats import knee
 from integration import arms as arm_defs
+from integration import names
 from traces.trace import clip_tokens, load_trace, time_window
 
 # Wall time of one run, from h200-llama8b-confirm3/console.log.xz: two waves of server starts in 213 s,
@@ -137,7 +138,7 @@ def _empty_table(cfg: RunConfig, model: str, arm: arm_defs.Arm, gpu: str | None)
     """The policy record of the table a policy arm dispatches by on `gpu` when that table fuses no call
     of `model`; None for a table that fuses some, 'all' or 'none', no table, or an arm off the table."""
     table = arm_defs.policy_table(arm, cfg.eager, gpu) if arm_defs.uses_policy(arm) else None
-    if table in (None, arm_defs.ALL_FUSED, arm_defs.NONE_FUSED):
+    if table in (None, names.ALL_FUSED, names.NONE_FUSED):
         return None
     rec = _record(cfg, model, table)
     return None if any(fused for segs in rec["segments"].values() for *_, fused in segs) else rec
@@ -217,7 +218,7 @@ def check_tables(cfg: RunConfig, gpu: str | None) -> None:
     stock = "so it would run stock, an A/A labelled as an A/B"
     model = cfg.model_dir.relative_to(ROOT) if cfg.model_dir.is_relative_to(ROOT) else cfg.model_dir
     fix = (f"make the table first: {calibrate_command(cfg, cfg.model)} (or by hand: "
-           f"{arm_defs.MAKE_TABLES.format(gpu=gpu)}, prove with --model {model}); or "
+           f"{names.MAKE_TABLES.format(gpu=gpu)}, prove with --model {model}); or "
            f"pass {ALLOW_FLAG} to run it as an explicit A/A")
     for arm in dict.fromkeys(cfg.arm_definitions):
         if not arm_defs.uses_policy(arm):
@@ -226,7 +227,7 @@ def check_tables(cfg: RunConfig, gpu: str | None) -> None:
         if table is None:
             raise ConfigError(
                 f"--arm {arm.name}: no {mode} policy table for GPU {gpu} (runtime_tables/"
-                f"{arm_defs.TABLES[mode].format(gpu=gpu)}), {stock}; {fix}")
+                f"{names.TABLES[mode].format(gpu=gpu)}), {stock}; {fix}")
         if (rec := _empty_table(cfg, cfg.model, arm, gpu)) is not None:
             raise ConfigError(
                 f"--arm {arm.name}: {rec['table']} fuses no call of {cfg.model} (hidden {rec['hidden']}, "
@@ -255,8 +256,8 @@ def describe_arm(cfg: RunConfig, label: str, arm: arm_defs.Arm, gpu: str | None)
     if table is None:
         return (f"{label}: stock: no policy table for GPU {gpu}, every call declined ({ALLOW_FLAG}: an "
                 f"explicit A/A){planted}")
-    if table in (arm_defs.ALL_FUSED, arm_defs.NONE_FUSED):
-        what = "every call fused" if table == arm_defs.ALL_FUSED else "every call declined (stock)"
+    if table in (names.ALL_FUSED, names.NONE_FUSED):
+        what = "every call fused" if table == names.ALL_FUSED else "every call declined (stock)"
         return f"{label}: policy {table}: {what}{planted}"
     rec = _record(cfg, cfg.model, table)
     ops = "; ".join(f"{op} fused at rows {_ranges(segs)}" for op, segs in rec["segments"].items())

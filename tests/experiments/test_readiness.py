@@ -48,7 +48,7 @@ def test_a_policy_arm_without_a_table_is_refused_naming_the_commands() -> None:
         readiness.check_tables(cuda_cfg(), NEW_GPU)
     message = str(err.value)
     assert message.startswith("--arm patched: no compiled policy table for GPU a100-sxm4-40gb")
-    assert choice.MAKE_TABLES.format(gpu=NEW_GPU) in message and "--allow-no-table" in message
+    assert names.MAKE_TABLES.format(gpu=NEW_GPU) in message and "--allow-no-table" in message
     assert "prove with --model integration/models/llama-3.1-8b);" in message
     assert "python -m integration.calibrate --model integration/models/llama-3.1-8b --dtype" in message
     readiness.check_tables(cuda_cfg(allow_no_table=True), NEW_GPU)  # an explicit A/A

@@ -40,5 +40,5 @@ def test_the_key_follows_the_table_contents_not_its_name(tmp_path: Path) -> None
     assert compilecache.table_key(both) == default  # the same bytes decide the same graphs
     copy.write_bytes(shipped.read_bytes().replace(b"}", b" }", 1))
     assert compilecache.table_key(both) != default  # one byte more: a cache of its own
-    assert compilecache.table_key({names.POLICY_ENV: choice.ALL_FUSED}) != default
+    assert compilecache.table_key({names.POLICY_ENV: names.ALL_FUSED}) != default
     assert compilecache.table_key({names.POLICY_ENV: str(tmp_path / "gone.json")}) != default

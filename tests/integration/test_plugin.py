@@ -198,7 +198,7 @@ def test_policy_all_sends_every_call_to_the_fused_kernel(monkeypatch: pytest.Mon
                                                          variable: str) -> None:
     monkeypatch.delenv(names.POLICY_ENV, raising=False)
     monkeypatch.delenv(names.POLICY_ENV_COMPILED, raising=False)
-    monkeypatch.setenv(variable, choice.ALL_FUSED)
+    monkeypatch.setenv(variable, names.ALL_FUSED)
     choice.policy.cache_clear()
     choice.choose.cache_clear()
     try:
@@ -218,7 +218,7 @@ def test_the_idle_arm_loads_the_plugin_with_a_policy_that_declines_every_call(
     idle = arms.get("plugin-idle")
     assert idle.plugins == ("rmsnorm_fused",) and arms.uses_policy(idle)
     env = idle.env()
-    assert env[names.POLICY_ENV] == env[names.POLICY_ENV_COMPILED] == choice.NONE_FUSED
+    assert env[names.POLICY_ENV] == env[names.POLICY_ENV_COMPILED] == names.NONE_FUSED
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     choice.policy.cache_clear()
