@@ -73,7 +73,7 @@ def test_the_steps_write_the_files_the_plugin_and_the_planted_control_read(tmp_p
     assert [s.args[0] for s in steps] == ["kernels.suite", "integration.proof.prove",
                                           "integration.proof.ingraph", "integration.proof.plantedcost"]
     outputs = {str(p) for s in steps for p in s.outputs}
-    assert "runtime_tables/policy-h100-80gb-hbm3-in-graph.json" in outputs  # integration.choice.TABLES
+    assert "runtime_tables/policy-h100-80gb-hbm3-in-graph.json" in outputs  # integration.names.TABLES
     assert "runtime_tables/h100-80gb-hbm3-planted-cost.json" in outputs  # plantedcost.result_path
     assert str(tmp_path / "evidence" / "h100-80gb-hbm3.json") in outputs  # the benchmark: evidence
     policy_out = steps[0].args[steps[0].args.index("--policy-out") + 1]
