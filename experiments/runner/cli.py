@@ -171,7 +171,7 @@ def _load_flags(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--warmup-s", type=float, metavar="S",
                    help=f"trace seconds of warm-up per fresh server, not analysed ({_defaults('warmup_s')})")
     g.add_argument("--loads", type=loads_list, metavar="F,G[,...]",
-                   help=f"speed-up factors over the trace's rate ({_defaults('loads')})")
+                   help=f"speed-up factors over the trace's rate, each finite and > 0 ({_defaults('loads')})")
     g.add_argument("--knee", type=knee_list, metavar="FACTORS",
                    help="search these factors for the strictest tier's 90%% knee, measure around it "
                         "(default: 5,8 on CUDA, none on CPU)")
