@@ -7,7 +7,7 @@ path relative to the project root where it lies inside it), so a re-analysis tak
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import runtime_tables
@@ -36,8 +36,8 @@ class Inputs:
     notes: tuple[str, ...] = field(default=(), compare=False)  # where each came from, for the CLI
 
 
-PATH_INPUTS = ("aa_report", "patched_policy", "profile", "kernel_results", "planted_steps", "graph_steps",
-               "gpu_steps")
+# the input files, in the order report.json records them
+PATH_INPUTS = tuple(f.name for f in fields(schema.AnalysisInputs) if f.name != "slos")
 
 
 def shown(path: Path | None) -> str | None:
