@@ -11,6 +11,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.jsonfile import project_relative
 from experiments.runner import resident, sizing
 from experiments.runner.config import SIZED, ConfigError, RunConfig, resolve_model
 from experiments.runner.servers import start_groups, start_waves
@@ -146,8 +147,7 @@ def _empty_table(cfg: RunConfig, model: str, arm: arm_defs.Arm, gpu: str | None)
 
 def calibrate_command(cfg: RunConfig, model: str) -> str:
     """The one command that makes this GPU's tables for `model` in cfg's dtype (integration.calibrate)."""
-    model_dir = resolve_model(model)
-    shown = model_dir.relative_to(ROOT) if model_dir.is_relative_to(ROOT) else model_dir
+    shown = project_relative(resolve_model(model), ROOT)
     return f"python -m integration.calibrate --model {shown} --dtype {cfg.dtype}"
 
 
@@ -216,7 +216,7 @@ def check_tables(cfg: RunConfig, gpu: str | None) -> None:
         return
     mode = "eager" if cfg.eager else "compiled"
     stock = "so it would run stock, an A/A labelled as an A/B"
-    model = cfg.model_dir.relative_to(ROOT) if cfg.model_dir.is_relative_to(ROOT) else cfg.model_dir
+    model = project_relative(cfg.model_dir, ROOT)
     fix = (f"make the table first: {calibrate_command(cfg, cfg.model)} (or by hand: "
            f"{names.MAKE_TABLES.format(gpu=gpu)}, prove with --model {model}); or "
            f"pass {ALLOW_FLAG} to run it as an explicit A/A")
