@@ -31,7 +31,6 @@ from experiments.core.slo import SLO, load_slo_file, parse_slo
 from experiments.reporting import duetreport, hostbound, noisefloor, plots, report, schema
 from experiments.reporting.inputs import PATH_INPUTS, Inputs, recorded_inputs, shown
 from experiments.reporting.reportdiff import report_change
-from experiments.reporting.schema import AnalysisInputs
 from experiments.stats import attribution, comparisons, goodput, hostslow, instances, knee, plantedline
 from integration.proof import profiles
 from integration.proof.profiles import PROJECT_ROOT
@@ -240,9 +239,9 @@ def analyze_run(run_dir: Path, slos: Sequence[SLO] | None = None, *, aa_report: 
         result.noise_floor["source"] = shown(aa_report)  # the same wherever analyze runs from
     if duetreport.is_duet(run):
         result.layout = duetreport.layout_entry(result, run)
-    result.inputs = AnalysisInputs([s.to_json() for s in slos], shown(aa_report), shown(patched_policy),
-                                   attrib["profile"], attrib["kernel_results"], shown(planted_steps),
-                                   shown(graph_steps), shown(gpu_steps))
+    result.inputs = schema.AnalysisInputs([s.to_json() for s in slos], shown(aa_report),
+                                          shown(patched_policy), attrib["profile"], attrib["kernel_results"],
+                                          shown(planted_steps), shown(graph_steps), shown(gpu_steps))
     out_dir.mkdir(parents=True, exist_ok=True)
     result.plots = (plots.write_plots(out_dir, complete, per_slo, secondary, labels, result) if draw_plots
                     else None)
